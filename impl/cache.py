@@ -1,0 +1,711 @@
+"""The optimized prefix cache manager.
+
+Same public contract and the same observable behaviour as
+:class:`prefixkv.spec.cache.SpecCache`, step for step (the differential state machines hold
+it to that), at O(1) or O(blocks touched) per operation, independent of the pool size.
+
+How it stays cheap without giving anything up:
+
+* The free queue is a lazy range plus a deque (:mod:`.pool`); construction and a full reset
+  touch no block that was never published.
+* The index is hashed with exact verification (:mod:`.index`); the chain hash of each
+  settled block is kept per sequence, so publishing a block hashes only that block.
+* Eviction order is a heap of leaves with lazy deletion (:mod:`.leaves`).
+* ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
+
+  A published block is **anchored** when a sequence holds it or one of its published
+  children is anchored. An unanchored block has refcount 0 and so has its whole subtree, so
+  leaf-by-leaf eviction can reclaim all of it; an anchored block can never be evicted while
+  things stay as they are. The manager keeps ``anchored_children`` per block and the count
+  of unanchored published blocks (``_num_reclaimable``). Then
+
+      admit succeeds  <=>  new blocks needed <= free + reclaimable - (matched unanchored)
+
+  because pinning a hit anchors exactly the matched blocks that were unanchored.
+
+  NOTE: anchoring is not the same as "refcount > 0 somewhere below". A sequence whose block
+  is a private duplicate publishes its next block under the *canonical* twin, which it does
+  not hold; the canonical is then evictable-looking (refcount 0) yet pinned by its child.
+  Counting only refcounts would make ``can_admit`` promise blocks eviction cannot deliver.
+  Propagation walks up only through blocks whose anchored state flips, so it costs O(1)
+  per block in the common root-to-leaf attach order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+from prefixkv.spec.cache import check_count, check_pool_shape
+from prefixkv.spec.errors import (
+    CacheBusy,
+    DuplicateSequence,
+    InvalidOperation,
+    InvalidRequest,
+    OutOfBlocks,
+    UnknownSequence,
+)
+from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from prefixkv.spec.identity import BlockHasher, fast_hash, ns_digest
+from prefixkv.spec.namespace import Namespace
+from prefixkv.spec.request import MAX_TOKEN_ID, Request, SeqId, check_seq_id, token_tuple
+from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
+from prefixkv.spec.state import BlockView, CacheState, SeqView
+
+from .index import HashIndex
+from .leaves import LeafHeap
+from .pool import NO_PARENT, BlockPool
+from .sequence import SeqState
+
+__all__ = ["PrefixCacheManager"]
+
+_MISSING = -2
+
+
+class PrefixCacheManager:
+    """A paged KV prefix cache with O(blocks touched) operations.
+
+    >>> from prefixkv.spec import Namespace, Request
+    >>> cache = PrefixCacheManager(num_blocks=64, block_size=4)
+    >>> ns = Namespace("tiny-llm@1")
+    >>> adm = cache.admit(Request("a", list(range(10)), ns))
+    >>> cache.commit("a", adm.num_scheduled_tokens, [42])  # prefill done, first token sampled
+    >>> cache.match(Request("b", list(range(12)), ns)).num_cached_tokens
+    8
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        hasher: BlockHasher = fast_hash,
+        record_events: bool = False,
+    ) -> None:
+        self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
+        self._hasher = hasher
+        # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
+        self._record_events = bool(record_events)
+        self._pool = BlockPool(self._num_blocks)
+        self._index = HashIndex()
+        self._leaves = LeafHeap()
+        self._seqs: dict[SeqId, SeqState] = {}
+        self._events: list[KVEvent] = []
+        self._ns_keys: dict[Namespace, tuple[bytes, int]] = {}
+        # NOTE: with the default hash, the chain hash is computed inline (same value as
+        # fast_hash, without two function calls per block): the per-block budget is ~1 us.
+        self._inline_hash = hasher is fast_hash
+        self._clock = 0
+        # occupancy
+        self._num_used = 0  # refcount > 0
+        self._num_cached = 0  # published, refcount 0
+        self._num_published = 0
+        self._num_reclaimable = 0  # published and unanchored
+        # statistics
+        self._queries = 0
+        self._hits = 0
+        self._prefill_tokens = 0
+        self._prefill_computed = 0
+        self._prefill_skipped = 0
+        self._admissions = 0
+        self._evictions = 0
+        self._blocks_published = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def hasher(self) -> BlockHasher:
+        return self._hasher
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int]:
+        """The namespace's identity key, and its digest for the inline fast hash."""
+        entry = self._ns_keys.get(namespace)
+        if entry is None:
+            key = namespace.key()
+            entry = self._ns_keys[namespace] = (key, ns_digest(key))
+        return entry
+
+    def _seq(self, seq_id: object) -> SeqState:
+        if type(seq_id) is int or type(seq_id) is str:
+            seq = self._seqs.get(seq_id)
+        else:
+            seq = self._seqs.get(check_seq_id(seq_id))
+        if seq is None:
+            raise UnknownSequence(f"sequence {seq_id!r} is not live")
+        return seq
+
+    def _lookup(self, req: Request) -> tuple[list[int], list[int], int, bool]:
+        """Walk the index along ``req``'s prompt.
+
+        Returns the matched blocks, their chain hashes, how many of them are unanchored,
+        and whether the full-prompt cap (choice 4) stopped the match.
+        """
+        if not isinstance(req, Request):
+            raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
+        ns, nsd = self._ns_key(req.namespace)
+        tokens = req.token_ids
+        bs = self._block_size
+        n = len(tokens)
+        cap = (n - 1) // bs
+        pool = self._pool
+        ptoks, pparent, pns = pool.tokens, pool.parent, pool.namespace
+        ref, anchored = pool.ref, pool.anchored_children
+        get = self._index._buckets.get
+        hasher = None if self._inline_hash else self._hasher
+        blocks: list[int] = []
+        hashes: list[int] = []
+        add_block, add_hash = blocks.append, hashes.append
+        parent = NO_PARENT
+        h: int | None = None
+        unanchored = 0
+        for j in range(n // bs):
+            tup = tokens[j * bs : (j + 1) * bs]
+            if hasher is not None:
+                h = hasher(h, ns, tup, ())
+            elif j:
+                h = hash((h, nsd, tup, 0))
+            else:
+                h = hash((nsd, tup, 0))
+            entry = get(h)
+            if entry is None:
+                break
+            if type(entry) is int:
+                b = entry
+                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:
+                    break
+            else:
+                b = self._index.find(pool, h, parent, tup, ns)
+                if b < 0:
+                    break
+            if j >= cap:
+                return blocks, hashes, unanchored, True
+            add_block(b)
+            add_hash(h)
+            parent = b
+            if not ref[b] and not anchored[b]:
+                unanchored += 1
+        return blocks, hashes, unanchored, False
+
+    def match(self, req: Request) -> Match:
+        blocks, _, _, capped = self._lookup(req)
+        lost = LostReuse(cap=self._block_size) if capped else LostReuse()
+        return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost)
+
+    def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
+        return tuple(self._seq(seq_id).blocks)
+
+    def num_computed_tokens(self, seq_id: SeqId) -> int:
+        return self._seq(seq_id).num_computed
+
+    def seq_ids(self) -> tuple[SeqId, ...]:
+        return tuple(self._seqs)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            num_free_blocks=self._pool.num_free,
+            num_cached_blocks=self._num_cached,
+            num_used_blocks=self._num_used,
+            num_published_blocks=self._num_published,
+            num_sequences=len(self._seqs),
+            queries=self._queries,
+            hits=self._hits,
+            prefill_tokens=self._prefill_tokens,
+            prefill_tokens_computed=self._prefill_computed,
+            prefill_tokens_skipped=self._prefill_skipped,
+            admissions=self._admissions,
+            evictions=self._evictions,
+            blocks_published=self._blocks_published,
+        )
+
+    @property
+    def record_events(self) -> bool:
+        return self._record_events
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain queued KV events; always empty unless built with ``record_events=True``."""
+        events, self._events = self._events, []
+        return events
+
+    # -- anchoring -------------------------------------------------------------------------
+
+    def _anchor_up(self, p: int) -> None:
+        """A child of ``p`` became anchored; flip ancestors that become anchored."""
+        pool = self._pool
+        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
+        while p >= 0:
+            a = anchored[p]
+            anchored[p] = a + 1
+            if a or ref[p]:
+                return
+            self._num_reclaimable -= 1
+            p = parent[p]
+
+    def _unanchor_up(self, p: int) -> None:
+        """A child of ``p`` stopped being anchored; flip ancestors that lose their anchor."""
+        pool = self._pool
+        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
+        while p >= 0:
+            a = anchored[p] - 1
+            anchored[p] = a
+            if a or ref[p]:
+                return
+            self._num_reclaimable += 1
+            p = parent[p]
+
+    # -- eviction, allocation, release -----------------------------------------------------
+
+    def _evict(self, count: int) -> int:
+        """Evict up to ``count`` leaves in eviction order; returns how many were evicted."""
+        pool = self._pool
+        heap = self._leaves.heap
+        version, ref, children, ptoks = (
+            pool.leaf_version,
+            pool.ref,
+            pool.num_children,
+            pool.tokens,
+        )
+        parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
+        buckets = self._index._buckets
+        events = self._events if self._record_events else None
+        pop, push = heapq.heappop, heapq.heappush
+        evicted = 0
+        while evicted < count and heap:
+            _, _, b, v = pop(heap)
+            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:
+                continue  # stale entry: b stopped being a leaf since it was queued
+            h = block_hash[b]
+            if buckets.get(h) == b:
+                del buckets[h]
+            else:
+                self._index.remove(h, b)
+            p = parent[b]
+            if p >= 0:
+                left = children[p] - 1
+                children[p] = left
+                if not left and not ref[p]:
+                    v = version[p] + 1
+                    version[p] = v
+                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))
+            ptoks[b] = None
+            pool.namespace[b] = None
+            parent[b] = NO_PARENT
+            gen[b] += 1
+            released.append(b)
+            evicted += 1
+            if events is not None:
+                events.append(BlockRemoved((h,)))
+        self._num_cached -= evicted
+        self._num_published -= evicted
+        self._num_reclaimable -= evicted
+        self._evictions += evicted
+        return evicted
+
+    def _allocate(self, count: int) -> tuple[list[int], int]:
+        """Take ``count`` blocks, evicting leaves first if needed. Supply was checked."""
+        pool = self._pool
+        evicted = 0
+        short = count - pool.num_free
+        if short > 0:
+            evicted = self._evict(short)
+            if evicted != short:  # pragma: no cover - guarded by the exact capacity check
+                raise AssertionError("eviction ran dry after the capacity check passed")
+            self._leaves.maybe_compact(pool, self._num_cached)
+        new = pool.take(count)
+        ref = pool.ref
+        for b in new:
+            ref[b] = 1
+        self._num_used += count
+        return new, evicted
+
+    def _out_of_blocks(self, need: int, supply: int) -> OutOfBlocks:
+        return OutOfBlocks(
+            f"need {need} new blocks; only {supply} can be freed (free + evictable), "
+            "the rest are held by live sequences"
+        )
+
+    def _release(self, blocks: Sequence[int]) -> None:
+        """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
+        pool = self._pool
+        ref, ptoks, parent = pool.ref, pool.tokens, pool.parent
+        anchored, children, last_use = pool.anchored_children, pool.num_children, pool.last_use
+        released = pool.released
+        clock = self._clock
+        freed = cached = unanchored = 0
+        for b in reversed(blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                continue
+            freed += 1
+            if ptoks[b] is None:
+                released.append(b)
+                continue
+            last_use[b] = clock
+            cached += 1
+            if not anchored[b]:
+                unanchored += 1
+                p = parent[b]
+                if p >= 0:
+                    # Inline first step of _unanchor_up: usually the parent is still held.
+                    a = anchored[p] - 1
+                    anchored[p] = a
+                    if not a and not ref[p]:
+                        self._num_reclaimable += 1
+                        self._unanchor_up(parent[p])
+            if not children[b]:
+                self._leaves.push(pool, b)
+        self._num_used -= freed
+        self._num_cached += cached
+        self._num_reclaimable += unanchored
+
+    # -- admission -------------------------------------------------------------------------
+
+    def _plan(
+        self, req: Request, num_new_tokens: int | None
+    ) -> tuple[list[int], list[int], int, int]:
+        """Validate and size an admission; raises what ``admit`` would raise."""
+        blocks, hashes, unanchored, _ = self._lookup(req)
+        if num_new_tokens is not None:
+            check_count(num_new_tokens, "num_new_tokens", minimum=1)
+        if req.seq_id in self._seqs:
+            raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
+        bs = self._block_size
+        cached = len(blocks) * bs
+        remaining = len(req.token_ids) - cached
+        scheduled = remaining if num_new_tokens is None else min(num_new_tokens, remaining)
+        need = -(-(cached + scheduled) // bs) - len(blocks)
+        supply = self._pool.num_free + self._num_reclaimable - unanchored
+        if need > supply:
+            raise self._out_of_blocks(need, supply)
+        return blocks, hashes, scheduled, need
+
+    def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
+        try:
+            self._plan(req, num_new_tokens)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
+        blocks, hashes, scheduled, need = self._plan(req, num_new_tokens)
+        pool = self._pool
+        ref, anchored = pool.ref, pool.anchored_children
+        for b in blocks:  # pin the hit, root first, before evicting anything
+            r = ref[b]
+            ref[b] = r + 1
+            if r == 0:
+                self._num_used += 1
+                self._num_cached -= 1
+                if not anchored[b]:
+                    self._num_reclaimable -= 1
+                    self._anchor_up(pool.parent[b])
+        cached = len(blocks) * self._block_size
+        new, evicted = self._allocate(need)
+        num_matched = len(blocks)
+        blocks.extend(new)
+        tokens = req.token_ids
+        ns, nsd = self._ns_key(req.namespace)
+        self._seqs[req.seq_id] = SeqState(
+            seq_id=req.seq_id,
+            namespace=ns,
+            ns_digest=nsd,
+            adapter=req.namespace.adapter,
+            tokens=list(tokens),
+            blocks=blocks,
+            hashes=hashes,
+            num_computed=cached,
+            num_reserved=cached + scheduled,
+        )
+        n = len(tokens)
+        self._admissions += 1
+        self._queries += n
+        self._hits += cached
+        self._prefill_tokens += n
+        self._prefill_skipped += cached
+        self._prefill_computed += n - cached
+        return Admission(
+            seq_id=req.seq_id,
+            num_cached_tokens=cached,
+            num_scheduled_tokens=scheduled,
+            block_ids=tuple(blocks),
+            num_new_blocks=len(blocks) - num_matched,
+            num_evicted=evicted,
+        )
+
+    # -- growth, commit, rollback ----------------------------------------------------------
+
+    def _append_need(self, seq: SeqState, num_tokens: int) -> int:
+        if type(num_tokens) is not int or num_tokens < 1:
+            check_count(num_tokens, "num_tokens", minimum=1)
+        return -(-(seq.num_reserved + num_tokens) // self._block_size) - len(seq.blocks)
+
+    def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
+        need = self._append_need(self._seq(seq_id), num_tokens)
+        return need <= self._pool.num_free + self._num_reclaimable
+
+    def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
+        # Hot path (every decode step): the common case is inlined.
+        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        if seq is None:
+            seq = self._seq(seq_id)
+        if type(num_tokens) is not int or num_tokens < 1:
+            check_count(num_tokens, "num_tokens", minimum=1)
+        reserved = seq.num_reserved + num_tokens
+        need = -(-reserved // self._block_size) - len(seq.blocks)
+        if need <= 0:
+            seq.num_reserved = reserved
+            return []
+        supply = self._pool.num_free + self._num_reclaimable
+        if need > supply:
+            raise self._out_of_blocks(need, supply)
+        new, _ = self._allocate(need)
+        seq.blocks.extend(new)
+        seq.num_reserved = reserved
+        return new
+
+    def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
+        # Hot path (every decode step): the common case is inlined.
+        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        if seq is None:
+            seq = self._seq(seq_id)
+        if type(num_computed) is not int or num_computed < 0:
+            check_count(num_computed, "num_computed", minimum=0)
+        accepted = accepted_tokens
+        if type(accepted) is list or type(accepted) is tuple:
+            for t in accepted:
+                if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+                    accepted = token_tuple(accepted_tokens, what="accepted_tokens")
+                    break
+        else:
+            accepted = token_tuple(accepted_tokens, what="accepted_tokens")
+        new_computed = seq.num_computed + num_computed
+        if new_computed > seq.num_reserved:
+            raise InvalidOperation(
+                f"cannot commit {new_computed} tokens of {seq_id!r}: "
+                f"only {seq.num_reserved} slots are reserved"
+            )
+        tokens = seq.tokens
+        if new_computed > len(tokens) + len(accepted):
+            raise InvalidOperation(
+                f"cannot commit KV for {new_computed} tokens of {seq_id!r}: "
+                f"only {len(tokens) + len(accepted)} tokens are known"
+            )
+        tokens.extend(accepted)
+        bs = self._block_size
+        first = seq.num_computed // bs
+        stop = new_computed // bs
+        seq.num_computed = new_computed
+        if stop > first:
+            self._publish(seq, first, stop)
+
+    def _canonical(self, seq: SeqState, i: int) -> int:
+        """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
+
+        Called only when ``seq``'s own block ``i`` is private (a duplicate or an orphan).
+        The remembered answer is reused while its block has not been evicted since;
+        otherwise the chain is re-resolved from the root, as a match would.
+        """
+        pool = self._pool
+        if seq.canon_j == i and seq.canon_block >= 0 and pool.gen[seq.canon_block] == seq.canon_gen:
+            return seq.canon_block
+        bs, tokens, blocks, ns = self._block_size, seq.tokens, seq.blocks, seq.namespace
+        p = NO_PARENT
+        for k in range(i + 1):
+            b = blocks[k]
+            if pool.tokens[b] is not None:
+                p = b
+                continue
+            tup = tuple(tokens[k * bs : (k + 1) * bs])
+            p = self._index.find(pool, seq.hashes[k], p, tup, ns)
+            if p < 0:
+                return _MISSING
+        seq.canon_j, seq.canon_block, seq.canon_gen = i, p, pool.gen[p]
+        return p
+
+    def _publish(self, seq: SeqState, first: int, stop: int) -> None:
+        """Choice 1: publish the full, committed blocks ``first..stop-1`` of ``seq``.
+
+        ::
+
+            blocks of seq   [ settled ... ][ first ... stop-1 ][ partial / uncomputed ]
+                                            ^ full and committed: publish each unless its
+                                              identity is already published (it stays a
+                                              private duplicate, choice 2) or its parent
+                                              identity is gone (an orphan, INV-ANCESTOR)
+        """
+        bs, tokens, blocks, hashes, ns = (
+            self._block_size,
+            seq.tokens,
+            seq.blocks,
+            seq.hashes,
+            seq.namespace,
+        )
+        pool, index = self._pool, self._index
+        hasher = None if self._inline_hash else self._hasher
+        nsd = seq.ns_digest
+        ptoks = pool.tokens
+        for j in range(first, stop):
+            tup = tuple(tokens[j * bs : (j + 1) * bs])
+            parent_hash = hashes[j - 1] if j else None
+            if hasher is not None:
+                h = hasher(parent_hash, ns, tup, ())
+            elif j:
+                h = hash((parent_hash, nsd, tup, 0))
+            else:
+                h = hash((nsd, tup, 0))
+            hashes.append(h)
+            if j == 0:
+                p = NO_PARENT
+            else:
+                p = blocks[j - 1]
+                if ptoks[p] is None:
+                    p = self._canonical(seq, j - 1)
+                    if p == _MISSING:
+                        continue
+            twin = index.find(pool, h, p, tup, ns)
+            if twin >= 0:
+                seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
+                continue
+            b = blocks[j]
+            ptoks[b] = tup
+            pool.namespace[b] = ns
+            pool.parent[b] = p
+            pool.block_hash[b] = h
+            pool.depth[b] = j + 1
+            index.insert(h, b)
+            self._num_published += 1
+            self._blocks_published += 1
+            if p >= 0:
+                pool.num_children[p] += 1
+                self._anchor_up(p)
+            if self._record_events:
+                self._events.append(BlockStored((h,), parent_hash, tup, bs, seq.adapter))
+
+    def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
+        seq = self._seq(seq_id)
+        check_count(num_tokens, "num_tokens", minimum=1)
+        if seq.num_reserved - num_tokens < seq.num_computed:
+            raise InvalidOperation(
+                f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
+                f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
+            )
+        seq.num_reserved -= num_tokens
+        keep = -(-seq.num_reserved // self._block_size)
+        dropped = seq.blocks[keep:]
+        if dropped:
+            del seq.blocks[keep:]
+            self._release(dropped)
+
+    # -- release ---------------------------------------------------------------------------
+
+    def free(self, seq_ids: Iterable[SeqId]) -> None:
+        if isinstance(seq_ids, (str, bytes)):
+            raise InvalidRequest("free() takes an iterable of sequence ids, not one id")
+        try:
+            ids = list(seq_ids)
+        except TypeError:
+            raise InvalidRequest(f"free() takes an iterable of ids, got {seq_ids!r}") from None
+        seen: set[SeqId] = set()
+        for seq_id in ids:
+            self._seq(seq_id)
+            if seq_id in seen:
+                raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one free()")
+            seen.add(seq_id)
+        self._clock += 1
+        seqs = self._seqs
+        for seq_id in ids:
+            self._release(seqs.pop(seq_id).blocks)
+        self._leaves.maybe_compact(self._pool, self._num_cached)
+
+    def evict(self, num_blocks: int) -> int:
+        check_count(num_blocks, "num_blocks", minimum=0)
+        evicted = self._evict(num_blocks)
+        self._leaves.maybe_compact(self._pool, self._num_cached)
+        return evicted
+
+    def reset(self, *, preserve_cache: bool) -> None:
+        if not isinstance(preserve_cache, bool):
+            raise InvalidRequest("preserve_cache must be a bool")
+        if preserve_cache:
+            if self._seqs:
+                self.free(list(self._seqs))
+            return
+        if self._seqs:
+            raise CacheBusy(
+                f"full reset refused: {len(self._seqs)} sequences are live; "
+                "free them or use reset(preserve_cache=True)"
+            )
+        pool = self._pool
+        for b in self._index.blocks():
+            pool.clear_block(b)
+            pool.num_children[b] = 0
+            pool.anchored_children[b] = 0
+            pool.gen[b] += 1
+        self._index.clear()
+        self._leaves.clear()
+        pool.released.clear()
+        pool.fresh_next = 0
+        self._num_cached = self._num_published = self._num_reclaimable = 0
+        if self._record_events:
+            self._events.append(AllBlocksCleared())
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def snapshot(self) -> CacheState:
+        pool = self._pool
+        views = []
+        materialized = len(pool.ref)
+        for b in range(self._num_blocks):
+            tup = pool.tokens[b] if b < materialized else None
+            if tup is None:
+                views.append(BlockView(b, pool.ref[b] if b < materialized else 0, False))
+                continue
+            p = pool.parent[b]
+            views.append(
+                BlockView(
+                    block_id=b,
+                    refcount=pool.ref[b],
+                    published=True,
+                    namespace=pool.namespace[b],
+                    parent=None if p == NO_PARENT else p,
+                    token_ids=tup,
+                    block_hash=pool.block_hash[b],
+                    depth=pool.depth[b],
+                    last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
+                )
+            )
+        seqs = tuple(
+            SeqView(
+                seq_id=s.seq_id,
+                namespace=s.namespace,
+                token_ids=tuple(s.tokens),
+                block_ids=tuple(s.blocks),
+                num_computed=s.num_computed,
+                num_reserved=s.num_reserved,
+            )
+            for s in self._seqs.values()
+        )
+        return CacheState(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            blocks=tuple(views),
+            free_queue=pool.free_queue(),
+            index=tuple(sorted(self._index.entries())),
+            sequences=seqs,
+            stats=self.stats(),
+            pending_events=tuple(self._events),
+        )
+
+    def eviction_order(self) -> list[int]:
+        """Cached leaves in the order they would be evicted (for inspection)."""
+        return self._leaves.order(self._pool)

@@ -1,0 +1,93 @@
+"""The hashed index of published blocks, with exact verification on every lookup.
+
+A hash is only a way to find candidates. A hit must match the stored identity exactly:
+namespace, parent block and token ids (INV-INDEX, INV-MATCH). With a weak hash several
+published blocks share a bucket; lookups then scan the bucket, still returning only exact
+matches, so a colliding hash costs time, never correctness.
+
+NOTE: comparing the *parent block id* instead of the parent's whole identity is exact by
+induction: the parent was itself found by an exact lookup, and a published block's parent
+stays published (INV-ANCESTOR) and is never reused while the child exists.
+"""
+
+from __future__ import annotations
+
+from .pool import BlockPool
+
+__all__ = ["HashIndex"]
+
+
+class HashIndex:
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        # A bucket is one block id (the common case) or a list of ids after a collision.
+        self._buckets: dict[int, int | list[int]] = {}
+
+    def find(
+        self, pool: BlockPool, key: int, parent: int, tokens: tuple[int, ...], namespace: bytes
+    ) -> int:
+        """The published block with exactly this identity, or -1."""
+        entry = self._buckets.get(key)
+        if entry is None:
+            return -1
+        if type(entry) is int:
+            if (
+                pool.tokens[entry] == tokens
+                and pool.parent[entry] == parent
+                and pool.namespace[entry] == namespace
+            ):
+                return entry
+            return -1
+        assert isinstance(entry, list)
+        for b in entry:
+            if (
+                pool.tokens[b] == tokens
+                and pool.parent[b] == parent
+                and pool.namespace[b] == namespace
+            ):
+                return b
+        return -1
+
+    def insert(self, key: int, b: int) -> None:
+        entry = self._buckets.get(key)
+        if entry is None:
+            self._buckets[key] = b
+        elif type(entry) is int:
+            self._buckets[key] = [entry, b]
+        else:
+            assert isinstance(entry, list)
+            entry.append(b)
+
+    def remove(self, key: int, b: int) -> None:
+        entry = self._buckets[key]
+        if type(entry) is int:
+            del self._buckets[key]
+            return
+        assert isinstance(entry, list)
+        entry.remove(b)
+        if len(entry) == 1:
+            self._buckets[key] = entry[0]
+
+    def clear(self) -> None:
+        self._buckets.clear()
+
+    def blocks(self) -> list[int]:
+        out: list[int] = []
+        for entry in self._buckets.values():
+            if type(entry) is int:
+                out.append(entry)
+            else:
+                assert isinstance(entry, list)
+                out.extend(entry)
+        return out
+
+    def entries(self) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for key, entry in self._buckets.items():
+            if type(entry) is int:
+                out.append((key, entry))
+            else:
+                assert isinstance(entry, list)
+                out.extend((key, b) for b in entry)
+        return out

@@ -1,0 +1,60 @@
+"""The eviction order over cached leaves: a heap with lazy deletion.
+
+Only leaves may be evicted (choice 3): published, refcount 0, no published children. The
+order is least recently released first, then deeper first, then lower block id.
+
+NOTE: a leaf can be created out of order: when a child is evicted, its parent may become a
+leaf with an *older* release time than leaves already queued. An intrusive LRU list would
+need a sorted insert there, so a binary heap it is. Entries are never removed in place;
+each carries the block's ``leaf_version`` at push time, and a popped entry counts only if
+the block is still a leaf with that version. The heap is rebuilt when stale entries
+outnumber live ones, which keeps it O(live leaves) in size and O(log leaves) per operation.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .pool import BlockPool
+
+__all__ = ["LeafHeap"]
+
+# (last_use, -depth, block id, leaf_version)
+_Entry = tuple[int, int, int, int]
+
+
+class LeafHeap:
+    __slots__ = ("heap",)
+
+    def __init__(self) -> None:
+        #: The raw heap; the manager's eviction loop pops it directly (hot path).
+        self.heap: list[_Entry] = []
+
+    def push(self, pool: BlockPool, b: int) -> None:
+        """Record that ``b`` just became a leaf."""
+        version = pool.leaf_version[b] + 1
+        pool.leaf_version[b] = version
+        heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))
+
+    @staticmethod
+    def _live(pool: BlockPool, entry: _Entry) -> bool:
+        b = entry[2]
+        return (
+            pool.leaf_version[b] == entry[3]
+            and pool.ref[b] == 0
+            and pool.num_children[b] == 0
+            and pool.tokens[b] is not None
+        )
+
+    def maybe_compact(self, pool: BlockPool, num_cached: int) -> None:
+        """Drop stale entries once they dominate; amortized O(1) per push."""
+        if len(self.heap) > 2 * num_cached + 64:
+            self.heap = [e for e in self.heap if self._live(pool, e)]
+            heapq.heapify(self.heap)
+
+    def order(self, pool: BlockPool) -> list[int]:
+        """Live leaves in eviction order (for inspection; O(n log n))."""
+        return [e[2] for e in sorted(self.heap) if self._live(pool, e)]
+
+    def clear(self) -> None:
+        self.heap.clear()

@@ -1,0 +1,1 @@
+"""prefixkv.proofs"""

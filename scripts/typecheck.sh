@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# mypy --strict on prefixkv.spec and prefixkv.impl.
+#
+# The source directories map onto subpackages through setuptools' package-dir, which mypy
+# cannot see through an editable install. Stage a tree of symlinks with the installed
+# layout and check that instead.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/prefixkv"
+cp "$root/src/prefixkv/__init__.py" "$root/src/prefixkv/py.typed" "$stage/prefixkv/"
+for sub in spec impl; do ln -s "$root/$sub" "$stage/prefixkv/$sub"; done
+cd "$stage"
+python -m mypy --config-file "$root/pyproject.toml" --strict -p prefixkv.spec -p prefixkv.impl

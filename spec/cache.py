@@ -1,0 +1,529 @@
+"""The executable specification of the prefix cache.
+
+Plain data and obvious code; O(num_blocks) per operation is fine here. The optimized
+:mod:`prefixkv.impl` must agree with this class step by step, and the Z3 encoding in
+:mod:`prefixkv.proofs` is cross-checked against it.
+
+How the spec keeps its promises, in one place each:
+
+* INV-TXN: every public operation runs inside :meth:`SpecCache._transaction`, which restores
+  a deep copy of the whole state when a :class:`PrefixCacheError` escapes.
+* ``can_admit`` / ``can_append`` are exact by construction: they run the real operation on a
+  copy and report whether it succeeded.
+* Eviction removes only leaves: it recomputes the set of leaves from scratch every time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import attrs
+
+from .errors import (
+    CacheBusy,
+    DuplicateSequence,
+    InvalidOperation,
+    InvalidRequest,
+    OutOfBlocks,
+    PrefixCacheError,
+    UnknownSequence,
+)
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .identity import BlockHasher, BlockIdentity, fast_hash
+from .namespace import Namespace
+from .request import Request, SeqId, check_seq_id, token_tuple
+from .results import Admission, CacheStats, LostReuse, Match
+from .state import BlockView, CacheState, SeqView
+
+__all__ = ["SpecCache", "check_count", "check_pool_shape", "identity_chain"]
+
+_T = TypeVar("_T")
+
+
+def check_count(value: object, what: str, *, minimum: int) -> int:
+    """Counts are plain ints (not bools) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{what} must be an int, got {value!r}")
+    if value < minimum:
+        raise InvalidRequest(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
+    return (
+        check_count(num_blocks, "num_blocks", minimum=1),
+        check_count(block_size, "block_size", minimum=1),
+    )
+
+
+def identity_chain(
+    namespace: bytes, token_ids: Sequence[int], block_size: int, num_blocks: int
+) -> list[BlockIdentity]:
+    """Identities of the first ``num_blocks`` full blocks of a token sequence."""
+    chain: list[BlockIdentity] = []
+    parent: BlockIdentity | None = None
+    for j in range(num_blocks):
+        ident = BlockIdentity(
+            namespace, parent, tuple(token_ids[j * block_size : (j + 1) * block_size])
+        )
+        chain.append(ident)
+        parent = ident
+    return chain
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@attrs.define
+class _Block:
+    refcount: int = 0
+    identity: BlockIdentity | None = None  # set iff published
+    block_hash: int | None = None
+    depth: int = 0
+    last_use: int = 0
+
+
+@attrs.define
+class _Seq:
+    seq_id: SeqId
+    namespace: Namespace
+    tokens: list[int]
+    blocks: list[int]
+    num_computed: int
+    num_reserved: int
+
+
+@attrs.define
+class _Counters:
+    queries: int = 0
+    hits: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    prefill_tokens_skipped: int = 0
+    admissions: int = 0
+    evictions: int = 0
+    blocks_published: int = 0
+
+
+@attrs.define
+class _State:
+    blocks: list[_Block]
+    free: list[int]  # FIFO: allocate from the front, release to the back
+    index: dict[BlockIdentity, int]
+    seqs: dict[SeqId, _Seq]
+    counters: _Counters
+    events: list[KVEvent]
+    clock: int = 0
+
+
+def _fresh_state(num_blocks: int) -> _State:
+    return _State(
+        blocks=[_Block() for _ in range(num_blocks)],
+        free=list(range(num_blocks)),
+        index={},
+        seqs={},
+        counters=_Counters(),
+        events=[],
+    )
+
+
+class SpecCache:
+    """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        hasher: BlockHasher = fast_hash,
+        record_events: bool = False,
+    ) -> None:
+        self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
+        self._hasher = hasher
+        # Off by default: a queue that nobody drains would grow without bound.
+        self._record_events = bool(record_events)
+        self._s = _fresh_state(self._num_blocks)
+
+    # -- shape -----------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    # -- transactions ----------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        saved = copy.deepcopy(self._s)
+        try:
+            yield
+        except PrefixCacheError:
+            self._s = saved
+            raise
+
+    def _would_succeed(self, op: Callable[[SpecCache], object]) -> bool:
+        trial = copy.copy(self)
+        trial._s = copy.deepcopy(self._s)
+        try:
+            op(trial)
+        except OutOfBlocks:
+            return False
+        return True
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def _seq(self, seq_id: object) -> _Seq:
+        seq = self._s.seqs.get(check_seq_id(seq_id))
+        if seq is None:
+            raise UnknownSequence(f"sequence {seq_id!r} is not live")
+        return seq
+
+    def _parent_block(self, b: int) -> int | None:
+        ident = self._s.blocks[b].identity
+        assert ident is not None
+        return None if ident.parent is None else self._s.index[ident.parent]
+
+    def _is_leaf(self, b: int) -> bool:
+        blk = self._s.blocks[b]
+        if blk.identity is None or blk.refcount != 0:
+            return False
+        return not any(
+            other.identity is not None and other.identity.parent == blk.identity
+            for other in self._s.blocks
+        )
+
+    def match(self, req: Request) -> Match:
+        if not isinstance(req, Request):
+            raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
+        bs, tokens = self._block_size, req.token_ids
+        cap = (len(tokens) - 1) // bs  # choice 4: at least one prompt token is computed
+        chain = identity_chain(req.namespace.key(), tokens, bs, len(tokens) // bs)
+        blocks: list[int] = []
+        lost = LostReuse()
+        for j, ident in enumerate(chain):
+            b = self._s.index.get(ident)
+            if b is None:
+                break
+            if j >= cap:
+                lost = LostReuse(cap=bs)
+                break
+            blocks.append(b)
+        return Match(len(tokens), len(blocks) * bs, tuple(blocks), lost)
+
+    def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
+        return tuple(self._seq(seq_id).blocks)
+
+    def num_computed_tokens(self, seq_id: SeqId) -> int:
+        return self._seq(seq_id).num_computed
+
+    def seq_ids(self) -> tuple[SeqId, ...]:
+        return tuple(self._s.seqs)
+
+    def stats(self) -> CacheStats:
+        blocks = self._s.blocks
+        c = self._s.counters
+        return CacheStats(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            num_free_blocks=len(self._s.free),
+            num_cached_blocks=sum(b.identity is not None and b.refcount == 0 for b in blocks),
+            num_used_blocks=sum(b.refcount > 0 for b in blocks),
+            num_published_blocks=sum(b.identity is not None for b in blocks),
+            num_sequences=len(self._s.seqs),
+            **attrs.asdict(c),
+        )
+
+    @property
+    def record_events(self) -> bool:
+        return self._record_events
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._record_events:
+            self._s.events.append(event)
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain queued KV events; always empty unless built with ``record_events=True``."""
+        events, self._s.events = self._s.events, []
+        return events
+
+    # -- eviction and allocation -----------------------------------------------------------
+
+    def _evict_one(self) -> bool:
+        """Evict the first leaf by (least recently used, deepest, lowest block id)."""
+        leaves = [b for b in range(self._num_blocks) if self._is_leaf(b)]
+        if not leaves:
+            return False
+        blocks = self._s.blocks
+        victim = min(leaves, key=lambda b: (blocks[b].last_use, -blocks[b].depth, b))
+        blk = blocks[victim]
+        assert blk.identity is not None and blk.block_hash is not None
+        del self._s.index[blk.identity]
+        self._emit(BlockRemoved((blk.block_hash,)))
+        blocks[victim] = _Block()
+        self._s.free.append(victim)
+        self._s.counters.evictions += 1
+        return True
+
+    def _allocate(self, count: int) -> tuple[list[int], int]:
+        """Take ``count`` free blocks, evicting leaves first if the free queue is short."""
+        evicted = 0
+        while len(self._s.free) < count:
+            if not self._evict_one():
+                raise OutOfBlocks(
+                    f"need {count} new blocks; only {len(self._s.free)} can be freed "
+                    "(free + evictable), the rest are held by live sequences"
+                )
+            evicted += 1
+        taken, self._s.free = self._s.free[:count], self._s.free[count:]
+        for b in taken:
+            self._s.blocks[b].refcount = 1
+        return taken, evicted
+
+    def _release(self, seq: _Seq, blocks: Sequence[int]) -> None:
+        """Drop ``seq``'s hold on ``blocks``, tail first, so deeper blocks age first."""
+        for b in reversed(blocks):
+            blk = self._s.blocks[b]
+            blk.refcount -= 1
+            if blk.refcount == 0:
+                if blk.identity is None:
+                    self._s.free.append(b)
+                else:
+                    blk.last_use = self._s.clock
+
+    # -- admission -------------------------------------------------------------------------
+
+    def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
+        return self._would_succeed(lambda c: c.admit(req, num_new_tokens))
+
+    def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
+        with self._transaction():
+            m = self.match(req)
+            if num_new_tokens is not None:
+                check_count(num_new_tokens, "num_new_tokens", minimum=1)
+            if req.seq_id in self._s.seqs:
+                raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
+            remaining = req.num_tokens - m.num_cached_tokens
+            scheduled = remaining if num_new_tokens is None else min(num_new_tokens, remaining)
+            seq = _Seq(
+                seq_id=req.seq_id,
+                namespace=req.namespace,
+                tokens=list(req.token_ids),
+                blocks=[],
+                num_computed=m.num_cached_tokens,
+                num_reserved=m.num_cached_tokens + scheduled,
+            )
+            for b in m.block_ids:  # pin the hit before evicting anything
+                self._s.blocks[b].refcount += 1
+                seq.blocks.append(b)
+            need = _ceil_div(seq.num_reserved, self._block_size) - len(seq.blocks)
+            new, evicted = self._allocate(need)
+            seq.blocks.extend(new)
+            self._s.seqs[req.seq_id] = seq
+            c = self._s.counters
+            c.admissions += 1
+            c.queries += req.num_tokens
+            c.hits += m.num_cached_tokens
+            c.prefill_tokens += req.num_tokens
+            c.prefill_tokens_skipped += m.num_cached_tokens
+            c.prefill_tokens_computed += remaining
+            return Admission(
+                seq_id=req.seq_id,
+                num_cached_tokens=m.num_cached_tokens,
+                num_scheduled_tokens=scheduled,
+                block_ids=tuple(seq.blocks),
+                num_new_blocks=len(new),
+                num_evicted=evicted,
+            )
+
+    # -- growth, commit, rollback ----------------------------------------------------------
+
+    def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
+        return self._would_succeed(lambda c: c.append(seq_id, num_tokens))
+
+    def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
+        with self._transaction():
+            seq = self._seq(seq_id)
+            check_count(num_tokens, "num_tokens", minimum=1)
+            need = _ceil_div(seq.num_reserved + num_tokens, self._block_size) - len(seq.blocks)
+            new, _ = self._allocate(need)
+            seq.blocks.extend(new)
+            seq.num_reserved += num_tokens
+            return new
+
+    def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
+        with self._transaction():
+            seq = self._seq(seq_id)
+            check_count(num_computed, "num_computed", minimum=0)
+            accepted = token_tuple(accepted_tokens, what="accepted_tokens")
+            new_computed = seq.num_computed + num_computed
+            if new_computed > seq.num_reserved:
+                raise InvalidOperation(
+                    f"cannot commit {new_computed} tokens of {seq_id!r}: "
+                    f"only {seq.num_reserved} slots are reserved"
+                )
+            if new_computed > len(seq.tokens) + len(accepted):
+                raise InvalidOperation(
+                    f"cannot commit KV for {new_computed} tokens of {seq_id!r}: "
+                    f"only {len(seq.tokens) + len(accepted)} tokens are known"
+                )
+            first = seq.num_computed // self._block_size
+            seq.tokens.extend(accepted)
+            seq.num_computed = new_computed
+            self._publish(seq, first, new_computed // self._block_size)
+
+    def _publish(self, seq: _Seq, first: int, stop: int) -> None:
+        """Choice 1: publish full, committed blocks ``first..stop-1`` of ``seq``.
+
+        A block whose identity is already published stays private (choice 2: no block is
+        swapped under a sequence). So does a block whose parent identity is no longer
+        published (possible only after a private duplicate's twin was evicted), since
+        publishing it would break INV-ANCESTOR.
+        """
+        bs = self._block_size
+        chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop)
+        for j in range(first, stop):
+            ident = chain[j]
+            if ident in self._s.index:
+                continue
+            parent_block = None if ident.parent is None else self._s.index.get(ident.parent)
+            if ident.parent is not None and parent_block is None:
+                continue
+            parent_hash = None if parent_block is None else self._s.blocks[parent_block].block_hash
+            b = seq.blocks[j]
+            blk = self._s.blocks[b]
+            blk.identity = ident
+            blk.block_hash = self._hasher(parent_hash, ident.namespace, ident.token_ids, ())
+            blk.depth = j + 1
+            self._s.index[ident] = b
+            self._s.counters.blocks_published += 1
+            self._emit(
+                BlockStored(
+                    block_hashes=(blk.block_hash,),
+                    parent_block_hash=parent_hash,
+                    token_ids=ident.token_ids,
+                    block_size=bs,
+                    lora_id=seq.namespace.adapter,
+                )
+            )
+
+    def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
+        with self._transaction():
+            seq = self._seq(seq_id)
+            check_count(num_tokens, "num_tokens", minimum=1)
+            if seq.num_reserved - num_tokens < seq.num_computed:
+                raise InvalidOperation(
+                    f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
+                    f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
+                )
+            seq.num_reserved -= num_tokens
+            keep = _ceil_div(seq.num_reserved, self._block_size)
+            dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
+            self._release(seq, dropped)
+
+    # -- release ---------------------------------------------------------------------------
+
+    def free(self, seq_ids: Iterable[SeqId]) -> None:
+        with self._transaction():
+            if isinstance(seq_ids, (str, bytes)):
+                raise InvalidRequest("free() takes an iterable of sequence ids, not one id")
+            try:
+                ids = list(seq_ids)
+            except TypeError:
+                raise InvalidRequest(f"free() takes an iterable of ids, got {seq_ids!r}") from None
+            seen: set[SeqId] = set()
+            for seq_id in ids:
+                self._seq(seq_id)
+                if seq_id in seen:
+                    raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one free()")
+                seen.add(seq_id)
+            self._s.clock += 1
+            for seq_id in ids:
+                seq = self._s.seqs.pop(seq_id)
+                self._release(seq, seq.blocks)
+
+    def evict(self, num_blocks: int) -> int:
+        with self._transaction():
+            check_count(num_blocks, "num_blocks", minimum=0)
+            evicted = 0
+            while evicted < num_blocks and self._evict_one():
+                evicted += 1
+            return evicted
+
+    def reset(self, *, preserve_cache: bool) -> None:
+        with self._transaction():
+            if not isinstance(preserve_cache, bool):
+                raise InvalidRequest("preserve_cache must be a bool")
+            if preserve_cache:
+                if self._s.seqs:
+                    self.free(list(self._s.seqs))
+                return
+            if self._s.seqs:
+                raise CacheBusy(
+                    f"full reset refused: {len(self._s.seqs)} sequences are live; "
+                    "free them or use reset(preserve_cache=True)"
+                )
+            fresh = _fresh_state(self._num_blocks)
+            fresh.counters = self._s.counters
+            fresh.events = self._s.events
+            fresh.clock = self._s.clock
+            self._s = fresh
+            self._emit(AllBlocksCleared())
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def snapshot(self) -> CacheState:
+        views = []
+        for b, blk in enumerate(self._s.blocks):
+            ident = blk.identity
+            if ident is None:
+                views.append(BlockView(b, blk.refcount, False))
+                continue
+            views.append(
+                BlockView(
+                    block_id=b,
+                    refcount=blk.refcount,
+                    published=True,
+                    namespace=ident.namespace,
+                    parent=self._parent_block(b),
+                    token_ids=ident.token_ids,
+                    extra_keys=ident.extra_keys,
+                    block_hash=blk.block_hash,
+                    depth=blk.depth,
+                    # Only an evictable block's age is observable (it orders eviction).
+                    last_use=blk.last_use if blk.refcount == 0 else 0,
+                )
+            )
+        index = []
+        for ident, b in self._s.index.items():
+            h = self._s.blocks[b].block_hash
+            assert h is not None, f"index entry {ident!r} points at unpublished block {b}"
+            index.append((h, b))
+        seqs = tuple(
+            SeqView(
+                seq_id=s.seq_id,
+                namespace=s.namespace.key(),
+                token_ids=tuple(s.tokens),
+                block_ids=tuple(s.blocks),
+                num_computed=s.num_computed,
+                num_reserved=s.num_reserved,
+            )
+            for s in self._s.seqs.values()
+        )
+        return CacheState(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            blocks=tuple(views),
+            free_queue=tuple(self._s.free),
+            index=tuple(sorted(index)),
+            sequences=seqs,
+            stats=self.stats(),
+            pending_events=tuple(self._s.events),
+        )

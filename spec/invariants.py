@@ -1,0 +1,305 @@
+"""Every INV-* of the design, evaluated on an implementation-neutral :class:`CacheState`.
+
+``check(cache_or_state)`` raises :class:`InvariantViolation` naming the first invariant that
+fails; ``violations(...)`` lists them all. INV-TXN compares two states, so it lives with the
+state machines (:func:`check_unchanged` is its helper). INV-MATCH is about a match result, so
+it has its own entry point, :func:`check_match`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import attrs
+
+from .protocol import Inspectable
+from .request import Request
+from .results import Match
+from .state import CacheState
+
+__all__ = [
+    "INVARIANTS",
+    "InvariantViolation",
+    "Violation",
+    "check",
+    "check_match",
+    "check_unchanged",
+    "violations",
+]
+
+INVARIANTS = (
+    "INV-REF",
+    "INV-PARTITION",
+    "INV-INDEX",
+    "INV-ANCESTOR",
+    "INV-WRITE",
+    "INV-PUBLISH",
+    "INV-LIMIT",
+    "INV-STATS",
+)
+
+
+@attrs.frozen
+class Violation:
+    invariant: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.message}"
+
+
+class InvariantViolation(AssertionError):
+    """An invariant does not hold. ``.invariant`` is its id, e.g. ``"INV-REF"``."""
+
+    def __init__(self, violation: Violation, *more: Violation) -> None:
+        self.invariant = violation.invariant
+        self.violations = (violation, *more)
+        super().__init__("; ".join(str(v) for v in self.violations))
+
+
+def _state(obj: CacheState | Inspectable) -> CacheState:
+    return obj if isinstance(obj, CacheState) else obj.snapshot()
+
+
+def violations(obj: CacheState | Inspectable) -> list[Violation]:
+    s = _state(obj)
+    found: list[Violation] = []
+    for name, gen in (
+        ("INV-REF", _inv_ref),
+        ("INV-PARTITION", _inv_partition),
+        ("INV-INDEX", _inv_index),
+        ("INV-ANCESTOR", _inv_ancestor),
+        ("INV-WRITE", _inv_write),
+        ("INV-PUBLISH", _inv_publish),
+        ("INV-LIMIT", _inv_limit),
+        ("INV-STATS", _inv_stats),
+    ):
+        found.extend(Violation(name, msg) for msg in gen(s))
+    return found
+
+
+def check(obj: CacheState | Inspectable) -> None:
+    """Raise :class:`InvariantViolation` unless every invariant holds."""
+    found = violations(obj)
+    if found:
+        raise InvariantViolation(*found)
+
+
+def check_unchanged(before: CacheState, after: CacheState, what: str) -> None:
+    """INV-TXN: a failed or rejected operation changed nothing, statistics included."""
+    if before != after:
+        diffs = [
+            f.name
+            for f in attrs.fields(CacheState)
+            if getattr(before, f.name) != getattr(after, f.name)
+        ]
+        raise InvariantViolation(
+            Violation("INV-TXN", f"{what} failed but changed: {', '.join(diffs)}")
+        )
+
+
+def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> None:
+    """INV-MATCH for one match result against the state it was computed on."""
+    s = _state(obj)
+    bs = s.block_size
+    problems: list[str] = []
+    if match.num_cached_tokens != len(match.block_ids) * bs:
+        problems.append(f"{match.num_cached_tokens} cached tokens is not block-aligned")
+    if match.num_cached_tokens > req.num_tokens - 1:
+        problems.append(f"{match.num_cached_tokens} cached of {req.num_tokens} leaves none")
+    ns = req.namespace.key()
+    parent = None
+    for j, b in enumerate(match.block_ids):
+        if not 0 <= b < s.num_blocks:
+            problems.append(f"block {b} is outside the pool")
+            break
+        view = s.blocks[b]
+        expect = req.token_ids[j * bs : (j + 1) * bs]
+        if not view.published:
+            problems.append(f"matched block {b} (#{j}) is not published")
+        elif view.namespace != ns or view.token_ids != expect or view.parent != parent:
+            problems.append(f"matched block {b} (#{j}) has another identity than the request")
+        parent = b
+    if problems:
+        raise InvariantViolation(*(Violation("INV-MATCH", p) for p in problems))
+
+
+# -- the invariants -------------------------------------------------------------------------
+
+
+def _inv_ref(s: CacheState) -> Iterator[str]:
+    holders: Counter[int] = Counter()
+    for seq in s.sequences:
+        dup = [b for b, n in Counter(seq.block_ids).items() if n > 1]
+        if dup:
+            yield f"sequence {seq.seq_id!r} holds blocks {dup} more than once"
+        for b in seq.block_ids:
+            if not 0 <= b < s.num_blocks:
+                yield f"sequence {seq.seq_id!r} holds block {b}, outside the pool"
+        holders.update(seq.block_ids)
+    for view in s.blocks:
+        if view.refcount != holders[view.block_id]:
+            yield (
+                f"block {view.block_id} has refcount {view.refcount} but "
+                f"{holders[view.block_id]} block tables hold it"
+            )
+
+
+def _inv_partition(s: CacheState) -> Iterator[str]:
+    free = Counter(s.free_queue)
+    for b, n in free.items():
+        if n > 1:
+            yield f"block {b} is in the free queue {n} times"
+    for view in s.blocks:
+        in_free = view.block_id in free
+        evictable = view.published and view.refcount == 0
+        used = view.refcount > 0
+        if in_free + evictable + used != 1:
+            yield (
+                f"block {view.block_id} is in {in_free + evictable + used} of "
+                f"free/evictable/in-use (refcount={view.refcount}, published={view.published})"
+            )
+        if view.refcount < 0:
+            yield f"block {view.block_id} has negative refcount {view.refcount}"
+    st = s.stats
+    total = st.num_free_blocks + st.num_cached_blocks + st.num_used_blocks
+    if total != s.num_blocks:
+        yield (
+            f"free {st.num_free_blocks} + cached {st.num_cached_blocks} + used "
+            f"{st.num_used_blocks} = {total} != {s.num_blocks} blocks"
+        )
+    if st.num_free_blocks != len(s.free_queue):
+        yield f"stats say {st.num_free_blocks} free, the queue holds {len(s.free_queue)}"
+
+
+def _local_identity(s: CacheState, b: int) -> tuple[object, ...]:
+    v = s.blocks[b]
+    return (v.namespace, v.parent, v.token_ids, v.extra_keys)
+
+
+def _inv_index(s: CacheState) -> Iterator[str]:
+    indexed = Counter(b for _, b in s.index)
+    for key, b in s.index:
+        if not 0 <= b < s.num_blocks:
+            yield f"index entry {key} points outside the pool at {b}"
+            continue
+        view = s.blocks[b]
+        if not view.published:
+            yield f"index entry {key} points at block {b}, which is not published (stale)"
+        elif view.block_hash != key:
+            yield f"index entry {key} points at block {b}, whose hash is {view.block_hash}"
+    for b, n in indexed.items():
+        if n > 1:
+            yield f"block {b} is indexed {n} times"
+    seen: dict[tuple[object, ...], int] = {}
+    for view in s.blocks:
+        if not view.published:
+            continue
+        if view.block_id not in indexed:
+            yield f"published block {view.block_id} is missing from the index"
+        if view.token_ids is None or len(view.token_ids) != s.block_size:
+            yield f"published block {view.block_id} is not a full block"
+        ident = _local_identity(s, view.block_id)
+        if ident in seen:
+            yield f"blocks {seen[ident]} and {view.block_id} are published with one identity"
+        seen[ident] = view.block_id
+
+
+def _inv_ancestor(s: CacheState) -> Iterator[str]:
+    for view in s.blocks:
+        if not view.published:
+            continue
+        if view.parent is None:
+            if view.depth != 1:
+                yield f"root block {view.block_id} has depth {view.depth}"
+            continue
+        if not 0 <= view.parent < s.num_blocks:
+            yield f"block {view.block_id} has parent {view.parent} outside the pool"
+            continue
+        parent = s.blocks[view.parent]
+        if not parent.published:
+            yield f"published block {view.block_id} has unpublished parent {view.parent}"
+        elif parent.depth + 1 != view.depth or parent.namespace != view.namespace:
+            yield f"block {view.block_id} does not extend its parent {view.parent}"
+
+
+def _inv_write(s: CacheState) -> Iterator[str]:
+    bs = s.block_size
+    for seq in s.sequences:
+        for j in range(seq.num_computed // bs, len(seq.block_ids)):
+            view = s.blocks[seq.block_ids[j]]
+            if view.published or view.refcount != 1:
+                yield (
+                    f"sequence {seq.seq_id!r} will write block {view.block_id} (#{j}), which "
+                    f"is not private (published={view.published}, refcount={view.refcount})"
+                )
+        for b in seq.block_ids:
+            view = s.blocks[b]
+            if not view.published and view.refcount != 1:
+                yield f"private block {b} is shared (refcount {view.refcount})"
+
+
+def _inv_publish(s: CacheState) -> Iterator[str]:
+    bs = s.block_size
+    for seq in s.sequences:
+        for j, b in enumerate(seq.block_ids):
+            view = s.blocks[b]
+            if not view.published:
+                continue
+            if (j + 1) * bs > seq.num_computed:
+                yield (
+                    f"block {b} (#{j} of {seq.seq_id!r}) is published but only "
+                    f"{seq.num_computed} tokens are computed"
+                )
+            if view.token_ids != seq.token_ids[j * bs : (j + 1) * bs]:
+                yield f"block {b} (#{j} of {seq.seq_id!r}) is published with other tokens"
+            if view.namespace != seq.namespace:
+                yield f"block {b} (#{j} of {seq.seq_id!r}) is published in another namespace"
+            if j > 0 and s.blocks[seq.block_ids[j - 1]].published:
+                if view.parent != seq.block_ids[j - 1]:
+                    yield f"block {b} (#{j} of {seq.seq_id!r}) has the wrong parent"
+            elif j == 0 and view.parent is not None:
+                yield f"block {b} is the first of {seq.seq_id!r} but has a parent"
+
+
+def _inv_limit(s: CacheState) -> Iterator[str]:
+    bs = s.block_size
+    for seq in s.sequences:
+        want = -(-seq.num_reserved // bs)
+        if len(seq.block_ids) != want:
+            yield (
+                f"sequence {seq.seq_id!r} reserves {seq.num_reserved} slots in "
+                f"{len(seq.block_ids)} blocks, expected {want}"
+            )
+        if not 0 <= seq.num_computed <= seq.num_reserved:
+            yield f"sequence {seq.seq_id!r} computed {seq.num_computed} > {seq.num_reserved}"
+        if seq.num_computed > len(seq.token_ids):
+            yield f"sequence {seq.seq_id!r} computed KV for unknown tokens"
+
+
+def _inv_stats(s: CacheState) -> Iterator[str]:
+    st = s.stats
+    if not 0 <= st.hits <= st.queries:
+        yield f"hits {st.hits} outside [0, queries={st.queries}]"
+    if st.prefill_tokens_computed + st.prefill_tokens_skipped != st.prefill_tokens:
+        yield (
+            f"computed {st.prefill_tokens_computed} + skipped {st.prefill_tokens_skipped} "
+            f"!= scheduled {st.prefill_tokens}"
+        )
+    used = sum(v.refcount > 0 for v in s.blocks)
+    cached = sum(v.published and v.refcount == 0 for v in s.blocks)
+    published = sum(v.published for v in s.blocks)
+    if (st.num_used_blocks, st.num_cached_blocks, st.num_published_blocks) != (
+        used,
+        cached,
+        published,
+    ):
+        yield (
+            f"stats count used/cached/published {st.num_used_blocks}/{st.num_cached_blocks}/"
+            f"{st.num_published_blocks}, the pool has {used}/{cached}/{published}"
+        )
+    if st.num_sequences != len(s.sequences):
+        yield f"stats count {st.num_sequences} sequences, {len(s.sequences)} are live"
+    if st.hits > st.prefill_tokens_skipped or st.evictions < 0:
+        yield "hit and skip counters disagree"

@@ -1,0 +1,63 @@
+"""Namespaces: which model, adapter and tenant a block's KV belongs to.
+
+Two requests share KV only when their namespaces are equal. The namespace enters every block
+identity through :meth:`Namespace.key`, an injective, length-prefixed byte encoding.
+
+NOTE: plain concatenation is not injective: ``("ab", "c")`` and ``("a", "bc")`` would
+collide, and so would a salt that happens to end with an adapter name. Each field is
+therefore written as ``tag | length (8 bytes, big-endian) | bytes``, and ``None`` gets a tag
+of its own so that "no adapter" never equals the adapter ``""``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import InvalidRequest
+
+__all__ = ["Namespace"]
+
+_TAG_NONE = b"\x00"
+_TAG_STR = b"\x01"
+_TAG_BYTES = b"\x02"
+
+
+def _field(value: str | bytes | None) -> bytes:
+    if value is None:
+        return _TAG_NONE
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        return _TAG_STR + len(data).to_bytes(8, "big") + data
+    return _TAG_BYTES + len(value).to_bytes(8, "big") + value
+
+
+def _check_model(_: object, __: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"namespace model must be a non-empty str, got {value!r}")
+
+
+def _check_adapter(_: object, __: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(f"namespace adapter must be a str or None, got {value!r}")
+
+
+def _check_salt(_: object, __: attrs.Attribute[bytes | None], value: object) -> None:
+    if value is not None and not isinstance(value, bytes):
+        raise InvalidRequest(f"namespace salt must be bytes or None, got {value!r}")
+
+
+@attrs.frozen(cache_hash=True)
+class Namespace:
+    """Model/weights version, LoRA adapter id and tenant salt.
+
+    ``model`` should name the weights version too (``"llama-3-8b@rev2"``): blocks computed
+    by different weights must never be shared.
+    """
+
+    model: str = attrs.field(validator=_check_model)
+    adapter: str | None = attrs.field(default=None, validator=_check_adapter)
+    salt: bytes | None = attrs.field(default=None, validator=_check_salt)
+
+    def key(self) -> bytes:
+        """The injective encoding used inside block identities."""
+        return b"pkv-ns-v1" + _field(self.model) + _field(self.adapter) + _field(self.salt)

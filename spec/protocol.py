@@ -1,0 +1,106 @@
+"""The public contract every prefixkv cache manager fulfils.
+
+:class:`~prefixkv.spec.cache.SpecCache` is the executable definition of this protocol;
+:class:`~prefixkv.impl.cache.PrefixCacheManager` is the fast implementation. Anything that
+satisfies :class:`PrefixCache` can be driven by the differential state machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from .events import KVEvent
+from .request import Request, SeqId
+from .results import Admission, CacheStats, Match
+from .state import CacheState
+
+__all__ = ["Inspectable", "PrefixCache"]
+
+
+@runtime_checkable
+class PrefixCache(Protocol):
+    """A paged KV prefix cache.
+
+    Every method either returns or raises a
+    :class:`~prefixkv.spec.errors.PrefixCacheError` and changes nothing (INV-TXN).
+    """
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    def match(self, req: Request) -> Match:
+        """The longest verified cached prefix of ``req``. Pure."""
+        ...
+
+    def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
+        """Exactly whether :meth:`admit` with the same arguments would succeed now."""
+        ...
+
+    def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
+        """Match -> pin -> evict -> allocate, as one transaction.
+
+        ``num_new_tokens`` is the token budget for this step: the sequence gets slots for its
+        cached prefix plus ``min(num_new_tokens, uncached prompt tokens)`` tokens; ``None``
+        schedules the whole uncached prompt.
+        """
+        ...
+
+    def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
+        """Exactly whether :meth:`append` with the same arguments would succeed now."""
+        ...
+
+    def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
+        """Reserve ``num_tokens`` more slots at the tail; returns the new block ids."""
+        ...
+
+    def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
+        """Record sampled tokens, then mark ``num_computed`` more slots as written.
+
+        Full blocks whose KV is written and whose tokens are accepted become matchable.
+        """
+        ...
+
+    def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
+        """Give back the last ``num_tokens`` reserved, unwritten slots (rejected drafts)."""
+        ...
+
+    def free(self, seq_ids: Iterable[SeqId]) -> None:
+        """Release sequences, in order; a duplicate or unknown id fails the whole batch."""
+        ...
+
+    def evict(self, num_blocks: int) -> int:
+        """Evict up to ``num_blocks`` cached leaves; returns how many were evicted."""
+        ...
+
+    def reset(self, *, preserve_cache: bool) -> None:
+        """``preserve_cache=True`` releases every live sequence and keeps published blocks.
+
+        ``preserve_cache=False`` drops everything and raises ``CacheBusy`` while a
+        sequence is live.
+        """
+        ...
+
+    def block_table(self, seq_id: SeqId) -> tuple[int, ...]: ...
+
+    def num_computed_tokens(self, seq_id: SeqId) -> int: ...
+
+    def seq_ids(self) -> tuple[SeqId, ...]:
+        """Live sequences in admission order."""
+        ...
+
+    def stats(self) -> CacheStats: ...
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain the queued KV events, oldest first."""
+        ...
+
+
+@runtime_checkable
+class Inspectable(Protocol):
+    """A cache that can render an implementation-neutral snapshot of itself."""
+
+    def snapshot(self) -> CacheState: ...

@@ -1,0 +1,73 @@
+"""An implementation-neutral snapshot of a cache, for invariant checks and comparison.
+
+Both the spec and the optimized implementation can render themselves as a
+:class:`CacheState`. :mod:`prefixkv.spec.invariants` checks every INV-* on it, and the
+differential state machines require the two snapshots to be equal after every step.
+Snapshots are O(num_blocks): they are a testing tool, never on a hot path.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .events import KVEvent
+from .request import SeqId
+from .results import CacheStats
+
+__all__ = ["BlockView", "CacheState", "SeqView"]
+
+
+@attrs.frozen
+class BlockView:
+    """One block of the pool.
+
+    For a published block, ``(namespace, parent, token_ids, extra_keys)`` is its stored
+    identity with the parent identity replaced by the parent's block id; this is exact
+    because the parent of a published block is published and never reused while the child
+    exists (INV-ANCESTOR, INV-INDEX).
+    """
+
+    block_id: int
+    refcount: int
+    published: bool
+    namespace: bytes | None = None
+    parent: int | None = None
+    token_ids: tuple[int, ...] | None = None
+    extra_keys: tuple[tuple[int, bytes], ...] = ()
+    block_hash: int | None = None
+    depth: int = 0
+    last_use: int = 0
+
+
+@attrs.frozen
+class SeqView:
+    """One live sequence.
+
+    ::
+
+        token_ids  |<--------------- known tokens (prompt + accepted) --------------->|
+        KV         |<-------- num_computed -------->|
+        slots      |<------------- num_reserved ------------->|
+        blocks     [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ][ b5 ]        len = ceil(num_reserved / bs)
+    """
+
+    seq_id: SeqId
+    namespace: bytes
+    token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    num_computed: int
+    num_reserved: int
+
+
+@attrs.frozen
+class CacheState:
+    num_blocks: int
+    block_size: int
+    blocks: tuple[BlockView, ...]
+    free_queue: tuple[int, ...]
+    index: tuple[tuple[int, int], ...]
+    """(hash key, block id) for every index entry, sorted."""
+    sequences: tuple[SeqView, ...]
+    """Live sequences in admission order."""
+    stats: CacheStats
+    pending_events: tuple[KVEvent, ...]
