@@ -48,7 +48,7 @@ from prefixkv.spec.errors import (
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixkv.spec.identity import BlockHasher, fast_hash, ns_digest
 from prefixkv.spec.namespace import Namespace
-from prefixkv.spec.request import MAX_TOKEN_ID, Request, SeqId, check_seq_id, token_tuple
+from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
 
@@ -320,7 +320,10 @@ class PrefixCacheManager:
             if evicted != short:  # pragma: no cover - guarded by the exact capacity check
                 raise AssertionError("eviction ran dry after the capacity check passed")
             self._leaves.maybe_compact(pool, self._num_cached)
-        new = pool.take(count)
+        if count == 1 and pool.fresh_next == pool.num_blocks:
+            new = [pool.released.popleft()]  # the fresh range is used up: FIFO is the deque
+        else:
+            new = pool.take(count)
         ref = pool.ref
         for b in new:
             ref[b] = 1
@@ -455,7 +458,7 @@ class PrefixCacheManager:
 
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         # Hot path (every decode step): the common case is inlined.
-        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
         if type(num_tokens) is not int or num_tokens < 1:
@@ -475,7 +478,7 @@ class PrefixCacheManager:
 
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
         # Hot path (every decode step): the common case is inlined.
-        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
         if type(num_computed) is not int or num_computed < 0:
@@ -483,30 +486,33 @@ class PrefixCacheManager:
         accepted = accepted_tokens
         if type(accepted) is list or type(accepted) is tuple:
             for t in accepted:
-                if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+                if type(t) is not int or not 0 <= t <= 4294967295:  # MAX_TOKEN_ID, inlined
                     accepted = token_tuple(accepted_tokens, what="accepted_tokens")
                     break
         else:
             accepted = token_tuple(accepted_tokens, what="accepted_tokens")
-        new_computed = seq.num_computed + num_computed
+        computed = seq.num_computed
+        new_computed = computed + num_computed
+        tokens = seq.tokens
+        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
+            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
+        tokens.extend(accepted)
+        seq.num_computed = new_computed
+        bs = self._block_size
+        if new_computed // bs > computed // bs:
+            self._publish(seq, computed // bs, new_computed // bs)
+
+    @staticmethod
+    def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:
         if new_computed > seq.num_reserved:
-            raise InvalidOperation(
-                f"cannot commit {new_computed} tokens of {seq_id!r}: "
+            return InvalidOperation(
+                f"cannot commit {new_computed} tokens of {seq.seq_id!r}: "
                 f"only {seq.num_reserved} slots are reserved"
             )
-        tokens = seq.tokens
-        if new_computed > len(tokens) + len(accepted):
-            raise InvalidOperation(
-                f"cannot commit KV for {new_computed} tokens of {seq_id!r}: "
-                f"only {len(tokens) + len(accepted)} tokens are known"
-            )
-        tokens.extend(accepted)
-        bs = self._block_size
-        first = seq.num_computed // bs
-        stop = new_computed // bs
-        seq.num_computed = new_computed
-        if stop > first:
-            self._publish(seq, first, stop)
+        return InvalidOperation(
+            f"cannot commit KV for {new_computed} tokens of {seq.seq_id!r}: "
+            f"only {known} tokens are known"
+        )
 
     def _canonical(self, seq: SeqState, i: int) -> int:
         """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
@@ -551,9 +557,11 @@ class PrefixCacheManager:
             seq.namespace,
         )
         pool, index = self._pool, self._index
+        buckets = index._buckets
         hasher = None if self._inline_hash else self._hasher
         nsd = seq.ns_digest
-        ptoks = pool.tokens
+        ptoks, ref, anchored = pool.tokens, pool.ref, pool.anchored_children
+        published = 0
         for j in range(first, stop):
             tup = tuple(tokens[j * bs : (j + 1) * bs])
             parent_hash = hashes[j - 1] if j else None
@@ -572,24 +580,34 @@ class PrefixCacheManager:
                     p = self._canonical(seq, j - 1)
                     if p == _MISSING:
                         continue
-            twin = index.find(pool, h, p, tup, ns)
-            if twin >= 0:
-                seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
-                continue
+            entry = buckets.get(h)
+            if entry is not None:
+                twin = index.find(pool, h, p, tup, ns)
+                if twin >= 0:
+                    seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
+                    continue
+                index.insert(h, blocks[j])
             b = blocks[j]
+            if entry is None:
+                buckets[h] = b
             ptoks[b] = tup
             pool.namespace[b] = ns
             pool.parent[b] = p
             pool.block_hash[b] = h
             pool.depth[b] = j + 1
-            index.insert(h, b)
-            self._num_published += 1
-            self._blocks_published += 1
+            published += 1
             if p >= 0:
                 pool.num_children[p] += 1
-                self._anchor_up(p)
+                # b is held, hence anchored: tell the parent (inlined first step of _anchor_up).
+                a = anchored[p]
+                anchored[p] = a + 1
+                if not a and not ref[p]:
+                    self._num_reclaimable -= 1
+                    self._anchor_up(pool.parent[p])
             if self._record_events:
                 self._events.append(BlockStored((h,), parent_hash, tup, bs, seq.adapter))
+        self._num_published += published
+        self._blocks_published += published
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)
