@@ -1,0 +1,85 @@
+"""Pairs of caches for the differential machines.
+
+A machine is built from a :data:`PairFactory`: given the pool a run drew, it returns
+``(reference, candidate)``. Both must offer the :class:`~prefixkv.spec.PrefixCache` API plus
+``snapshot() -> CacheState``. The reference is normally :class:`~prefixkv.spec.SpecCache`;
+the candidate is the implementation under test (``prefixkv.impl``, or another engine's block
+manager behind an adapter).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from prefixkv.spec import HASHERS, BlockHasher, SpecCache, fast_hash
+
+__all__ = [
+    "PairFactory",
+    "PoolConfig",
+    "candidate_class",
+    "spec_pair",
+    "spec_vs_impl",
+]
+
+
+@attrs.frozen
+class PoolConfig:
+    """The pool a run drew: what both caches of a pair are built with."""
+
+    num_blocks: int
+    block_size: int
+    record_events: bool = True
+
+
+#: ``make_pair(config) -> (reference, candidate)``.
+PairFactory = Callable[[PoolConfig], tuple[Any, Any]]
+
+
+def candidate_class() -> type[Any]:
+    """``prefixkv.impl.PrefixCacheManager``, or ``SpecCache`` while the impl cannot import.
+
+    Resolved on every call (not at import) so that a harness can install a patched
+    ``prefixkv.impl`` in ``sys.modules`` first.
+    """
+    try:
+        module = importlib.import_module("prefixkv.impl")
+        cls: type[Any] = module.PrefixCacheManager
+    except (ImportError, AttributeError):
+        return SpecCache
+    return cls
+
+
+def _hasher(hasher: BlockHasher | str) -> BlockHasher:
+    return HASHERS[hasher] if isinstance(hasher, str) else hasher
+
+
+def spec_vs_impl(hasher: BlockHasher | str = fast_hash) -> PairFactory:
+    """SpecCache (reference) against prefixkv.impl (candidate), both with ``hasher``."""
+    h = _hasher(hasher)
+
+    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+        cls = candidate_class()
+        kwargs: dict[str, Any] = {"hasher": h, "record_events": cfg.record_events}
+        ref = SpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
+        return ref, cls(cfg.num_blocks, cfg.block_size, **kwargs)
+
+    make_pair.__name__ = f"spec_vs_impl_{getattr(h, '__name__', 'hash')}"
+    return make_pair
+
+
+def spec_pair(hasher: BlockHasher | str = fast_hash) -> PairFactory:
+    """Two SpecCaches: the machine checking itself (every step must agree trivially)."""
+    h = _hasher(hasher)
+
+    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+        def one() -> SpecCache:
+            return SpecCache(
+                cfg.num_blocks, cfg.block_size, hasher=h, record_events=cfg.record_events
+            )
+
+        return one(), one()
+
+    return make_pair

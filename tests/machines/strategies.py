@@ -1,0 +1,107 @@
+"""Workload strategies for the differential state machines.
+
+The workload is shaped so that the interesting things happen often in a short run:
+
+* prompts are built from a handful of *shared prefixes* cut at any length plus a short suffix
+  over a tiny alphabet, so prefix hits, identical prompts (duplicate publications) and
+  shared prefixes across many sequences are the common case, not the exception;
+* some prefixes repeat one token, so equal token blocks sit at different depths and only
+  the parent link tells them apart (a weak hash then collides all the time);
+* pools are small (a few blocks of a few tokens), so eviction pressure is constant;
+* two or three namespaces that differ in exactly one field (adapter, salt) share tokens.
+
+Every argument a rule draws is a small int, a tuple of ints or a namespace index, so a failing
+run prints a short replay that can be pasted and run.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from prefixkv.spec import Namespace
+
+__all__ = [
+    "BAD_ACCEPTED",
+    "BAD_COUNTS",
+    "BAD_REQUEST_ARGS",
+    "NAMESPACES",
+    "NOT_A_REQUEST",
+    "SHARED_PREFIXES",
+    "budgets",
+    "namespace_ids",
+    "prompts",
+    "sampled_tokens",
+]
+
+#: The namespaces a run draws from: same model, differing in the adapter or the tenant salt.
+NAMESPACES: tuple[Namespace, ...] = (
+    Namespace("tiny-llm@1"),
+    Namespace("tiny-llm@1", adapter="lora-a"),
+    Namespace("tiny-llm@1", salt=b"tenant-1"),
+)
+
+#: Prompts start with a cut of one of these. P1 and P2 share their first four tokens; P0 is
+#: one token repeated, so its blocks differ only by parent.
+SHARED_PREFIXES: tuple[tuple[int, ...], ...] = (
+    (7,) * 12,
+    (1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4),
+    (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+    (3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8),
+)
+
+#: The alphabet of suffixes and sampled tokens: small, so continuations collide too.
+_ALPHABET = st.integers(min_value=1, max_value=4)
+
+
+def namespace_ids(count: int = len(NAMESPACES)) -> st.SearchStrategy[int]:
+    """An index into :data:`NAMESPACES`."""
+    return st.integers(min_value=0, max_value=count - 1)
+
+
+def _join(parts: tuple[tuple[int, ...], int, list[int]]) -> tuple[int, ...]:
+    prefix, cut, suffix = parts
+    tokens = prefix[:cut] + tuple(suffix)
+    return tokens or (1,)
+
+
+def prompts(max_suffix: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+    """A non-empty prompt: a cut of a shared prefix, then a few tokens of a tiny alphabet."""
+    return st.tuples(
+        st.sampled_from(SHARED_PREFIXES),
+        st.integers(min_value=0, max_value=12),
+        st.lists(_ALPHABET, max_size=max_suffix),
+    ).map(_join)
+
+
+def sampled_tokens(max_size: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+    """Tokens a step samples (accepted drafts plus the bonus token)."""
+    return st.lists(_ALPHABET, min_size=1, max_size=max_size).map(tuple)
+
+
+def budgets() -> st.SearchStrategy[int | None]:
+    """A per-step token budget for admission (``None``: schedule the whole prompt)."""
+    return st.none() | st.integers(min_value=1, max_value=8)
+
+
+#: Counts no operation accepts as a count (0 is rejected where the minimum is 1 only).
+BAD_COUNTS: tuple[object, ...] = (0, -1, -7, True, False, 1.5, "2", None)
+
+#: ``accepted_tokens`` values that are not token ids.
+BAD_ACCEPTED: tuple[object, ...] = ((-1,), (2**32,), (1.5,), ("a",), "ab", (1, None), 7)
+
+#: Keyword arguments of ``Request`` that must raise ``InvalidRequest`` on construction.
+BAD_REQUEST_ARGS: tuple[dict[str, object], ...] = (
+    {"token_ids": ()},
+    {"token_ids": (-1, 2)},
+    {"token_ids": (1, 2**32)},
+    {"token_ids": (1.0, 2)},
+    {"token_ids": ("a",)},
+    {"token_ids": "abc"},
+    {"token_ids": (1, None)},
+    {"seq_id": True},
+    {"seq_id": 1.5},
+    {"seq_id": None},
+    {"namespace": "tiny-llm@1"},
+)
+
+#: Things passed to ``match``/``can_admit``/``admit`` in place of a ``Request``.
+NOT_A_REQUEST: tuple[object, ...] = (None, "s1", (1, 2, 3), [1, 2, 3], {"seq_id": 1})

@@ -1,0 +1,377 @@
+"""Realistic prefix-cache bugs, as exact source patches against ``impl/``.
+
+Each bug is a list of ``(file under impl/, old text, new text)`` replacements. The old text
+must occur exactly once in the current source: when the impl changes under a patch, the
+harness fails loudly ("patch does not apply") instead of silently testing nothing, and the
+patch must be updated to re-insert the same bug class into the new code.
+
+The one-line descriptions name the real-world bug class each patch re-creates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BUGS", "Bug", "Patch"]
+
+#: ``(file relative to impl/, old text, new text)``
+Patch = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    description: str
+    patches: tuple[Patch, ...]
+
+
+BUGS: tuple[Bug, ...] = (
+    Bug(
+        "batch_free_dedup",
+        "batched free releases each block once: a block held by two freed sequences is "
+        "decremented once (INV-REF)",
+        (
+            (
+                "cache.py",
+                """        for seq_id in ids:
+            self._release(seqs.pop(seq_id).blocks)""",
+                """        batch: list[int] = []
+        for seq_id in ids:
+            batch.extend(b for b in seqs.pop(seq_id).blocks if b not in batch)
+        self._release(batch)""",
+            ),
+        ),
+    ),
+    Bug(
+        "stale_index_on_evict",
+        "eviction recycles a block but leaves its index entry behind (stale hit on reuse)",
+        (
+            (
+                "cache.py",
+                """            if buckets.get(h) == b:
+                del buckets[h]
+            else:
+                self._index.remove(h, b)
+""",
+                "",
+            ),
+        ),
+    ),
+    Bug(
+        "collision_bucket_remove_last",
+        "removing from a collision bucket drops the newest entry instead of the evicted one",
+        (
+            (
+                "index.py",
+                """        entry.remove(b)
+        if len(entry) == 1:""",
+                """        entry.pop()
+        if len(entry) == 1:""",
+            ),
+        ),
+    ),
+    Bug(
+        "evict_non_leaf",
+        "leaf check dropped: a cached parent is evicted while its children stay published",
+        (
+            (
+                "cache.py",
+                """            if not children[b]:
+                self._leaves.push(pool, b)""",
+                """            self._leaves.push(pool, b)""",
+            ),
+            (
+                "cache.py",
+                """            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:""",
+                """            if version[b] != v or ref[b] or ptoks[b] is None:""",
+            ),
+        ),
+    ),
+    Bug(
+        "hit_by_hash_only",
+        "a hit is trusted on the hash alone, never verified against the stored identity",
+        (
+            (
+                "cache.py",
+                """                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:
+                    break""",
+                """                if ptoks[b] is None:
+                    break""",
+            ),
+        ),
+    ),
+    Bug(
+        "hit_ignores_parent",
+        "a hit is verified on the block's own tokens only, not its parent (prefix) chain",
+        (
+            (
+                "cache.py",
+                """                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:""",
+                """                if ptoks[b] != tup or pns[b] != ns:""",
+            ),
+            (
+                "index.py",
+                """            if (
+                pool.tokens[b] == tokens
+                and pool.parent[b] == parent
+                and pool.namespace[b] == namespace
+            ):
+                return b""",
+                """            if pool.tokens[b] == tokens and pool.namespace[b] == namespace:
+                return b""",
+            ),
+        ),
+    ),
+    Bug(
+        "namespace_keyed_by_model",
+        "namespace cache keyed by model name only: LoRA adapters and tenants share KV",
+        (
+            (
+                "cache.py",
+                """        entry = self._ns_keys.get(namespace)
+        if entry is None:
+            key = namespace.key()
+            entry = self._ns_keys[namespace] = (key, ns_digest(key))""",
+                """        entry = self._ns_keys.get(namespace.model)  # type: ignore[call-overload]
+        if entry is None:
+            key = namespace.key()
+            entry = self._ns_keys[namespace.model] = (key, ns_digest(key))  # type: ignore""",
+            ),
+        ),
+    ),
+    Bug(
+        "can_admit_double_counts_hits",
+        "admission capacity counts matched refcount-0 cached blocks both as hits and as "
+        "evictable supply",
+        (
+            (
+                "cache.py",
+                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+        if need > supply:""",
+                """        supply = self._pool.num_free + self._num_reclaimable
+        if need > supply:""",
+            ),
+        ),
+    ),
+    Bug(
+        "capacity_counts_pinned_cached",
+        "admission capacity counts every refcount-0 cached block as evictable, even a "
+        "parent pinned by a live child published under it",
+        (
+            (
+                "cache.py",
+                """            if not ref[b] and not anchored[b]:
+                unanchored += 1""",
+                """            if not ref[b]:
+                unanchored += 1""",
+            ),
+            (
+                "cache.py",
+                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+        if need > supply:""",
+                """        supply = self._pool.num_free + self._num_cached - unanchored
+        if need > supply:""",
+            ),
+        ),
+    ),
+    Bug(
+        "publish_at_schedule",
+        "blocks are published when scheduled (tokens known, slots reserved), before their "
+        "KV is computed",
+        (
+            (
+                "cache.py",
+                """        if new_computed // bs > computed // bs:
+            self._publish(seq, computed // bs, new_computed // bs)""",
+                """        stop = min(seq.num_reserved, len(tokens)) // bs
+        if stop > len(seq.hashes):
+            self._publish(seq, len(seq.hashes), stop)""",
+            ),
+        ),
+    ),
+    Bug(
+        "publish_off_by_one",
+        "the block completed by a commit is published one commit late",
+        (
+            (
+                "cache.py",
+                """        if new_computed // bs > computed // bs:
+            self._publish(seq, computed // bs, new_computed // bs)""",
+                """        if max(new_computed - 1, 0) // bs > len(seq.hashes):
+            self._publish(seq, len(seq.hashes), max(new_computed - 1, 0) // bs)""",
+            ),
+        ),
+    ),
+    Bug(
+        "full_prompt_cap_off_by_one",
+        "a full-prompt hit is not capped: nothing is left to compute for the last token",
+        (("cache.py", "        cap = (n - 1) // bs\n", "        cap = n // bs\n"),),
+    ),
+    Bug(
+        "free_queue_lifo",
+        "released blocks go to the front of the free queue (LIFO) instead of the back",
+        (
+            (
+                "cache.py",
+                """            if ptoks[b] is None:
+                released.append(b)
+                continue""",
+                """            if ptoks[b] is None:
+                released.appendleft(b)
+                continue""",
+            ),
+        ),
+    ),
+    Bug(
+        "release_head_first",
+        "a table is released head first, so parents age after their children",
+        (
+            (
+                "cache.py",
+                """        freed = cached = unanchored = 0
+        for b in reversed(blocks):""",
+                """        freed = cached = unanchored = 0
+        for b in blocks:""",
+            ),
+        ),
+    ),
+    Bug(
+        "rollback_frees_computed",
+        "rollback keeps floor(reserved / block_size) blocks, dropping a partly computed tail",
+        (
+            (
+                "cache.py",
+                """        keep = -(-seq.num_reserved // self._block_size)
+        dropped = seq.blocks[keep:]""",
+                """        keep = seq.num_reserved // self._block_size
+        dropped = seq.blocks[keep:]""",
+            ),
+        ),
+    ),
+    Bug(
+        "commit_mutates_before_raise",
+        "commit records the accepted tokens before validating the count (INV-TXN)",
+        (
+            (
+                "cache.py",
+                """        tokens = seq.tokens
+        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
+            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
+        tokens.extend(accepted)""",
+                """        tokens = seq.tokens
+        tokens.extend(accepted)
+        if new_computed > seq.num_reserved or new_computed > len(tokens):
+            raise self._commit_error(seq, new_computed, len(tokens))""",
+            ),
+        ),
+    ),
+    Bug(
+        "append_reserves_before_check",
+        "append bumps the reservation before the capacity check fails (INV-TXN)",
+        (
+            (
+                "cache.py",
+                """        supply = self._pool.num_free + self._num_reclaimable
+        if need > supply:
+            raise self._out_of_blocks(need, supply)
+        new, _ = self._allocate(need)
+        seq.blocks.extend(new)
+        seq.num_reserved = reserved""",
+                """        seq.num_reserved = reserved
+        supply = self._pool.num_free + self._num_reclaimable
+        if need > supply:
+            raise self._out_of_blocks(need, supply)
+        new, _ = self._allocate(need)
+        seq.blocks.extend(new)""",
+            ),
+        ),
+    ),
+    Bug(
+        "rejected_admission_counted",
+        "a rejected admission (or a can_admit probe) still counts its prompt as a query",
+        (
+            (
+                "cache.py",
+                """        blocks, hashes, unanchored, _ = self._lookup(req)
+        if num_new_tokens is not None:""",
+                """        blocks, hashes, unanchored, _ = self._lookup(req)
+        self._queries += len(req.token_ids)
+        if num_new_tokens is not None:""",
+            ),
+            ("cache.py", "        self._queries += n\n", ""),
+        ),
+    ),
+    Bug(
+        "lru_tiebreak_shallow_first",
+        "among leaves released together, the shallower one is evicted first",
+        (
+            (
+                "leaves.py",
+                "heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))",
+                "heapq.heappush(self.heap, (pool.last_use[b], pool.depth[b], b, version))",
+            ),
+        ),
+    ),
+    Bug(
+        "last_use_not_updated",
+        "a block's last use is not refreshed when it is released, so hot prefixes age out",
+        (
+            (
+                "cache.py",
+                """            last_use[b] = clock
+            cached += 1""",
+                """            cached += 1""",
+            ),
+        ),
+    ),
+    Bug(
+        "duplicate_overwrites_canonical",
+        "a duplicate publication replaces the canonical block in the index",
+        (
+            (
+                "cache.py",
+                """                if twin >= 0:
+                    seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
+                    continue""",
+                """                if twin >= 0:
+                    index.remove(h, twin)""",
+            ),
+        ),
+    ),
+    Bug(
+        "parent_not_requeued",
+        "a parent that becomes a leaf when its last child is evicted is never queued",
+        (
+            (
+                "cache.py",
+                """                if not left and not ref[p]:
+                    v = version[p] + 1
+                    version[p] = v
+                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))""",
+                """                if not left and not ref[p]:
+                    version[p] += 1""",
+            ),
+        ),
+    ),
+    Bug(
+        "stale_canonical_after_reuse",
+        "the remembered canonical twin is not invalidated when it is evicted and reused (ABA)",
+        (("cache.py", "            gen[b] += 1\n", ""),),
+    ),
+    Bug(
+        "prefill_stats_scheduled",
+        "computed prefill tokens count the scheduled chunk, not the uncached prompt",
+        (
+            (
+                "cache.py",
+                "        self._prefill_computed += n - cached\n",
+                "        self._prefill_computed += scheduled\n",
+            ),
+        ),
+    ),
+    Bug(
+        "reset_keeps_released",
+        "a full reset restarts the fresh range but keeps the released queue (blocks twice free)",
+        (("cache.py", "        pool.released.clear()\n", ""),),
+    ),
+)

@@ -1,0 +1,192 @@
+"""The bug-injection ("teeth") harness: every known bug must be caught by the machines.
+
+::
+
+    python -m tests.mutation.run                # all bugs, a table
+    python -m tests.mutation.run --json         # machine-readable
+    python -m tests.mutation.run --bug free_queue_lifo --shrink   # one bug, minimal replay
+    python tests/mutation/run.py --list
+
+For each bug in :mod:`tests.mutation.bugs`, a temporary copy of ``impl/`` gets the bug's
+patches, and a subprocess (:mod:`tests.mutation.worker`) loads that copy as
+``prefixkv.impl`` and runs the differential machines until a check fails. A control run on
+an unpatched copy must survive every stage (otherwise the harness would "catch" anything).
+
+Exit status: 0 when every bug is caught and the control passes; 1 when a bug survives, a
+patch no longer applies (the impl changed under it: update the patch), a worker fails, or
+the control run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # when run as a script: python tests/mutation/run.py
+    sys.path.insert(0, str(ROOT))
+
+from tests.mutation.bugs import BUGS, Bug  # noqa: E402
+
+IMPL = ROOT / "impl"
+CONTROL = "(control: no bug)"
+
+
+class PatchError(Exception):
+    """A bug's patch does not apply to the current impl source."""
+
+
+def apply_bug(bug: Bug, directory: Path) -> None:
+    """Apply every patch of ``bug`` to the impl copy in ``directory``."""
+    for file, old, new in bug.patches:
+        path = directory / file
+        if not path.is_file():
+            raise PatchError(f"{bug.name}: impl/{file} does not exist")
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            first = old.strip().splitlines()[0] if old.strip() else old
+            raise PatchError(
+                f"{bug.name}: the text to replace occurs {count} times in impl/{file} "
+                f"(expected once): {first!r}"
+            )
+        path.write_text(text.replace(old, new))
+
+
+def copy_impl(destination: Path) -> Path:
+    target = destination / "impl"
+    shutil.copytree(IMPL, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
+
+
+def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> dict[str, Any]:
+    name = bug.name if bug else CONTROL
+    row: dict[str, Any] = {
+        "bug": name,
+        "description": bug.description if bug else "the unpatched impl must pass every stage",
+        "applies": True,
+    }
+    directory = copy_impl(workdir / name.strip("()").replace(" ", "_").replace(":", ""))
+    if bug is not None:
+        try:
+            apply_bug(bug, directory)
+        except PatchError as exc:
+            return {**row, "applies": False, "caught": False, "check": None, "error": str(exc)}
+    cmd = [sys.executable, "-m", "tests.mutation.worker", "--impl", str(directory)]
+    if shrink:
+        cmd.append("--shrink")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {**row, "caught": False, "check": None, "error": f"timeout after {timeout:.0f} s"}
+    wall = time.perf_counter() - start
+    lines = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return {
+            **row,
+            "caught": False,
+            "check": None,
+            "error": "worker failed: " + " | ".join(tail),
+        }
+    return {**row, **result, "wall": round(wall, 2), "error": None}
+
+
+def ok(row: dict[str, Any]) -> bool:
+    if not row["applies"] or row.get("error"):
+        return False
+    return not row["caught"] if row["bug"] == CONTROL else bool(row["caught"])
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        f"{'bug':<32} {'caught':<7} {'first failure':>13}  {'check':<28} stage",
+        "-" * 92,
+    ]
+    for row in rows:
+        if not row["applies"] or row.get("error"):
+            out.append(f"{row['bug']:<32} {'ERROR':<7} {'':>13}  {row.get('error', '')}")
+            continue
+        caught = "yes" if row["caught"] else "no"
+        secs = f"{row['seconds']:.2f} s" if row["caught"] else f"({row['seconds']:.0f} s run)"
+        out.append(
+            f"{row['bug']:<32} {caught:<7} {secs:>13}  {row['check'] or '-':<28} "
+            f"{row['stage'] or '-'}"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Re-insert known bugs; the machines must catch each."
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--bug", action="append", default=[], help="run only this bug (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the bugs and exit")
+    parser.add_argument("--shrink", action="store_true", help="shrink and print minimal replays")
+    parser.add_argument("--no-control", action="store_true", help="skip the unpatched run")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per bug (150; 900 with --shrink)"
+    )
+    args = parser.parse_args(argv)
+    timeout = args.timeout or (900.0 if args.shrink else 150.0)
+
+    if args.list:
+        for bug in BUGS:
+            print(f"{bug.name:<32} {bug.description}")
+        return 0
+    known = {bug.name: bug for bug in BUGS}
+    unknown = [name for name in args.bug if name not in known]
+    if unknown:
+        parser.error(f"unknown bug(s): {', '.join(unknown)}; see --list")
+    bugs: list[Bug | None] = [known[name] for name in args.bug] if args.bug else list(BUGS)
+    if not args.no_control and not args.bug:
+        bugs.insert(0, None)
+
+    start = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory(prefix="prefixkv-mutants-") as tmp,
+        ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool,
+    ):
+        rows = list(
+            pool.map(
+                lambda b: run_one(b, Path(tmp), shrink=args.shrink, timeout=timeout),
+                bugs,
+            )
+        )
+    wall = time.perf_counter() - start
+    failed = [row["bug"] for row in rows if not ok(row)]
+    if args.json:
+        print(json.dumps({"rows": rows, "wall": round(wall, 1), "failed": failed}, indent=2))
+    else:
+        print(format_table(rows))
+        caught = sum(1 for row in rows if row["bug"] != CONTROL and ok(row))
+        total = sum(1 for row in rows if row["bug"] != CONTROL)
+        print(f"\n{caught}/{total} bugs caught in {wall:.0f} s ({args.jobs} jobs)")
+        if args.shrink:
+            for row in rows:
+                if row.get("replay"):
+                    print(f"\n== {row['bug']}: {row['message']}\n{row['replay']}")
+        if failed:
+            print("FAILED: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

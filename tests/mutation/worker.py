@@ -1,0 +1,151 @@
+"""Run the differential machines against one (patched) copy of the impl package.
+
+Used by :mod:`tests.mutation.run`, one subprocess per bug::
+
+    python -m tests.mutation.worker --impl DIR [--shrink]
+
+``DIR`` is a copy of ``impl/`` (with a bug patched in). It is loaded as ``prefixkv.impl``
+before anything imports the real one. The machines then run stage by stage (each with a fixed seed,
+so runs are reproducible) until the first check fails. The last line of stdout is a JSON object:
+``caught``, ``check`` (the failing check or invariant), ``seconds`` (time to the first
+failure, before any shrinking), ``stage``, ``message`` and, with ``--shrink``, ``replay``
+(the minimal failing program Hypothesis printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+sys.dont_write_bytecode = True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One deterministic run of a machine configuration."""
+
+    config: str  # "fast", "weak" or "long"
+    seed: int
+    examples: int
+
+
+#: config -> (hash, pool sizes, block sizes, steps per example)
+CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
+    "fast": ("fast", (4, 24), (1, 4), 50),
+    "weak": ("weak", (4, 24), (1, 4), 50),
+    "long": ("weak", (8, 32), (1, 3), 300),
+}
+
+#: Round robin over the configurations with fresh seeds, so a bug that only one
+#: configuration sees is still found early.
+STAGES: tuple[Stage, ...] = tuple(
+    stage
+    for r in range(6)
+    for stage in (Stage("fast", r, 15), Stage("weak", r, 15), Stage("long", r, 2))
+)
+
+
+def install_impl(directory: Path) -> ModuleType:
+    """Load ``directory`` as the package ``prefixkv.impl`` (and its submodules)."""
+    if "prefixkv.impl" in sys.modules:
+        raise RuntimeError("prefixkv.impl was imported before the patched copy was installed")
+    spec = importlib.util.spec_from_file_location(
+        "prefixkv.impl",
+        directory / "__init__.py",
+        submodule_search_locations=[str(directory)],
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["prefixkv.impl"] = module
+    spec.loader.exec_module(module)
+    import prefixkv
+
+    prefixkv.impl = module  # type: ignore[attr-defined]
+    cache_file = Path(sys.modules["prefixkv.impl.cache"].__file__ or "")
+    if cache_file.resolve().parent != directory.resolve():
+        raise RuntimeError(f"prefixkv.impl.cache loaded from {cache_file}, not {directory}")
+    return module
+
+
+def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) -> dict[str, Any]:
+    install_impl(directory)
+    from hypothesis import HealthCheck, Phase, seed, settings
+    from hypothesis.stateful import get_state_machine_test
+
+    from tests.machines import CheckFailed, build_machine, failure_listeners, spec_vs_impl
+
+    first: list[tuple[float, CheckFailed]] = []
+    start = time.perf_counter()
+    failure_listeners.append(lambda exc: first.append((time.perf_counter() - start, exc)))
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    rules = 0
+    for stage in stages:
+        hasher, blocks, sizes, steps = CONFIGS[stage.config]
+        machine = build_machine(
+            f"Mutant_{stage.config}",
+            spec_vs_impl(hasher),
+            num_blocks=blocks,
+            block_sizes=sizes,
+        )
+        test = get_state_machine_test(
+            machine,
+            settings=settings(
+                max_examples=stage.examples,
+                stateful_step_count=steps,
+                database=None,
+                deadline=None,
+                phases=phases,
+                suppress_health_check=list(HealthCheck),
+                report_multiple_bugs=False,
+            ),
+        )
+        try:
+            seed(stage.seed)(test)()
+        except BaseException as exc:  # the bug was caught (or crashed the machine)
+            rules += machine.coverage.report().total_rules
+            seconds, check = (
+                (first[0][0], first[0][1].check)
+                if first
+                else (time.perf_counter() - start, f"CRASH({type(exc).__name__})")
+            )
+            notes = "\n".join(getattr(exc, "__notes__", []))
+            return {
+                "caught": True,
+                "check": check,
+                "seconds": round(seconds, 3),
+                "stage": f"{stage.config}#{stage.seed}",
+                "rules": rules,
+                "message": str(first[0][1] if first else exc).splitlines()[0][:300],
+                "replay": notes if shrink else "",
+            }
+        rules += machine.coverage.report().total_rules
+    return {
+        "caught": False,
+        "check": None,
+        "seconds": round(time.perf_counter() - start, 3),
+        "stage": None,
+        "rules": rules,
+        "message": "",
+        "replay": "",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", type=Path, required=True, help="a copy of impl/ to test")
+    parser.add_argument("--shrink", action="store_true", help="shrink to a minimal replay")
+    args = parser.parse_args(argv)
+    result = run(args.impl, shrink=args.shrink)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
