@@ -1,0 +1,216 @@
+"""The ``prefixkv`` command line: a small registry of subcommands.
+
+Each subcommand lives in its own module and is registered here by name, with a one-line
+help and the dotted path of one *setup function*::
+
+    def setup(parser: argparse.ArgumentParser) -> Runner:
+        parser.add_argument(...)          # the command's own flags
+        return run                        # run(args) -> exit status
+
+The registry imports a command's module only when that command is invoked, so
+``prefixkv --help`` stays fast, and a command whose optional dependencies are missing
+(Z3 for ``prove``, torch for the engine demo) fails alone, with a message, instead of
+breaking every other command. To add a command, write its setup function and add one
+:func:`register` call to :data:`_BUILTIN` (or call :func:`register` from a plugin before
+:func:`main`).
+
+Conventions every command follows, enforced here rather than trusted to each module:
+
+* ``--json`` is added to every command (unless its setup function declares it already): the
+  result goes to stdout as one JSON document and nothing else goes to stdout (progress and
+  logs go to stderr).
+* The exit status is 0 on success and non-zero on failure: 1 when the command fails
+  (a :class:`CommandError`, a :class:`~prefixkv.spec.errors.PrefixCacheError` or an
+  invariant violation escaping it, reported in one line; with ``--json`` also as
+  ``{"ok": false, "error": ...}`` on stdout), 2 for bad usage (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import attrs
+
+from prefixkv.spec.errors import PrefixCacheError
+from prefixkv.spec.invariants import InvariantViolation
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CommandError",
+    "Runner",
+    "Setup",
+    "SubCommand",
+    "commands",
+    "emit_json",
+    "main",
+    "register",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A command failed in an expected way; ``main`` prints the message and exits 1."""
+
+
+#: Runs a parsed command; returns the process exit status.
+Runner = Callable[[argparse.Namespace], int]
+#: Adds a command's flags to its parser and returns the function that runs it.
+Setup = Callable[[argparse.ArgumentParser], Runner]
+
+
+@attrs.frozen
+class SubCommand:
+    """A registered subcommand. ``target`` is ``"module:function"`` or the setup function."""
+
+    name: str
+    help: str
+    target: str | Setup
+
+    def load(self) -> Setup:
+        if not isinstance(self.target, str):
+            return self.target
+        module_name, _, attr = self.target.partition(":")
+        module = importlib.import_module(module_name)
+        setup: Setup = getattr(module, attr)
+        return setup
+
+
+_REGISTRY: dict[str, SubCommand] = {}
+
+
+def register(name: str, help: str, target: str | Setup) -> SubCommand:
+    """Add (or replace) the subcommand ``name``; returns its registry entry."""
+    if not name or name.startswith("-") or any(ch.isspace() for ch in name):
+        raise ValueError(f"invalid command name {name!r}")
+    command = SubCommand(name=name, help=help, target=target)
+    _REGISTRY[name] = command
+    return command
+
+
+def commands() -> tuple[SubCommand, ...]:
+    """The registered subcommands, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+# One line per built-in command.
+_BUILTIN: tuple[tuple[str, str, str], ...] = (
+    (
+        "simulate",
+        "replay a multi-turn chat workload through the cache and report reuse",
+        "prefixkv.simulate:setup",
+    ),
+    (
+        "bench",
+        "benchmark the cache manager against the spec and per block touched",
+        "prefixkv.bench:setup",
+    ),
+)
+for _name, _help, _target in _BUILTIN:
+    register(_name, _help, _target)
+
+
+def emit_json(payload: Any, stream: TextIO | None = None) -> None:
+    """Write one JSON document (and a newline) to stdout: the ``--json`` output format."""
+    out = sys.stdout if stream is None else stream
+    json.dump(payload, out, indent=2, sort_keys=False, default=str)
+    out.write("\n")
+    out.flush()
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("prefixkv")
+    except Exception:  # not installed as a distribution (e.g. run from a source tree)
+        return "unknown"
+
+
+def _selected(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line, found before parsing.
+
+    Only the top-level parser's own flags (``-h``, ``--version``) may precede it, so the
+    first word that is not a flag is the command.
+    """
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def _fail(name: str, message: str, as_json: bool) -> int:
+    if as_json:
+        emit_json({"command": name, "ok": False, "error": message})
+    print(f"prefixkv {name}: error: {message}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def _ensure_json_flag(parser: argparse.ArgumentParser) -> None:
+    """Give the command ``--json`` unless its setup function already declared it."""
+    # A conflict means the command declared --json itself: keep its definition.
+    with contextlib.suppress(argparse.ArgumentError):
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print one JSON document on stdout (and nothing else there)",
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="prefixkv",
+        description="prefixkv: a reference prefix cache for LLM serving engines.",
+    )
+    parser.add_argument("--version", action="version", version=f"prefixkv {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = _selected(args_list)
+    load_error: str | None = None
+    for command in commands():
+        sub_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        if command.name != chosen:
+            continue
+        try:
+            runner = command.load()(sub_parser)
+        except ImportError as exc:
+            # A missing optional dependency: report it, but still parse the command line so
+            # that a usage error or --help behaves as usual.
+            load_error = f"cannot load the {command.name!r} command: {exc}"
+        else:
+            sub_parser.set_defaults(_run=runner)
+        _ensure_json_flag(sub_parser)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # usage error (2) or --help / --version (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    name: str = args.command
+    as_json: bool = bool(getattr(args, "json", False))
+    if load_error is not None:
+        return _fail(name, load_error, as_json)
+    run: Runner = args._run
+    try:
+        return int(run(args))
+    except KeyboardInterrupt:
+        print(f"prefixkv {name}: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # a command that rejects its arguments late, argparse-style
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or EXIT_OK
+        print(f"prefixkv {name}: error: {exc.code}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CommandError, PrefixCacheError, InvariantViolation, OSError) as exc:
+        # Expected failures of a run: report them in one line. Anything else is a bug in
+        # prefixkv and propagates with its traceback (still a non-zero exit).
+        return _fail(name, f"{type(exc).__name__}: {exc}", as_json)

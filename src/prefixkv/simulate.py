@@ -1,0 +1,436 @@
+"""``prefixkv simulate``: replay a multi-turn chat workload through a cache, report reuse.
+
+This is the "see it work" demo. It drives the cache exactly as a serving engine would (the
+decode protocol of ``docs/design.md``), on the synthetic chat workload of
+:mod:`prefixkv.workloads`, and reports what the cache saved: the hit rate, the prefill tokens
+computed and skipped, evictions, blocks published and the peak pool utilization.
+
+Driving a cache, per request::
+
+    adm = cache.admit(Request(seq_id, prompt, ns))          # cached + scheduled prompt slots
+    cache.commit(seq_id, adm.num_scheduled_tokens, [r0])    # prefill written, r0 sampled
+    for t in reply[1:]:                                     # decode, one token at a time
+        cache.append(seq_id, 1); cache.commit(seq_id, 1, [t])
+
+Finished sequences stay live for a while (``--live``: the most recently finished ones), as
+they would while a server streams their replies or keeps them for a follow-up; older ones are
+freed in one batch. When the pool runs dry, the oldest finished sequences are freed early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import attrs
+
+from prefixkv.spec import (
+    HASHERS,
+    Inspectable,
+    Namespace,
+    OutOfBlocks,
+    PrefixCache,
+    Request,
+    SeqId,
+    SpecCache,
+)
+from prefixkv.spec.invariants import check
+from prefixkv.workloads import ChatConfig, ChatTurn, ChatWorkload, chat_workload
+
+__all__ = [
+    "IMPL_PRESET",
+    "SPEC_PRESET",
+    "Preset",
+    "SimulationResult",
+    "make_cache",
+    "replay",
+    "setup",
+]
+
+_T = TypeVar("_T")
+
+#: Every simulated request uses this namespace (one model, no adapter, no tenant salt).
+NAMESPACE = Namespace("prefixkv-sim@1")
+
+
+@attrs.frozen
+class Preset:
+    """Defaults for one cache kind: the workload shape and the pool."""
+
+    workload: ChatConfig
+    num_blocks: int
+    block_size: int
+    live: int
+
+
+#: The impl runs the benchmark's chat workload on a pool small enough to evict.
+IMPL_PRESET = Preset(workload=ChatConfig(), num_blocks=4096, block_size=16, live=32)
+
+#: The spec deep-copies its whole state on every operation, so it gets a toy workload.
+SPEC_PRESET = Preset(
+    workload=ChatConfig(
+        conversations=12,
+        turns=3,
+        system_prompts=2,
+        system_tokens=64,
+        user_tokens=(8, 24),
+        reply_tokens=(4, 12),
+    ),
+    num_blocks=160,
+    block_size=4,
+    live=4,
+)
+
+
+def make_cache(kind: str, num_blocks: int, block_size: int, hash_name: str = "fast") -> PrefixCache:
+    """A fresh ``"impl"`` (:class:`~prefixkv.impl.PrefixCacheManager`) or ``"spec"`` cache."""
+    hasher = HASHERS[hash_name]
+    if kind == "spec":
+        return SpecCache(num_blocks, block_size, hasher=hasher)
+    if kind == "impl":
+        from prefixkv.impl import PrefixCacheManager
+
+        return PrefixCacheManager(num_blocks, block_size, hasher=hasher)
+    raise ValueError(f"unknown cache kind {kind!r}: expected 'impl' or 'spec'")
+
+
+@attrs.frozen
+class SimulationResult:
+    """What one replay did and what the cache saved."""
+
+    requests: int
+    prompt_tokens: int
+    reply_tokens: int
+    blocks_touched: int
+    cache_ops: int
+    hit_rate: float
+    prefill_tokens: int
+    prefill_tokens_computed: int
+    prefill_tokens_skipped: int
+    evictions: int
+    blocks_published: int
+    peak_used_blocks: int
+    peak_utilization: float
+    early_frees: int
+    invariant_checks: int
+    wall_time_s: float
+
+
+class _Driver:
+    """Drives one cache through the decode protocol, with the simulator's instrumentation.
+
+    Counts cache operations, runs the invariant checker every ``check_every`` of them, and
+    tracks the peak number of blocks held by live sequences (it can only grow on an admit or
+    an append that allocated, so that is where it is sampled).
+    """
+
+    def __init__(self, cache: PrefixCache, live: int, check_every: int) -> None:
+        self.cache = cache
+        self.live = live
+        self.check_every = check_every
+        self.finished: deque[SeqId] = deque()
+        self.ops = 0
+        self.checks = 0
+        self.early_frees = 0
+        self.peak_used = 0
+
+    def _tick(self) -> None:
+        self.ops += 1
+        if self.check_every and self.ops % self.check_every == 0:
+            self.check()
+
+    def check(self) -> None:
+        cache = self.cache
+        if not isinstance(cache, Inspectable):
+            raise TypeError(f"{type(cache).__name__} has no snapshot(): cannot check invariants")
+        check(cache)
+        self.checks += 1
+
+    def _sample_used(self) -> None:
+        used = self.cache.stats().num_used_blocks
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def _free(self, seq_ids: list[SeqId]) -> None:
+        if seq_ids:
+            self.cache.free(seq_ids)
+            self._tick()
+
+    def _with_room(self, op: Callable[[], _T]) -> _T:
+        """Run ``op``; if the pool is dry, free the oldest finished sequences and retry."""
+        while True:
+            try:
+                return op()
+            except OutOfBlocks:
+                if not self.finished:
+                    raise  # nothing left to give back: one request needs more than the pool
+                self.early_frees += 1
+                self._free([self.finished.popleft()])
+
+    def run_turn(self, seq_id: SeqId, turn: ChatTurn) -> None:
+        cache = self.cache
+        req = Request(seq_id, turn.prompt, NAMESPACE)
+        adm = self._with_room(lambda: cache.admit(req))
+        self._tick()
+        self._sample_used()
+        cache.commit(seq_id, adm.num_scheduled_tokens, turn.reply[:1])
+        self._tick()
+        for token in turn.reply[1:]:
+            new = self._with_room(lambda: cache.append(seq_id, 1))
+            self._tick()
+            if new:
+                self._sample_used()
+            cache.commit(seq_id, 1, (token,))
+            self._tick()
+        self.finished.append(seq_id)
+        excess = len(self.finished) - self.live
+        if excess > 0:
+            self._free([self.finished.popleft() for _ in range(excess)])
+
+    def drain(self) -> None:
+        self._free(list(self.finished))
+        self.finished.clear()
+
+
+def replay(
+    cache: PrefixCache,
+    workload: ChatWorkload,
+    *,
+    live: int = 32,
+    check_every: int = 0,
+    schedule: Sequence[ChatTurn] | None = None,
+    on_request: Callable[[int], None] | None = None,
+) -> SimulationResult:
+    """Replay ``workload`` (in its shuffled schedule) through ``cache`` and report.
+
+    ``check_every`` > 0 runs :func:`prefixkv.spec.invariants.check` every that many cache
+    operations and once at the end. ``on_request(i)`` is called after each request (progress).
+    Every sequence is freed at the end, so the cache is left holding only cached blocks.
+    """
+    if live < 0:
+        raise ValueError("live must be >= 0")
+    turns = workload.schedule() if schedule is None else list(schedule)
+    driver = _Driver(cache, live, check_every)
+    start = time.perf_counter()
+    for i, turn in enumerate(turns):
+        driver.run_turn(i, turn)
+        if on_request is not None:
+            on_request(i)
+    driver.drain()
+    wall = time.perf_counter() - start
+    if check_every:
+        driver.check()
+    stats = cache.stats()
+    return SimulationResult(
+        requests=len(turns),
+        prompt_tokens=sum(len(t.prompt) for t in turns),
+        reply_tokens=sum(len(t.reply) for t in turns),
+        blocks_touched=sum(t.blocks_touched(cache.block_size) for t in turns),
+        cache_ops=driver.ops,
+        hit_rate=stats.hit_rate,
+        prefill_tokens=stats.prefill_tokens,
+        prefill_tokens_computed=stats.prefill_tokens_computed,
+        prefill_tokens_skipped=stats.prefill_tokens_skipped,
+        evictions=stats.evictions,
+        blocks_published=stats.blocks_published,
+        peak_used_blocks=driver.peak_used,
+        peak_utilization=driver.peak_used / cache.num_blocks,
+        early_frees=driver.early_frees,
+        invariant_checks=driver.checks,
+        wall_time_s=wall,
+    )
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Add the ``simulate`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
+    d, s = IMPL_PRESET, SPEC_PRESET
+    parser.add_argument(
+        "--spec",
+        action="store_true",
+        help="drive the executable spec (slow: O(pool) per operation) on a toy workload "
+        f"({s.workload.conversations} conversations, {s.num_blocks} blocks of "
+        f"{s.block_size}) instead of the optimized cache manager",
+    )
+    parser.add_argument(
+        "--hash",
+        choices=sorted(HASHERS),
+        default="fast",
+        help="block hash (default: fast); 'weak' collides on purpose and must not change "
+        "any result, only the time",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=_positive,
+        metavar="N",
+        help=f"pool size (default: {d.num_blocks}; spec {s.num_blocks})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive,
+        metavar="N",
+        help=f"tokens per block (default: {d.block_size}; spec {s.block_size})",
+    )
+    parser.add_argument(
+        "--conversations",
+        type=_positive,
+        metavar="N",
+        help=f"conversations (default: {d.workload.conversations}; spec "
+        f"{s.workload.conversations})",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_positive,
+        metavar="N",
+        help=f"turns per conversation (default: {d.workload.turns}; spec {s.workload.turns})",
+    )
+    parser.add_argument(
+        "--live",
+        type=_non_negative,
+        metavar="N",
+        help="finished sequences kept live before they are freed "
+        f"(default: {d.live}; spec {s.live})",
+    )
+    parser.add_argument(
+        "--seed", type=_non_negative, default=0, metavar="N", help="workload seed (default: 0)"
+    )
+    parser.add_argument(
+        "--check-invariants",
+        type=_positive,
+        metavar="N",
+        default=0,
+        help="run prefixkv.spec.invariants.check on the cache every N cache operations "
+        "and at the end (O(pool) each)",
+    )
+    return _run
+
+
+def _run(args: argparse.Namespace) -> int:
+    kind = "spec" if args.spec else "impl"
+    preset = SPEC_PRESET if args.spec else IMPL_PRESET
+    base = preset.workload
+    config = attrs.evolve(
+        base,
+        seed=args.seed,
+        conversations=base.conversations if args.conversations is None else args.conversations,
+        turns=base.turns if args.turns is None else args.turns,
+    )
+    num_blocks = preset.num_blocks if args.num_blocks is None else args.num_blocks
+    block_size = preset.block_size if args.block_size is None else args.block_size
+    live = preset.live if args.live is None else args.live
+
+    workload = chat_workload(config)
+    cache = make_cache(kind, num_blocks, block_size, args.hash)
+    result = _replay_with_progress(cache, workload, live, args.check_invariants, args.json)
+    report = {
+        "command": "simulate",
+        "ok": True,
+        "cache": kind,
+        "hash": args.hash,
+        "num_blocks": num_blocks,
+        "block_size": block_size,
+        "live": live,
+        "workload": attrs.asdict(config),
+        **attrs.asdict(result),
+    }
+    if args.json:
+        from prefixkv.cli import emit_json
+
+        emit_json(report)
+    else:
+        _print_report(report)
+    return 0
+
+
+def _replay_with_progress(
+    cache: PrefixCache, workload: ChatWorkload, live: int, check_every: int, quiet: bool
+) -> SimulationResult:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    schedule = workload.schedule()
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("replaying requests", total=len(schedule))
+        return replay(
+            cache,
+            workload,
+            live=live,
+            check_every=check_every,
+            schedule=schedule,
+            on_request=lambda _: progress.advance(task),
+        )
+
+
+def _print_report(r: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    w = r["workload"]
+    assert isinstance(w, dict)
+    computed, skipped = r["prefill_tokens_computed"], r["prefill_tokens_skipped"]
+    assert isinstance(computed, int) and isinstance(skipped, int)
+    total = max(computed + skipped, 1)
+    title = (
+        f"prefixkv simulate: {r['cache']} cache, {r['num_blocks']:,} blocks x "
+        f"{r['block_size']} tokens, hash={r['hash']}"
+    )
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, str]] = [
+        (
+            "workload",
+            f"{w['conversations']} conversations x {w['turns']} turns, "
+            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} tokens",
+        ),
+        ("requests", f"{r['requests']:,}"),
+        ("prompt / reply tokens", f"{r['prompt_tokens']:,} / {r['reply_tokens']:,}"),
+        ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
+        ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
+        ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
+        ("blocks published", f"{r['blocks_published']:,}"),
+        ("evictions", f"{r['evictions']:,}"),
+        ("peak utilization", f"{r['peak_utilization']:.1%}  ({r['peak_used_blocks']:,} blocks)"),
+        ("early frees (pool dry)", f"{r['early_frees']:,}"),
+        ("cache operations", f"{r['cache_ops']:,}"),
+    ]
+    if r["invariant_checks"]:
+        rows.append(("invariant checks passed", f"{r['invariant_checks']:,}"))
+    rows.append(("wall time", f"{r['wall_time_s']:.2f} s"))
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
