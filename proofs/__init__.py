@@ -1,1 +1,31 @@
-"""prefixkv.proofs"""
+"""prefixkv.proofs: Z3 proofs about the spec and the kernels' index arithmetic.
+
+* :mod:`.encoding`: the spec's transition system in Z3 (state, one transition per operation).
+* :mod:`.obligations`: every invariant inductive over every operation, plus non-vacuity.
+* :mod:`.broken`: deliberately broken encodings, each refuted by a printed counterexample.
+* :mod:`.drift`: the model and the Python spec agree step by step on concrete states.
+* :mod:`.kernel_index`: ``prefixkv.kernels.index_math`` in bit-vectors and integers.
+* :mod:`.cli`: ``python -m prefixkv.proofs`` (``add_arguments``/``run`` for the project CLI).
+
+Importing this package imports z3 and the spec, never torch.
+"""
+
+from .encoding import OPS, Bounds, Encoding
+from .obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
+
+__all__ = [
+    "INVARIANT_IDS",
+    "OPERATIONS",
+    "OPS",
+    "STRENGTHENINGS",
+    "Bounds",
+    "Encoding",
+    "Prover",
+    "prove",
+]
+
+
+def prove(bounds: Bounds | None = None) -> bool:
+    """Whether every state obligation is proved under ``bounds`` (the default run's)."""
+    rows = Prover(Encoding(bounds or Bounds())).rows()
+    return all(r.status == "proved" for r in rows)

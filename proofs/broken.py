@@ -1,0 +1,395 @@
+"""Deliberately broken encodings: each must make an obligation fail with a counterexample.
+
+A proof that cannot fail proves nothing. Every variant below changes the encoding in one
+small, realistic way (a bug an engine has shipped, or a plausible slip in the model) and
+names the obligation that must then fail. :func:`check_variant` searches for a concrete
+counterexample to that obligation in pools of 1..5 blocks (a concrete counterexample is a
+counterexample to the symbolic obligation with ``N`` fixed) and returns it, printed as a
+state, a step and the resulting state.
+
+Kinds: ``transition`` (an operation does the wrong thing), ``off-by-one`` (a bound or an
+index is one off), ``dropped conjunct`` (a guard or an invariant loses a conjunct; for an
+invariant, the obligation that fails is the one that needed it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from .encoding import Bounds, Domain, Encoding, SeqState, State, Step, Term
+from .obligations import Counterexample, find_counterexample
+
+__all__ = ["VARIANTS", "Variant", "VariantResult", "check_variant"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    invariant: str
+    step: str
+    kind: str
+    description: str
+    encoding: type[Encoding]
+
+
+@dataclass
+class VariantResult:
+    variant: Variant
+    counterexample: Counterexample | None
+    seconds: float
+
+    @property
+    def caught(self) -> bool:
+        return self.counterexample is not None
+
+
+# -- INV-REF ---------------------------------------------------------------------------------
+
+
+class FreeOncePerBlock(Encoding):
+    def free_seqs(self, st: State, freed: Sequence[Term]) -> State:
+        holds = [
+            (sq.tab[j], z3.And(f, j < sq.len))
+            for f, sq in zip(freed, st.seqs, strict=True)
+            for j in reversed(range(self.bounds.table))
+        ]
+        # BUG: a block listed by two freed tables is released once
+        once = [
+            (b, z3.And(c, *[z3.Not(z3.And(c2, b2 == b)) for b2, c2 in holds[:r]]))
+            for r, (b, c) in enumerate(holds)
+        ]
+        post = self.release_all(st.replace(clock=st.clock + 1), once)
+        for s, f in enumerate(freed):
+            post = post.seq(s, live=z3.And(st.seqs[s].live, z3.Not(f)))
+        return post
+
+
+class RollbackReleasesOneMore(Encoding):
+    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+        M, sq, n = self.bounds.table, st.seqs[s], a["n"]
+        nr = sq.nr - n
+        keep = self.table_length(nr, st.BS)
+        enabled = z3.And(sq.live, n >= 1, nr >= sq.nc)
+        # BUG: releases from keep - 1, but the table keeps that block
+        st = self.release_all(
+            st, [(sq.tab[j], z3.And(keep - 1 <= j, j < sq.len)) for j in reversed(range(M))]
+        )
+        st = st.seq(s, nr=nr, len=keep)
+        return Step("rollback", enabled, z3.BoolVal(True), z3.BoolVal(True), st, a)
+
+
+class AdmitLiveSequence(Encoding):
+    def attach_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+        # BUG: the "not already live" conjunct is dropped: re-admission overwrites a table
+        return z3.And(a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1))
+
+
+class AllocateOneMore(Encoding):
+    def allocate(self, st: State, need: Term) -> tuple[State, list[Term]]:
+        taken = [st.q[st.qh + i] for i in range(self.bounds.table + 1)]
+        x = z3.Int("lam!x")
+        # BUG: i <= need marks one block more as held than the table receives
+        hit = z3.Or([z3.And(i <= need, b == x) for i, b in enumerate(taken)])
+        rc = z3.Lambda([x], z3.If(hit, 1, st.rc[x]))
+        return st.replace(rc=rc, qh=st.qh + need), taken
+
+
+# -- INV-PARTITION --------------------------------------------------------------------------
+
+
+class EvictLeaksVictim(Encoding):
+    def evict_one(self, st: State, v: Term, cond: Term) -> State:
+        post = super().evict_one(st, v, cond)
+        # BUG: the victim is unpublished but never joins the free queue
+        return post.replace(q=st.q, qpos=st.qpos, qt=st.qt)
+
+
+class QueueHeadOneTooFar(Encoding):
+    def allocate(self, st: State, need: Term) -> tuple[State, list[Term]]:
+        post, taken = super().allocate(st, need)
+        # BUG: the head moves one past the allocated blocks (when anything is allocated)
+        return post.replace(qh=post.qh + z3.If(need > 0, 1, 0)), taken
+
+
+class ReleaseFreesPublished(Encoding):
+    def frees_at_zero(self, st: State, b: Term) -> Term:
+        # BUG: "private" dropped: a published block at refcount 0 is also queued as free
+        return z3.BoolVal(True)
+
+
+class QueueWithoutGhost(Encoding):
+    def inv_partition(self, d: Domain, st: State) -> Term:
+        # BUG (invariant): the queue's position map is dropped, so the queue may list a
+        # block twice and allocation can hand it out twice
+        def one(b: Term) -> Term:
+            free, evictable, used = st.in_free(b), z3.And(st.pub[b], st.rc[b] == 0), st.rc[b] > 0
+            return z3.And(
+                st.rc[b] >= 0,
+                st.qpos[b] < st.qt,
+                z3.Or(free, evictable, used),
+                z3.Not(z3.And(free, evictable)),
+                z3.Not(z3.And(free, used)),
+            )
+
+        queue = d.forall_queue(st.qh, st.qt, lambda i: st.inb(st.q[i]))
+        return z3.And(st.qh <= st.qt, queue, d.forall_blocks(st.N, one))
+
+
+# -- INV-INDEX -------------------------------------------------------------------------------
+
+
+class EvictKeepsIndexEntry(Encoding):
+    def evict_one(self, st: State, v: Term, cond: Term) -> State:
+        # BUG: the stale index entry survives the block's reuse
+        return super().evict_one(st, v, cond).replace(idx=st.idx)
+
+
+class PublishDuplicate(Encoding):
+    def may_publish(self, committed: Term, parent_known: Term, taken: Term) -> Term:
+        # BUG: the "identity already published" conjunct is dropped
+        return z3.And(committed, parent_known)
+
+
+class ResetKeepsIndex(Encoding):
+    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+        step = super().op_reset_full(d, st, a)
+        # BUG: a full reset forgets the blocks but not the index
+        return Step(step.op, step.enabled, step.bounded, step.choice,
+                    step.post.replace(idx=st.idx), a)
+
+
+# -- INV-ANCESTOR ----------------------------------------------------------------------------
+
+
+class EvictNonLeaf(Encoding):
+    def is_leaf(self, d: Domain, st: State, b: Term) -> Term:
+        # BUG: "no published children" dropped: an interior block can be evicted
+        return z3.And(st.inb(b), st.pub[b], st.rc[b] == 0)
+
+
+class DepthOffByOne(Encoding):
+    def block_depth(self, j: int) -> Term:
+        return z3.IntVal(j)  # BUG: depth j, not j + 1
+
+
+class PublishWithoutParent(Encoding):
+    def may_publish(self, committed: Term, parent_known: Term, taken: Term) -> Term:
+        # BUG: the "parent identity is published" conjunct is dropped
+        return z3.And(committed, z3.Not(taken))
+
+
+# -- INV-WRITE -------------------------------------------------------------------------------
+
+
+class PublishAtSchedule(Encoding):
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
+                        ntok: Term) -> Term:
+        # BUG: publish before commit: every full *reserved* block is published
+        return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= sq.nr)
+
+
+class PublishOneSlotEarly(Encoding):
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
+                        ntok: Term) -> Term:
+        # BUG: off by one: a block with one unwritten slot counts as committed
+        return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= new_nc + 1)
+
+
+class AttachComputesOneBlockLess(Encoding):
+    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+        step, scheduled = super().attach(d, st, a, s)
+        sq = step.post.seqs[s]
+        # BUG: off by one block: the last hit block is still "to be written"
+        nc = z3.If(sq.nc > 0, sq.nc - st.BS, sq.nc)
+        post = step.post.seq(s, nc=nc)
+        return Step(step.op, step.enabled, step.bounded, step.choice, post, a), scheduled
+
+
+# -- INV-PUBLISH -----------------------------------------------------------------------------
+
+
+class WithoutChainStrengthening(Encoding):
+    def invariants(self, d: Domain, st: State) -> dict[str, Term]:
+        # BUG (invariant): the strengthening AUX-CHAIN is dropped
+        inv = super().invariants(d, st)
+        del inv["AUX-CHAIN"]
+        return inv
+
+
+class PublishAcceptedUnwritten(Encoding):
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
+                        ntok: Term) -> Term:
+        # BUG: blocks of accepted tokens are published before their KV is written
+        return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= ntok)
+
+
+class PublishStaleTokens(Encoding):
+    def identity_labels(self, before: Sequence[Term], after: Sequence[Term]) -> Sequence[Term]:
+        # BUG: blocks are published with the tokens known before this commit accepted more
+        return before
+
+
+# -- INV-LIMIT -------------------------------------------------------------------------------
+
+
+class TableFloor(Encoding):
+    def table_length(self, nr: Term, BS: Term) -> Term:
+        # BUG: off by one block: floor(nr / BS) instead of ceil
+        return z3.Sum([z3.If((j + 1) * BS <= nr, 1, 0) for j in range(self.bounds.table)])
+
+
+class RollbackKeepsTable(Encoding):
+    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+        step = super().op_rollback(d, st, a, s)
+        # BUG: the reservation shrinks but the table keeps its blocks
+        post = step.post.seq(s, len=st.seqs[s].len).replace(
+            rc=st.rc, q=st.q, qpos=st.qpos, qt=st.qt, lu=st.lu
+        )
+        return Step(step.op, step.enabled, step.bounded, step.choice, post, a)
+
+
+class CommitBeyondReserved(Encoding):
+    def commit_guard(self, sq: SeqState, n: Term, acc: Term) -> Term:
+        # BUG: the "within the reserved slots" conjunct is dropped
+        return z3.And(sq.live, n >= 0, acc >= 0, sq.nc + n <= sq.ntok + acc)
+
+
+class CommitUnknownTokens(Encoding):
+    def commit_guard(self, sq: SeqState, n: Term, acc: Term) -> Term:
+        # BUG: off by one: KV may be committed for one token that is not known yet
+        nc = sq.nc + n
+        return z3.And(sq.live, n >= 0, acc >= 0, nc <= sq.nr, nc <= sq.ntok + acc + 1)
+
+
+# -- INV-STATS -------------------------------------------------------------------------------
+
+
+class HitsCountWholePrompt(Encoding):
+    def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
+        # BUG: every prompt token of a hit counts as a hit
+        return super().count_admission(st, ntok, cached, remaining).count(
+            "hits", z3.If(cached > 0, ntok - cached, 0)
+        )
+
+
+class ComputedOffByOne(Encoding):
+    def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
+        return super().count_admission(st, ntok, cached, remaining - 1)  # BUG
+
+
+class ResetClearsSkipped(Encoding):
+    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+        step = super().op_reset_full(d, st, a)
+        # BUG: a full reset zeroes one counter of a sum that must stay balanced
+        post = step.post.replace(ctr={**step.post.ctr, "skipped": z3.IntVal(0)})
+        return Step(step.op, step.enabled, step.bounded, step.choice, post, a)
+
+
+# -- INV-MATCH -------------------------------------------------------------------------------
+
+
+class FullPromptHit(Encoding):
+    def within_cap(self, BS: Term, j: int, ntok: Term) -> Term:
+        return (j + 1) * BS <= ntok  # BUG: off by one token: a whole cached prompt is a hit
+
+
+class MatchStopsAfterOneBlock(Encoding):
+    def within_cap(self, BS: Term, j: int, ntok: Term) -> Term:
+        # BUG: the match stops after its first block even when more are cached
+        return z3.And(super().within_cap(BS, j, ntok), j == 0)
+
+
+class MatchIgnoresPrefix(Encoding):
+    def chain(self, st: State, ns: Term, labels: Sequence[Term]) -> list[Term]:
+        # BUG: blocks are looked up by their own tokens only, not by the whole prefix
+        return [st.idx.get((ns, z3.IntVal(-1), lab)) for lab in labels]
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("free-once-per-block", "INV-REF", "free", "transition",
+            "a batched free that lists a block in two tables decrements it once",
+            FreeOncePerBlock),
+    Variant("rollback-releases-one-more", "INV-REF", "rollback", "off-by-one",
+            "rollback releases from block keep-1 but the table keeps it",
+            RollbackReleasesOneMore),
+    Variant("admit-live-sequence", "INV-REF", "attach", "dropped conjunct",
+            "admit without 'sequence not live': a re-admission overwrites a held table",
+            AdmitLiveSequence),
+    Variant("allocate-one-more", "INV-REF", "grow", "off-by-one",
+            "allocation marks need+1 blocks as held but installs need",
+            AllocateOneMore),
+    Variant("evict-leaks-victim", "INV-PARTITION", "evict", "transition",
+            "an evicted block never joins the free queue", EvictLeaksVictim),
+    Variant("queue-head-one-too-far", "INV-PARTITION", "grow", "off-by-one",
+            "allocation moves the queue head one past the blocks it takes",
+            QueueHeadOneTooFar),
+    Variant("release-frees-published", "INV-PARTITION", "free", "dropped conjunct",
+            "release queues a published block at refcount 0 (drops 'private')",
+            ReleaseFreesPublished),
+    Variant("queue-without-ghost", "INV-PARTITION", "grow", "dropped conjunct",
+            "INV-PARTITION without the queue's position map: a block queued twice",
+            QueueWithoutGhost),
+    Variant("evict-keeps-index-entry", "INV-INDEX", "evict", "transition",
+            "eviction leaves a stale index entry behind", EvictKeepsIndexEntry),
+    Variant("publish-duplicate", "INV-INDEX", "commit", "dropped conjunct",
+            "commit publishes an identity that is already published", PublishDuplicate),
+    Variant("reset-keeps-index", "INV-INDEX", "reset_full", "transition",
+            "a full reset keeps the index", ResetKeepsIndex),
+    Variant("evict-non-leaf", "INV-ANCESTOR", "evict", "dropped conjunct",
+            "eviction of a block with published children", EvictNonLeaf),
+    Variant("depth-off-by-one", "INV-ANCESTOR", "commit", "off-by-one",
+            "published block j gets depth j instead of j+1", DepthOffByOne),
+    Variant("publish-without-parent", "INV-ANCESTOR", "commit", "dropped conjunct",
+            "commit publishes a block whose parent identity is not published",
+            PublishWithoutParent),
+    Variant("publish-at-schedule", "INV-WRITE", "commit", "transition",
+            "publish before commit: every full reserved block is published",
+            PublishAtSchedule),
+    Variant("publish-one-slot-early", "INV-WRITE", "commit", "off-by-one",
+            "a block with one unwritten slot is published", PublishOneSlotEarly),
+    Variant("attach-computes-one-block-less", "INV-WRITE", "attach", "off-by-one",
+            "admission marks one hit block too few as computed (a shared block to write)",
+            AttachComputesOneBlockLess),
+    Variant("without-aux-chain", "INV-PUBLISH", "commit", "dropped conjunct",
+            "the strengthening AUX-CHAIN is dropped: INV-PUBLISH is not inductive alone",
+            WithoutChainStrengthening),
+    Variant("publish-accepted-unwritten", "INV-PUBLISH", "commit", "transition",
+            "blocks of accepted tokens are published before their KV is computed",
+            PublishAcceptedUnwritten),
+    Variant("publish-stale-tokens", "INV-PUBLISH", "commit", "transition",
+            "blocks are published with the tokens known before the accepted ones",
+            PublishStaleTokens),
+    Variant("table-floor", "INV-LIMIT", "grow", "off-by-one",
+            "a table holds floor(reserved / block size) blocks", TableFloor),
+    Variant("rollback-keeps-table", "INV-LIMIT", "rollback", "transition",
+            "rollback shrinks the reservation but not the table", RollbackKeepsTable),
+    Variant("commit-beyond-reserved", "INV-LIMIT", "commit", "dropped conjunct",
+            "commit without 'computed <= reserved'", CommitBeyondReserved),
+    Variant("commit-unknown-tokens", "INV-LIMIT", "commit", "off-by-one",
+            "commit allows KV for one token beyond the known ones", CommitUnknownTokens),
+    Variant("full-prompt-hit", "INV-MATCH", "attach", "off-by-one",
+            "the match is not capped: nothing is left to compute", FullPromptHit),
+    Variant("match-stops-after-one-block", "INV-MATCH", "attach", "transition",
+            "the match is not the longest cached prefix", MatchStopsAfterOneBlock),
+    Variant("match-ignores-prefix", "INV-MATCH", "attach", "transition",
+            "a block hits on its own tokens, whatever its prefix", MatchIgnoresPrefix),
+    Variant("hits-count-whole-prompt", "INV-STATS", "attach", "transition",
+            "a hit counts every prompt token as a hit", HitsCountWholePrompt),
+    Variant("computed-off-by-one", "INV-STATS", "attach", "off-by-one",
+            "admission counts one computed prompt token too few", ComputedOffByOne),
+    Variant("reset-clears-skipped", "INV-STATS", "reset_full", "transition",
+            "a full reset zeroes the skipped-token counter only", ResetClearsSkipped),
+)
+
+
+def check_variant(v: Variant, bounds: Bounds | None = None, max_pool: int = 5) -> VariantResult:
+    """Search a counterexample to the variant's obligation."""
+    t0 = time.perf_counter()
+    cex = find_counterexample(v.encoding(bounds or Bounds()), v.invariant, v.step,
+                              max_pool=max_pool)
+    return VariantResult(v, cex, time.perf_counter() - t0)

@@ -1,0 +1,227 @@
+"""``python -m prefixkv.proofs``: run the proofs and print one row per obligation.
+
+The project CLI registers the same command as ``prefixkv prove`` with::
+
+    from prefixkv.proofs import cli as proofs_cli
+    proofs_cli.add_arguments(subparsers.add_parser("prove", help=...))   # then
+    return proofs_cli.run(args)
+
+Exit status: 0 when every obligation is proved (and, when asked for, every broken variant
+yields a counterexample and the drift check finds no drift); 1 otherwise; 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from . import broken, drift, kernel_index, obligations
+from .encoding import Bounds, Encoding
+
+__all__ = ["add_arguments", "main", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the proof command's options to ``parser``."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--seqs", type=int, default=Bounds.seqs,
+                        help="live sequence slots of the model (default %(default)s)")
+    parser.add_argument("--table", type=int, default=Bounds.table,
+                        help="blocks per block table in the model (default %(default)s)")
+    parser.add_argument("--rlimit", type=int, default=obligations.DEFAULT_RLIMIT,
+                        help="Z3 resource limit per solver call (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="Z3 random seed (default 0)")
+    parser.add_argument("--invariants", default="",
+                        help="comma-separated invariant ids to prove (default: all)")
+    parser.add_argument("--operations", default="",
+                        help="comma-separated operations to prove (default: all)")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="skip the kernel index-arithmetic proofs")
+    parser.add_argument("--no-witnesses", action="store_true",
+                        help="skip the non-vacuity (satisfiability) checks")
+    parser.add_argument("--broken", action="store_true",
+                        help="also check that every deliberately broken variant fails")
+    parser.add_argument("--drift", type=int, default=0, metavar="N",
+                        help="also run N model-vs-spec drift checks and the seeded drifts")
+    parser.add_argument("--alone", action="store_true",
+                        help="also report which invariants are not inductive on their own")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print counterexamples and non-vacuity witnesses")
+
+
+def _csv(value: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})")
+    return items or list(allowed)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run what ``args`` asks for; print a table (or JSON); return the exit status."""
+    out = out or sys.stdout
+    t0 = time.perf_counter()
+    bounds = Bounds(seqs=args.seqs, table=args.table)
+    if bounds.seqs < 2 or bounds.table < 1:
+        print("--seqs must be >= 2 and --table >= 1", file=sys.stderr)
+        return 2
+    invs = _csv(args.invariants, obligations.PROPERTY_IDS, "invariant")
+    ops = _csv(args.operations, list(obligations.OPERATIONS), "operation")
+    enc = Encoding(bounds)
+    prover = obligations.Prover(enc, rlimit=args.rlimit, seed=args.seed)
+    text = not args.json
+    ok = True
+    doc: dict[str, Any] = {
+        "bounds": bounds.describe(),
+        "rlimit": args.rlimit,
+        "seed": args.seed,
+        "strengthenings": obligations.STRENGTHENINGS,
+    }
+
+    if text:
+        print(f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}",
+              file=out)
+        print(f"{'invariant':<15}{'operation':<42}{'result':<16}{'time':>8}  via", file=out)
+
+    def show(inv: str, op: str, status: str, seconds: float, via: str) -> None:
+        if text:
+            print(f"{inv:<15}{op:<42}{status:<16}{seconds:>7.2f}s  {via}", file=out, flush=True)
+
+    rows = prover.rows(
+        invs, ops,
+        progress=lambda r: show(r.invariant, r.operation, r.status, r.seconds,
+                                " ; ".join(r.steps)),
+    )
+    witnesses = {} if args.no_witnesses else prover.witnesses(ops)
+    for r in rows:
+        if r.operation in witnesses:
+            r.non_vacuous = witnesses[r.operation].status == "sat"
+    ok &= all(r.status == "proved" for r in rows)
+    ok &= all(w.status == "sat" for w in witnesses.values())
+    doc["obligations"] = [r.as_dict() for r in rows]
+    doc["non_vacuity"] = {
+        op: {"scenario": w.scenario, "status": w.status, "seconds": round(w.seconds, 3),
+             **({"witness": w.state} if args.verbose else {})}
+        for op, w in witnesses.items()
+    }
+    kernels: list[kernel_index.KernelResult] = []
+    if not args.no_kernels:
+        for kob in kernel_index.KERNEL_OBLIGATIONS:
+            res = kernel_index.run_obligation(kob, args.rlimit, args.seed)
+            kernels.append(res)
+            show(res.invariant, f"{res.function} [{res.method}]", res.status, res.seconds,
+                 "index_math")
+        ok &= all(k.status == "proved" and k.non_vacuous for k in kernels)
+    doc["kernel"] = [k.as_dict() for k in kernels]
+
+    if text:
+        proved = sum(r.status == "proved" for r in rows)
+        print(f"\n{proved}/{len(rows)} state obligations proved; "
+              f"{sum(k.status == 'proved' for k in kernels)}/{len(kernels)} kernel "
+              "obligations proved", file=out)
+        for r in rows:
+            if r.status != "proved":
+                print(f"\n{r.invariant} / {r.operation}: {r.status}\n{r.detail}", file=out)
+        if witnesses:
+            bad = [w for w in witnesses.values() if w.status != "sat"]
+            print(f"non-vacuity: {len(witnesses) - len(bad)}/{len(witnesses)} operations have "
+                  "satisfiable hypotheses and a witness scenario", file=out)
+            for w in bad:
+                print(f"  {w.operation}: {w.scenario}: {w.status} {w.state}", file=out)
+            if args.verbose:
+                for w in witnesses.values():
+                    print(f"\nwitness for {w.operation} ({w.scenario}):\n{w.state}", file=out)
+        print("strengthenings:", file=out)
+        for k, v in obligations.STRENGTHENINGS.items():
+            print(f"  {k}: {v}", file=out)
+
+    if args.alone:
+        alone = obligations.inductive_alone(enc)
+        doc["not_inductive_alone"] = {
+            inv: [{"step": step, "counterexample": str(cex)} for step, cex in items]
+            for inv, items in alone.items()
+        }
+        if text:
+            print("\nnot inductive on its own (a state satisfying only that invariant breaks it):",
+                  file=out)
+            for inv, items in alone.items():
+                steps = ", ".join(step for step, _ in items) or "inductive alone"
+                print(f"  {inv:<15}{steps}", file=out)
+                if args.verbose:
+                    for _, cex in items:
+                        print(str(cex) + "\n", file=out)
+
+    if args.broken:
+        results = [broken.check_variant(v, bounds) for v in broken.VARIANTS]
+        kv = [kernel_index.check_kernel_variant(v, args.rlimit)
+              for v in kernel_index.KERNEL_VARIANTS]
+        ok &= all(r.caught for r in results) and all(k.status != "proved" for k in kv)
+        doc["broken"] = [
+            {"name": r.variant.name, "invariant": r.variant.invariant, "step": r.variant.step,
+             "kind": r.variant.kind, "description": r.variant.description,
+             "caught": r.caught, "seconds": round(r.seconds, 3),
+             "counterexample": str(r.counterexample) if r.counterexample else None}
+            for r in results
+        ] + [
+            {"name": v.name, "invariant": "KERNEL", "step": v.function, "kind": "kernel",
+             "description": v.description, "caught": k.status != "proved",
+             "seconds": round(k.seconds, 3), "counterexample": k.detail}
+            for v, k in zip(kernel_index.KERNEL_VARIANTS, kv, strict=True)
+        ]
+        if text:
+            print(f"\n{'broken variant':<34}{'invariant':<15}{'kind':<18}result", file=out)
+            for item in doc["broken"]:
+                verdict = "counterexample" if item["caught"] else "NOT CAUGHT"
+                print(f"{item['name']:<34}{item['invariant']:<15}{item['kind']:<18}{verdict}",
+                      file=out)
+                if args.verbose and item["counterexample"]:
+                    print(item["counterexample"] + "\n", file=out)
+
+    if args.drift:
+        report = drift.default_run(enc, args.drift, seed=args.seed)
+        seeded = [drift.check_seeded(n, d, c, bounds=bounds) for n, d, c in drift.SEEDED_DRIFTS]
+        ok &= all(s.caught for s in seeded)
+        doc["drift"] = {
+            "checks": report.checks, "spec_successes": report.successes,
+            "spec_rejections": report.failures, "solver_calls": report.solver_calls,
+            "invariant_checks": report.invariant_checks, "skipped": report.skipped,
+            "seconds": round(report.seconds, 3), "by_operation": report.by_op,
+            "seeded": [{"name": s.name, "description": s.description, "caught": s.caught,
+                        "after_checks": s.checks} for s in seeded],
+        }
+        if text:
+            print(f"\ndrift: {report.checks} checks ({report.successes} successful steps, "
+                  f"{report.failures} rejections, {report.invariant_checks} invariant checks) "
+                  f"in {report.seconds:.1f}s, no drift", file=out)
+            for s in seeded:
+                print(f"  seeded drift {s.name:<24} "
+                      f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
+                      file=out)
+
+    doc["ok"] = bool(ok)
+    doc["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    else:
+        print(f"\n{'ALL PROVED' if ok else 'FAILED'} in {doc['seconds']:.1f}s", file=out)
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m prefixkv.proofs",
+        description="Prove the prefix cache's invariants inductive (Z3), check the proofs are "
+        "not vacuous, and prove the kernels' index arithmetic in range.",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except drift.DriftError as e:
+        print(f"drift between the model and the spec:\n{e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,877 @@
+"""No drift between the Z3 model and the Python spec.
+
+Each *drift check* takes one concrete pre-state and one operation and evaluates it both ways:
+
+* the spec: :class:`~prefixkv.spec.SpecCache` in that state runs the operation, and either
+  raises a :class:`~prefixkv.spec.PrefixCacheError` or reaches a successor;
+* the model: the transition of :class:`~.encoding.Encoding` with the pre-state, the
+  arguments and the spec's successor substituted in. One formula per operation,
+  ``enabled & bounded & choice & post == spec_post``, is built once in a concrete domain;
+  a check is one ``substitute`` + ``simplify``, which must give ``True``. When the spec
+  failed, ``enabled & bounded`` must be false for every choice of eviction victims
+  (``simplify``, or a solver call when the victims are left open).
+
+Pre-states come from two sources: states reached by driving ``SpecCache`` with random
+operations (:func:`run_reachable`), and states sampled from Z3 models of the invariants
+(:func:`sample_states`, run through :func:`run_sampled`). Reachable states are also checked
+against the model's invariants, and sampled states against the spec's ``invariants.check``,
+so the two sets of invariant formulas cannot drift apart either.
+
+The checks compare the abstracted components (:meth:`.concrete.AbsState.canonical`): block
+refcounts, published flags, identities of published blocks, ages of evictable ones, the
+free queue in order, the index, sequences (tokens as block labels, counts, tables), the
+clock and the counters. Events and block hashes are not modelled.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+from prefixkv.spec import (
+    Namespace,
+    PrefixCacheError,
+    Request,
+    SpecCache,
+    invariants,
+)
+from prefixkv.spec.request import SeqId
+from z3 import z3core
+
+from .concrete import (
+    DONT_CARE,
+    AbsState,
+    Labels,
+    OutOfBounds,
+    abstract,
+    bind,
+    bind_values,
+    concretize,
+    format_state,
+    model_reader,
+    read,
+)
+from .encoding import Bounds, Domain, Encoding, State
+
+__all__ = [
+    "DriftChecker",
+    "DriftError",
+    "DriftReport",
+    "SpecCall",
+    "run_reachable",
+    "run_sampled",
+    "sample_states",
+]
+
+
+class DriftError(AssertionError):
+    """The model and the spec disagree on one step (or on whether a state is valid)."""
+
+
+@dataclass(frozen=True)
+class SpecCall:
+    """One spec operation with its arguments, as a test would call it."""
+
+    op: str
+    seq_ids: tuple[SeqId, ...] = ()
+    request: Request | None = None
+    num_new: int | None = None
+    n: int = 0
+    accepted: tuple[int, ...] = ()
+
+    def run(self, cache: SpecCache) -> Any:
+        if self.op == "admit":
+            assert self.request is not None
+            return cache.admit(self.request, self.num_new)
+        if self.op == "append":
+            return cache.append(self.seq_ids[0], self.n)
+        if self.op == "commit":
+            return cache.commit(self.seq_ids[0], self.n, self.accepted)
+        if self.op == "rollback":
+            return cache.rollback(self.seq_ids[0], self.n)
+        if self.op == "free":
+            return cache.free(list(self.seq_ids))
+        if self.op == "evict":
+            return cache.evict(self.n)
+        if self.op == "reset_keep":
+            return cache.reset(preserve_cache=True)
+        if self.op == "reset_full":
+            return cache.reset(preserve_cache=False)
+        raise ValueError(self.op)
+
+    def __str__(self) -> str:
+        if self.op == "admit":
+            assert self.request is not None
+            return (
+                f"admit({self.request.seq_id!r}, tokens={list(self.request.token_ids)}, "
+                f"num_new_tokens={self.num_new})"
+            )
+        if self.op == "commit":
+            return f"commit({self.seq_ids[0]!r}, {self.n}, accepted={list(self.accepted)})"
+        if self.op in ("append", "rollback"):
+            return f"{self.op}({self.seq_ids[0]!r}, {self.n})"
+        if self.op == "free":
+            return f"free({list(self.seq_ids)!r})"
+        if self.op == "evict":
+            return f"evict({self.n})"
+        return "reset(preserve_cache=True)" if self.op == "reset_keep" else "reset(False)"
+
+
+@dataclass
+class _Compiled:
+    ok: Any  # enabled & bounded & choice & post == spec_post
+    fail: Any  # enabled & bounded (victims open)
+    parts: dict[str, Any]  # for diagnosis only
+    args: dict[str, Any]
+    names: list[str]  # "p:<leaf>", "q:<leaf>", "a:<arg>" or "a:<arg>[i]", in subst order
+    subst: _Substituter
+    fail_subst: _Substituter  # every variable but the victims
+    fail_names: list[str]
+
+
+@dataclass
+class DriftReport:
+    checks: int = 0
+    successes: int = 0
+    failures: int = 0
+    solver_calls: int = 0
+    skipped: int = 0
+    invariant_checks: int = 0
+    seconds: float = 0.0
+    by_op: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: DriftReport) -> None:
+        for f in ("checks", "successes", "failures", "solver_calls", "skipped",
+                  "invariant_checks", "seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for k, v in other.by_op.items():
+            self.by_op[k] = self.by_op.get(k, 0) + v
+
+
+class _Substituter:
+    """``simplify(substitute(expr, vars -> values))`` through the C API.
+
+    The Python wrapper checks every pair's sorts and builds a fresh numeral per value,
+    which costs more than Z3's own work here. The variables are fixed, so their array is
+    built once; numerals are cached.
+    """
+
+    def __init__(self, variables: Sequence[Any]) -> None:
+        self.vars = list(variables)
+        self.n = len(self.vars)
+        self.ctx = z3.main_ctx()
+        self._from = (z3core.Ast * self.n)(*[v.as_ast() for v in self.vars])
+        self.is_bool = [z3.is_bool(v) for v in self.vars]
+        self._keep: list[Any] = []  # numerals stay alive while their pointers are cached
+        self._ptr: dict[tuple[bool, int], Any] = {}
+
+    def ptr(self, is_bool: bool, value: int | bool) -> Any:
+        key = (is_bool, int(value))
+        p = self._ptr.get(key)
+        if p is None:
+            c = z3.BoolVal(bool(value)) if is_bool else z3.IntVal(int(value))
+            self._keep.append(c)
+            p = self._ptr[key] = c.as_ast()
+        return p
+
+    def __call__(self, expr: Any, values: Sequence[int | bool]) -> Any:
+        ptrs = self._ptr
+        to = (z3core.Ast * self.n)(
+            *[ptrs.get((b, int(v))) or self.ptr(b, v)
+              for b, v in zip(self.is_bool, values, strict=True)]
+        )
+        ref = self.ctx.ref()
+        r = z3.z3._to_expr_ref(z3core.Z3_substitute(ref, expr.as_ast(), self.n, self._from, to),
+                            self.ctx)
+        return z3.z3._to_expr_ref(z3core.Z3_simplify(ref, r.as_ast()), self.ctx)
+
+
+class DriftChecker:
+    """Evaluates the model's transitions on concrete states of a pool of ``n`` blocks."""
+
+    def __init__(self, enc: Encoding, n: int) -> None:
+        self.enc, self.n = enc, n
+        self.M = enc.bounds.table
+        self.d = Domain(n)
+        self.pre = enc.fresh_state(self.d, "p.")
+        self.spost = enc.fresh_state(self.d, "q.", N=self.pre.N, BS=self.pre.BS)
+        self._compiled: dict[tuple[str, int], _Compiled] = {}
+        self._inv = z3.And(enc.shape(self.pre), enc.in_bounds(self.pre),
+                           *enc.invariants(self.d, self.pre).values())
+        self._inv_subst: _Substituter | None = None
+        self._inv_names: list[str] = []
+
+    # -- compiled formulas ----------------------------------------------------------------
+
+    def _eq(self, a: State, b: State) -> Any:
+        """``a`` equals ``b`` on the abstracted components (``b`` is a fresh state)."""
+        out = [a.clock == b.clock, *[a.ctr[k] == b.ctr[k] for k in a.ctr]]
+        for i in range(self.n):
+            same_ident = z3.And(
+                a.par[i] == b.par[i], a.bns[i] == b.bns[i], a.btok[i] == b.btok[i],
+                a.depth[i] == b.depth[i],
+            )
+            out += [
+                a.rc[i] == b.rc[i],
+                a.pub[i] == b.pub[i],
+                z3.Implies(b.pub[i], same_ident),
+                z3.Implies(z3.And(b.pub[i], b.rc[i] == 0), a.lu[i] == b.lu[i]),
+            ]
+        out.append(a.qt - a.qh == b.qt - b.qh)
+        for i in range(self.n):
+            out.append(z3.Implies(i < b.qt - b.qh, a.q[a.qh + i] == b.q[b.qh + i]))
+        keys = list(a.idx.support or ()) + [k for k in b.idx.support or () if k not in
+                                            (a.idx.support or ())]
+        out += [a.idx.get(k) == b.idx.get(k) for k in keys]
+        for sa, sb in zip(a.seqs, b.seqs, strict=True):
+            same = [sa.ns == sb.ns, sa.ntok == sb.ntok, sa.nc == sb.nc, sa.nr == sb.nr,
+                    sa.len == sb.len]
+            for j in range(self.M):
+                same.append(z3.Implies(j < sb.len, sa.tab[j] == sb.tab[j]))
+                same.append(z3.Implies((j + 1) * b.BS <= sb.ntok, sa.lab[j] == sb.lab[j]))
+            out += [sa.live == sb.live, z3.Implies(sb.live, z3.And(same))]
+        return z3.And(out)
+
+    def compiled(self, op: str, slot: int) -> _Compiled:
+        key = (op, slot)
+        if key not in self._compiled:
+            args = self.enc.fresh_args(op, "a.")
+            st = self.enc.step(self.d, self.pre, op, args, slot)
+            shape = self.enc.shape(self.pre)
+            eq = self._eq(st.post, self.spost)
+            names, variables = self._variables(args)
+            fail_idx = [i for i, nm in enumerate(names) if not nm.startswith(("a:victim",
+                                                                               "q:"))]
+            self._compiled[key] = _Compiled(
+                ok=z3.And(shape, st.enabled, st.bounded, st.choice, eq),
+                fail=z3.And(shape, st.enabled, st.bounded),
+                parts={"enabled": st.enabled, "bounded": st.bounded, "choice": st.choice,
+                       "post == spec post": eq},
+                args=args,
+                names=names,
+                subst=_Substituter(variables),
+                fail_subst=_Substituter([variables[i] for i in fail_idx]),
+                fail_names=[names[i] for i in fail_idx],
+            )
+        return self._compiled[key]
+
+    def _variables(self, args: dict[str, Any]) -> tuple[list[str], list[Any]]:
+        names, variables = [], []
+        for prefix, st in (("p:", self.pre), ("q:", self.spost)):
+            for name, v in st.leaves.items():
+                names.append(prefix + name)
+                variables.append(v)
+        for name, var in args.items():
+            if isinstance(var, tuple):
+                for i, v in enumerate(var):
+                    names.append(f"a:{name}[{i}]")
+                    variables.append(v)
+            else:
+                names.append(f"a:{name}")
+                variables.append(var)
+        return names, variables
+
+    def _values(self, names: list[str], pre: AbsState, post: AbsState | None,
+                args: dict[str, Any]) -> list[int | bool]:
+        S = self.enc.bounds.seqs
+        table: dict[str, int | bool] = {}
+        for k, v in bind_values(pre, S, self.M).items():
+            table["p:" + k] = v
+        if post is not None:
+            for k, v in bind_values(post, S, self.M).items():
+                table["q:" + k] = v
+        for name, val in args.items():
+            if isinstance(val, (list, tuple)):
+                for i, x in enumerate(val):
+                    table[f"a:{name}[{i}]"] = x
+            else:
+                table[f"a:{name}"] = val
+        return [table.get(nm, 0) for nm in names]
+
+    # -- one check ------------------------------------------------------------------------
+
+    def check(
+        self,
+        pre: AbsState,
+        op: str,
+        slot: int,
+        values: dict[str, Any],
+        post: AbsState | None,
+        what: str = "",
+    ) -> str:
+        """One drift check. ``post`` is the spec's successor, or None if the spec raised.
+
+        Returns ``"ok"``, ``"failed-ok"`` (both sides reject) or ``"skipped"`` (the spec's
+        successor does not fit the model's bounds); raises :class:`DriftError` on drift.
+        """
+        c = self.compiled(op, slot)
+        if post is not None:
+            try:
+                vals = self._values(c.names, pre, post, values)
+            except OutOfBounds:
+                return "skipped"
+            if z3.is_true(c.subst(c.ok, vals)):
+                return "ok"
+            pairs = self._pairs(c, vals)
+            if z3.is_false(z3.simplify(z3.substitute(c.parts["bounded"], *pairs))):
+                return "skipped"
+            raise DriftError(self._diagnose(c, pairs, pre, post, op, slot, what))
+        r = c.fail_subst(c.fail, self._values(c.fail_names, pre, None, values))
+        if z3.is_false(r):
+            return "failed-ok"
+        if not z3.is_true(r):
+            s = z3.Solver()
+            s.add(r)
+            if s.check() == z3.unsat:
+                return "failed-ok+solver"
+        raise DriftError(
+            f"the spec rejects {what or op} (slot {slot}) but the model allows it\n"
+            + format_state(pre)
+        )
+
+    def _pairs(self, c: _Compiled, vals: list[int | bool]) -> list[tuple[Any, Any]]:
+        return [(v, _val(v, x)) for v, x in zip(c.subst.vars, vals, strict=True)]
+
+    def _diagnose(self, c: _Compiled, pairs: list[tuple[Any, Any]], pre: AbsState,
+                  post: AbsState, op: str, slot: int, what: str) -> str:
+        bad = [
+            name
+            for name, f in c.parts.items()
+            if not z3.is_true(z3.simplify(z3.substitute(f, *pairs)))
+        ]
+        lines = [f"drift on {what or op} (slot {slot}): model and spec disagree on "
+                 f"{', '.join(bad)}", "pre-state:", format_state(pre), "spec post-state:",
+                 format_state(post)]
+        if "post == spec post" in bad and not {"enabled", "bounded"} & set(bad):
+            st = self.enc.step(self.d, self.pre, op, c.args, slot).post
+            model_post = read(st, lambda t: z3.simplify(z3.substitute(t, *pairs)), self.n,
+                              self.M)
+            lines += ["model post-state:", format_state(model_post)]
+        return "\n".join(lines)
+
+    def invariants_hold(self, a: AbsState) -> bool:
+        """The model's invariants evaluated on a concrete state."""
+        if self._inv_subst is None:
+            self._inv_names = list(self.pre.leaves)
+            self._inv_subst = _Substituter([self.pre.leaves[k] for k in self._inv_names])
+        vals = bind_values(a, self.enc.bounds.seqs, self.M)
+        return bool(z3.is_true(self._inv_subst(self._inv, [vals.get(k, 0) for k in
+                                                            self._inv_names])))
+
+
+def _val(var: Any, x: Any) -> Any:
+    return z3.BoolVal(bool(x)) if z3.is_bool(var) else z3.IntVal(int(x))
+
+
+# -- translating spec calls into model steps -------------------------------------------------
+
+
+def _victims_after_allocation(pre: AbsState, new_blocks: Sequence[int], post: AbsState) -> list[
+        int]:
+    """The blocks an allocation evicted, in eviction order: evicted blocks join the free
+    queue's tail in order, and allocation takes from its head."""
+    return [b for b in [*new_blocks, *post.queue] if pre.pub[b]]
+
+
+def model_step(
+    call: SpecCall, pre: AbsState, post: AbsState | None, result: Any, slots: list[SeqId | None],
+    labels: Labels, M: int,
+) -> tuple[str, int, dict[str, Any]]:
+    """The model operation, acting slot and argument values of a spec call."""
+    bs = pre.bs
+    if call.op == "admit":
+        req = call.request
+        assert req is not None
+        toks = req.token_ids
+        vals: dict[str, Any] = {
+            "ns": labels.ns(req.namespace.key()),
+            "ntok": len(toks),
+            "labels": [
+                labels.tok(tuple(toks[j * bs : (j + 1) * bs]))
+                if (j + 1) * bs <= len(toks) else DONT_CARE
+                for j in range(M)
+            ],
+            "whole": call.num_new is None,
+            "num_new": 1 if call.num_new is None else call.num_new,
+        }
+        slot = slots.index(req.seq_id)
+        if post is not None:
+            k = result.num_cached_tokens // bs
+            vals["victims"] = _victims_after_allocation(pre, result.block_ids[k:], post)
+        return "admit", slot, vals
+    if call.op in ("append", "commit", "rollback"):
+        sid = call.seq_ids[0]
+        slot = slots.index(sid) if sid in slots else slots.index(None)
+        vals = {"n": call.n}
+        if call.op == "append" and post is not None:
+            vals["victims"] = _victims_after_allocation(pre, result, post)
+        if call.op == "commit":
+            sq = pre.seqs[slot]
+            vals["accepted"] = len(call.accepted)
+            if sq is not None:
+                toks = list(sq.tokens) + list(call.accepted)
+                vals["labels"] = [
+                    labels.tok(tuple(toks[j * bs : (j + 1) * bs]))
+                    if (j + 1) * bs <= len(toks) else DONT_CARE
+                    for j in range(M)
+                ]
+        return call.op, slot, vals
+    if call.op == "free":
+        flags = [sid is not None and sid in call.seq_ids for sid in slots]
+        unknown = [x for x in call.seq_ids if x not in slots]
+        empty = [i for i, sid in enumerate(slots) if sid is None]
+        if len(unknown) > len(empty):
+            raise OutOfBounds("more unknown ids than empty slots")
+        for i in empty[: len(unknown)]:
+            flags[i] = True  # an unknown id is an empty (not live) slot
+        return "free", 0, {"freed": flags}
+    if call.op == "evict":
+        victims = [] if post is None else post.queue[len(pre.queue):]
+        return f"evict*{call.n}", 0, {"victims": victims}
+    return call.op, 0, {}
+
+
+# -- reachable states --------------------------------------------------------------------------
+
+
+@dataclass
+class _Trace:
+    cache: SpecCache
+    labels: Labels
+    next_id: int = 0
+
+
+def _slots_for(cache: SpecCache, call: SpecCall, S: int, rng: random.Random) -> list[SeqId | None]:
+    """Place live sequences in slots. The model releases a batch in slot order, so a freed
+    batch takes the first slots in the order listed (``reset_keep`` frees every live
+    sequence in admission order). Otherwise the slots are rotated at random, so every slot
+    gets exercised."""
+    live = list(cache.seq_ids())
+    first: list[SeqId] = []
+    if call.op == "free":
+        first = [s for s in call.seq_ids if s in live]
+    elif call.seq_ids and call.seq_ids[0] in live:
+        first = [call.seq_ids[0]]
+    rest = [s for s in live if s not in first]
+    slots: list[SeqId | None] = [*first, *rest] + [None] * (S - len(live))
+    if call.op not in ("free", "reset_keep"):
+        r = rng.randrange(S)
+        slots = slots[r:] + slots[:r]
+    if call.op == "admit":
+        assert call.request is not None
+        sid = call.request.seq_id
+        if sid not in slots and None in slots:
+            slots[slots.index(None)] = sid  # the slot the new sequence will take
+    return slots
+
+
+def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _Trace,
+                 namespaces: Sequence[Namespace]) -> SpecCall:
+    bs = cache.block_size
+    live = list(cache.seq_ids())
+    s = cache._s
+    ops = ["admit"] * 6 + ["commit"] * 6 + ["append"] * 3 + ["rollback"] * 2 + ["free"] * 2
+    ops += ["evict"] * 2 + ["reset_keep", "reset_full"]
+    while True:
+        op = rng.choice(ops)
+        if op == "admit":
+            if len(live) >= S:
+                continue
+            ntok = rng.randint(1, M * bs)
+            base = rng.choice([(0, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1), (0, 1, 1, 0, 1, 0, 1, 1, 0,
+                                                                    1, 0, 0)])
+            toks = list(base[:ntok])
+            if rng.random() < 0.3 and toks:
+                toks[rng.randrange(len(toks))] = 2
+            sid: SeqId = trace.next_id if rng.random() < 0.9 or not live else rng.choice(live)
+            trace.next_id += 1
+            req = Request(sid, toks, rng.choice(namespaces))
+            num_new = None if rng.random() < 0.6 else rng.randint(0 if rng.random() < 0.05
+                                                                  else 1, ntok)
+            return SpecCall("admit", request=req, num_new=num_new)
+        if op == "free":
+            k = rng.randint(0, len(live))
+            ids = rng.sample(live, k)
+            if rng.random() < 0.05 and len(live) < S:
+                ids.append(10_000 + rng.randrange(5))  # unknown
+            return SpecCall("free", seq_ids=tuple(ids))
+        if op == "evict":
+            return SpecCall("evict", n=rng.choice([0, 1, 1, 1, 2, 3]))
+        if op in ("reset_keep", "reset_full"):
+            return SpecCall(op)
+        if not live:
+            continue
+        sid = rng.choice(live)
+        sq = s.seqs[sid]
+        if op == "append":
+            room = M * bs - sq.num_reserved
+            if room < 1:
+                continue
+            return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, room))
+        if op == "rollback":
+            unwritten = sq.num_reserved - sq.num_computed
+            n = rng.randint(1, max(1, unwritten + (1 if rng.random() < 0.15 else 0)))
+            return SpecCall("rollback", seq_ids=(sid,), n=n)
+        # commit
+        unwritten = sq.num_reserved - sq.num_computed
+        n = rng.randint(0, unwritten + (1 if rng.random() < 0.1 else 0))
+        acc = tuple(rng.choice((0, 1, 2)) for _ in range(rng.choice((0, 1, 1, 2))))
+        return SpecCall("commit", seq_ids=(sid,), n=n, accepted=acc)
+
+
+def _run_call(checker: DriftChecker, cache: SpecCache, call: SpecCall, slots: list[SeqId | None],
+              labels: Labels, report: DriftReport) -> None:
+    M = checker.M
+    try:
+        pre = abstract(cache, slots, labels, M)
+    except OutOfBounds:
+        report.skipped += 1
+        return
+    try:
+        result = call.run(cache)
+        post: AbsState | None = abstract(cache, slots, labels, M)
+    except PrefixCacheError as e:
+        result, post = e, None
+        after = abstract(cache, slots, labels, M)
+        if after.canonical(M) != pre.canonical(M):  # INV-TXN, on the modelled components
+            raise DriftError(f"{call} was rejected ({type(e).__name__}) but changed the "
+                             "state:\n" + format_state(pre) + "\n" + format_state(after)
+                             ) from e
+    except OutOfBounds:
+        report.skipped += 1
+        return
+    try:
+        op, slot, values = model_step(call, pre, post, result, slots, labels, M)
+    except OutOfBounds:
+        report.skipped += 1
+        return
+    outcome = checker.check(pre, op, slot, values, post, str(call))
+    if outcome == "skipped":
+        report.skipped += 1
+        return
+    report.checks += 1
+    report.by_op[call.op] = report.by_op.get(call.op, 0) + 1
+    if post is None:
+        report.failures += 1
+        report.solver_calls += outcome.endswith("solver")
+    else:
+        report.successes += 1
+
+
+def run_reachable(
+    enc: Encoding,
+    checks: int,
+    *,
+    seed: int = 0,
+    n: int = 5,
+    block_sizes: Sequence[int] = (1, 2, 3),
+    trace_len: int = 40,
+    check_invariants_every: int = 4,
+    checker: DriftChecker | None = None,
+    report: DriftReport | None = None,
+) -> DriftReport:
+    """Drive ``SpecCache`` with random operations; check every step against the model.
+
+    Every ``check_invariants_every``-th reachable state is also checked against the model's
+    invariants (and the spec's own ``invariants.check``). ``report`` (updated in place) lets
+    a caller see how far a run got when it raises :class:`DriftError`.
+    """
+    rng = random.Random(seed)
+    checker = checker or DriftChecker(enc, n)
+    S, M = enc.bounds.seqs, enc.bounds.table
+    report = DriftReport() if report is None else report
+    t0 = time.perf_counter()
+    namespaces = (Namespace("model-a"), Namespace("model-a", adapter="lora-1"))
+    while report.checks < checks:
+        cache = SpecCache(n, rng.choice(block_sizes))
+        trace = _Trace(cache, Labels())
+        for _ in range(trace_len):
+            call = _random_call(cache, rng, M, S, trace, namespaces)
+            slots = _slots_for(cache, call, S, rng)
+            if call.op == "admit":
+                assert call.request is not None
+                if call.request.seq_id not in slots:
+                    continue
+            _run_call(checker, cache, call, slots, trace.labels, report)
+            if report.checks % check_invariants_every == 0:
+                state = abstract(cache, _slots_for(cache, SpecCall("evict"), S, rng),
+                                 trace.labels, M)
+                invariants.check(cache)
+                if not checker.invariants_hold(state):
+                    raise DriftError(
+                        "a reachable spec state violates the model's invariants:\n"
+                        + format_state(state) + "\n" + _failing_invariants(checker, state)
+                    )
+                report.invariant_checks += 1
+            if report.checks >= checks:
+                break
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _failing_invariants(checker: DriftChecker, a: AbsState) -> str:
+    pairs = bind(checker.pre, a, checker.M)
+    bad = [
+        name
+        for name, f in checker.enc.invariants(checker.d, checker.pre).items()
+        if not z3.is_true(z3.simplify(z3.substitute(f, *pairs)))
+    ]
+    return "failing: " + ", ".join(bad)
+
+
+# -- sampled states ----------------------------------------------------------------------------
+
+
+def sample_states(
+    enc: Encoding, n: int, count: int, *, seed: int = 0, block_sizes: Sequence[int] = (1, 2, 3)
+) -> list[AbsState]:
+    """``count`` distinct states satisfying the model's invariants, from Z3 models.
+
+    Values are kept small (labels, namespaces, counters) so the states are readable and
+    concretizable; each model is steered by a few random literals (live slots, published
+    and refcounted blocks, computed tokens) so the samples spread out.
+    """
+    rng = random.Random(seed)
+    d = Domain(n)
+    st = enc.fresh_state(d, "s.")
+    M = enc.bounds.table
+    solver = z3.Solver()
+    solver.set("random_seed", seed)
+    solver.add(enc.shape(st), enc.in_bounds(st), *enc.invariants(d, st).values())
+    small = [max(block_sizes) >= st.BS, st.clock >= 0, st.clock <= 6]
+    for b in range(n):
+        small += [st.bns[b] >= 0, st.bns[b] <= 1, st.btok[b] >= 0, st.btok[b] <= 3,
+                  st.lu[b] >= 0, st.lu[b] <= st.clock, st.depth[b] >= 0]
+    for sq in st.seqs:
+        small += [sq.ns >= 0, sq.ns <= 1, sq.ntok >= 1, sq.ntok <= (M + 1) * st.BS]
+        small += [z3.And(x >= 0, x <= 3) for x in sq.lab]
+    small += [v <= 60 for v in st.ctr.values()]
+    solver.add(*small)
+    out: list[AbsState] = []
+    seen: set[tuple[Any, ...]] = set()
+    tries = 0
+    while len(out) < count and tries < count * 6:
+        tries += 1
+        hints = [rng.choice(block_sizes) == st.BS]
+        for sq in st.seqs:
+            hints.append(sq.live if rng.random() < 0.6 else z3.Not(sq.live))
+            if rng.random() < 0.5:
+                hints.append(sq.nc == rng.randint(0, M * 2))
+        for b in rng.sample(range(n), k=min(n, 2)):
+            hints.append(st.pub[b] if rng.random() < 0.6 else z3.Not(st.pub[b]))
+            hints.append(st.rc[b] == rng.choice((0, 0, 1, 2)))
+        r = solver.check(*hints)
+        if r != z3.sat:
+            continue
+        a = read(st, model_reader(solver.model()), n, M)
+        key = a.canonical(M)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(a)
+    return out
+
+
+def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng: random.Random,
+                     M: int, S: int) -> SpecCall:
+    """A random operation on a sampled state (shares prefixes with the state's sequences)."""
+    live = [sid for sid in slots if sid is not None]
+    bs = a.bs
+    ops = ["commit", "commit", "append", "rollback", "free", "evict", "reset_keep", "reset_full"]
+    op = rng.choice(ops + (["admit", "admit"] if None in slots else []))
+    if op == "admit":
+        # reuse a live sequence's prefix (or a published chain) to make hits likely
+        toks: list[int] = []
+        ns = labels.namespace_of(rng.choice((0, 1)))
+        pub_blocks = [b for b in range(a.n) if a.pub[b]]
+        if pub_blocks and rng.random() < 0.7:
+            b = rng.choice(pub_blocks)
+            chain = []
+            while b != -1:
+                chain.append(b)
+                b = a.par[b]
+            for c in reversed(chain):
+                toks.extend(labels.tokens_of(a.btok[c], bs))
+            ns = labels.namespace_of(a.bns[chain[0]])
+        toks.extend(rng.choice((0, 1)) for _ in range(rng.randint(1 if not toks else 0, bs)))
+        toks = toks[: M * bs]
+        return SpecCall("admit", request=Request(f"new{rng.randrange(99)}", toks, ns),
+                        num_new=None if rng.random() < 0.6 else rng.randint(1, len(toks)))
+    if op == "free":  # the model releases a batch in slot order
+        ids = sorted(rng.sample(live, rng.randint(0, len(live))), key=slots.index)
+        return SpecCall("free", seq_ids=tuple(ids))
+    if op == "evict":
+        return SpecCall("evict", n=rng.choice([1, 1, 2, 3]))
+    if op in ("reset_keep", "reset_full"):
+        return SpecCall(op)
+    if not live:
+        return SpecCall("evict", n=1)
+    slot = rng.choice([i for i, sid in enumerate(slots) if sid is not None])
+    sq = a.seqs[slot]
+    assert sq is not None
+    sid = slots[slot]
+    assert sid is not None
+    if op == "append":
+        return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, max(1, M * bs - sq.nr)))
+    if op == "rollback":
+        return SpecCall("rollback", seq_ids=(sid,), n=rng.randint(1, max(1, sq.nr - sq.nc + 1)))
+    acc = tuple(rng.choice((0, 1)) for _ in range(rng.choice((0, 1, 2))))
+    return SpecCall("commit", seq_ids=(sid,), n=rng.randint(0, max(0, sq.nr - sq.nc)),
+                    accepted=acc)
+
+
+def run_sampled(
+    enc: Encoding,
+    states: Sequence[AbsState],
+    ops_per_state: int,
+    *,
+    seed: int = 0,
+    checkers: dict[int, DriftChecker] | None = None,
+) -> DriftReport:
+    """Concretize each sampled state into a ``SpecCache``, check the spec's invariants on
+    it, then drift-check ``ops_per_state`` random operations from it."""
+    rng = random.Random(seed)
+    checkers = {} if checkers is None else checkers
+    S, M = enc.bounds.seqs, enc.bounds.table
+    report = DriftReport()
+    t0 = time.perf_counter()
+    for a in states:
+        checker = checkers.get(a.n)
+        if checker is None:
+            checker = checkers[a.n] = DriftChecker(enc, a.n)
+        labels = Labels()
+        cache, slots = concretize(a, labels)
+        invariants.check(cache)  # a model of the Z3 invariants satisfies the spec's
+        back = abstract(cache, slots, labels, M)
+        if back.canonical(M) != a.canonical(M):
+            raise DriftError("concretize/abstract round trip changed the state:\n"
+                             + format_state(a) + "\n" + format_state(back))
+        report.invariant_checks += 1
+        for _ in range(ops_per_state):
+            cache, slots = concretize(a, labels)
+            call = _random_call_for(a, slots, labels, rng, M, S)
+            if call.op == "admit":
+                assert call.request is not None
+                slots[slots.index(None)] = call.request.seq_id
+            _run_call(checker, cache, call, slots, labels, report)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+# -- seeded drifts ---------------------------------------------------------------------------
+# Encodings that still satisfy every invariant but no longer describe the spec. The drift
+# check must catch each one; the invariant proofs cannot.
+
+
+class _LifoQueue(Encoding):
+    def allocate(self, st: State, need: Any) -> tuple[State, list[Any]]:
+        taken = [st.q[st.qt - 1 - i] for i in range(self.bounds.table)]
+        x = z3.Int("lam!x")
+        hit = z3.Or([z3.And(i < need, b == x) for i, b in enumerate(taken)])
+        return st.replace(rc=z3.Lambda([x], z3.If(hit, 1, st.rc[x])), qt=st.qt - need), taken
+
+    def grow(self, d: Domain, st: State, s: int, n: Any) -> Any:
+        step = super().grow(d, st, s, n)
+        sq, post = st.seqs[s], step.post
+        tab = tuple(
+            z3.If(j < sq.len, sq.tab[j], z3.If(j < post.seqs[s].len,
+                                               st.q[st.qt - 1 - (j - sq.len)], sq.tab[j]))
+            for j in range(self.bounds.table)
+        )
+        return type(step)(step.op, step.enabled, step.bounded, step.choice,
+                          post.seq(s, tab=tab), step.args)
+
+
+class _NewestFirstEviction(Encoding):
+    def evict_order_before(self, st: State, a: Any, b: Any) -> Any:
+        return z3.Or(st.lu[a] > st.lu[b], z3.And(st.lu[a] == st.lu[b], a <= b))
+
+
+class _FullPromptHit(Encoding):
+    def within_cap(self, BS: Any, j: int, ntok: Any) -> Any:
+        return (j + 1) * BS <= ntok
+
+
+class _HeadFirstRelease(Encoding):
+    def free_seqs(self, st: State, freed: Sequence[Any]) -> State:
+        post = self.release_all(
+            st.replace(clock=st.clock + 1),
+            [(sq.tab[j], z3.And(f, j < sq.len))
+             for f, sq in zip(freed, st.seqs, strict=True) for j in range(self.bounds.table)],
+        )
+        for s, f in enumerate(freed):
+            post = post.seq(s, live=z3.And(st.seqs[s].live, z3.Not(f)))
+        return post
+
+
+class _FreeKeepsClock(Encoding):
+    def free_seqs(self, st: State, freed: Sequence[Any]) -> State:
+        return super().free_seqs(st, freed).replace(clock=st.clock)
+
+
+class _PublishFirstOnly(Encoding):
+    def newly_committed(self, BS: Any, j: int, sq: Any, new_nc: Any, ntok: Any) -> Any:
+        first = z3.And((j + 1) * BS > sq.nc, j * BS <= sq.nc)
+        return z3.And(first, (j + 1) * BS <= new_nc)
+
+
+SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
+    ("lifo-free-queue", "allocation takes the most recently freed block (LIFO)", _LifoQueue),
+    ("newest-first-eviction", "eviction picks the most recently used leaf",
+     _NewestFirstEviction),
+    ("full-prompt-hit", "the match is not capped: a whole cached prompt is a hit",
+     _FullPromptHit),
+    ("head-first-release", "a freed table is released head first, not tail first",
+     _HeadFirstRelease),
+    ("free-keeps-clock", "free() does not advance the eviction clock", _FreeKeepsClock),
+    ("publish-first-only", "commit publishes only the first block it completes",
+     _PublishFirstOnly),
+)
+
+
+@dataclass
+class SeededResult:
+    name: str
+    description: str
+    caught: bool
+    checks: int
+    message: str
+
+
+def check_seeded(
+    name: str, description: str, enc_type: type[Encoding], *, budget: int = 4_000,
+    seed: int = 0, bounds: Bounds | None = None,
+) -> SeededResult:
+    """Run the reachable-state drift check on a mutated encoding until it fails."""
+    enc = enc_type(bounds or Bounds())
+    report = DriftReport()
+    try:
+        run_reachable(enc, budget, seed=seed, checker=DriftChecker(enc, 5), report=report)
+    except DriftError as e:
+        # the failing check is the one after the last counted
+        return SeededResult(name, description, True, report.checks + 1,
+                            str(e).splitlines()[0])
+    return SeededResult(name, description, False, report.checks, "not caught")
+
+
+def default_run(
+    enc: Encoding | None = None, checks: int = 10_000, *, seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> DriftReport:
+    """The CI drift run: about 85 % reachable-state checks and 15 % sampled-state checks."""
+    t0 = time.perf_counter()
+    enc = enc or Encoding(Bounds())
+    sampled_checks = checks * 15 // 100
+    per_state = 25  # sampling a state costs more than checking an operation on it
+    states = sample_states(enc, 4, max(1, sampled_checks // per_state), seed=seed)
+    report = run_sampled(enc, states, per_state, seed=seed)
+    if progress:
+        progress(f"sampled: {report.checks} checks on {len(states)} states")
+    rest = run_reachable(enc, max(0, checks - report.checks), seed=seed)
+    report.merge(rest)
+    report.seconds = time.perf_counter() - t0  # sampling included
+    return report

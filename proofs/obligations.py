@@ -1,0 +1,517 @@
+"""Proof obligations: every invariant is inductive over every operation.
+
+One obligation per (invariant, operation). An operation is proved through its *proof
+steps*: ``admit`` is ``attach ; evict* ; grow`` and ``append`` is ``evict* ; grow`` (that is
+literally how :class:`~.encoding.Encoding` builds them), every other operation is one step.
+A step obligation says::
+
+    shape(pre) & Inv(pre) & enabled & bounded  ==>  I(post)
+
+for one invariant ``I`` and the conjunction ``Inv`` of all invariants, including the
+auxiliary ones (the strengthening: see :data:`STRENGTHENINGS`). Steps that act on one
+sequence are proved for every slot. ``init`` is the obligation ``init(s) ==> I(s)``.
+
+Each solver call has a fixed ``rlimit`` and ``random_seed``, so "proved" does not depend on
+the machine's speed. Non-vacuity is checked per operation: the hypotheses of each step, and
+of the whole operation together with an interesting scenario (a hit, an eviction, a block
+released twice by one batch...), are satisfiable; the witness is a concrete state found in
+a pool of a few blocks (a model of the concrete-domain formula is a model of the symbolic
+one with ``N`` fixed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from .concrete import format_state, model_reader, read
+from .encoding import Bounds, Domain, Encoding, State, Step
+
+__all__ = [
+    "DEFAULT_RLIMIT",
+    "INVARIANT_IDS",
+    "OPERATIONS",
+    "POSTCONDITIONS",
+    "PROPERTY_IDS",
+    "STRENGTHENINGS",
+    "Counterexample",
+    "Prover",
+    "Row",
+    "find_counterexample",
+    "inductive_alone",
+]
+
+INVARIANT_IDS = (
+    "INV-REF",
+    "INV-PARTITION",
+    "INV-INDEX",
+    "INV-ANCESTOR",
+    "INV-WRITE",
+    "INV-PUBLISH",
+    "INV-LIMIT",
+    "INV-STATS",
+    "AUX-CHAIN",
+)
+
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "init": ("init",),
+    "admit": ("attach", "evict", "grow"),
+    "append": ("evict", "grow"),
+    "commit": ("commit",),
+    "rollback": ("rollback",),
+    "free": ("free",),
+    "evict": ("evict",),
+    "reset_keep": ("reset_keep",),
+    "reset_full": ("reset_full",),
+}
+"""Spec operation -> the proof steps its transition is composed of."""
+
+SLOT_STEPS = frozenset({"attach", "grow", "commit", "rollback"})
+
+POSTCONDITIONS: dict[str, tuple[str, str]] = {"INV-MATCH": ("admit", "attach")}
+"""Properties of one step's result rather than of states: id -> (operation, step)."""
+
+PROPERTY_IDS = (*INVARIANT_IDS, *POSTCONDITIONS)
+"""Everything the default run proves: the invariants, then the postconditions."""
+
+STRENGTHENINGS = {
+    "AUX-CHAIN": "a published block at table position j is the canonical (indexed) block of "
+    "the sequence's identity chain at j. INV-PUBLISH is not inductive over commit without "
+    "it: a sequence whose block is a private duplicate publishes its next block under the "
+    "canonical twin, and only AUX-CHAIN says the twin is what the table's previous block "
+    "stands for (broken variant 'without-aux-chain')",
+    "queue ghost": "INV-PARTITION carries a ghost position map: every queued block sits at its "
+    "recorded position, every block's position is below the tail, and a position at or "
+    "after the head means queued. This makes 'free' quantifier-free and the queue "
+    "duplicate-free, so its length is the number of free blocks (broken variant "
+    "'queue-without-ghost')",
+    "conjunction": "every step obligation assumes all invariants in the pre-state: only "
+    "INV-LIMIT and INV-STATS are inductive alone (e.g. INV-REF needs INV-PARTITION because "
+    "allocated blocks must have refcount 0, INV-WRITE needs INV-REF because a private block "
+    "must not be shared; '--alone' prints a counterexample for every such case)",
+}
+
+DEFAULT_RLIMIT = 30_000_000
+"""Resource limit of one solver call (Z3 ``rlimit`` units, machine-independent)."""
+
+
+@dataclass
+class Counterexample:
+    """A concrete pre-state and step whose post-state breaks an invariant."""
+
+    invariant: str
+    step: str
+    slot: int
+    pre: str
+    args: str
+    post: str
+    pool: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.invariant} broken by {self.step} (slot {self.slot}) in a pool of "
+            f"{self.pool} blocks\n-- pre-state --\n{self.pre}\n-- step --\n  {self.step}"
+            f"({self.args})\n-- post-state --\n{self.post}"
+        )
+
+
+@dataclass
+class StepResult:
+    invariant: str
+    step: str
+    status: str  # proved / counterexample / unknown
+    seconds: float
+    rlimit_used: int
+    detail: str = ""
+
+
+@dataclass
+class Witness:
+    operation: str
+    scenario: str
+    status: str  # sat / unsat / unknown
+    seconds: float
+    state: str = ""
+
+
+@dataclass
+class Row:
+    """One obligation (invariant, operation) of the report."""
+
+    invariant: str
+    operation: str
+    status: str
+    seconds: float
+    steps: tuple[str, ...]
+    rlimit_used: int
+    non_vacuous: bool | None = None
+    detail: str = ""
+    kind: str = "state"
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "invariant": self.invariant,
+            "operation": self.operation,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "steps": list(self.steps),
+            "rlimit_used": self.rlimit_used,
+            "non_vacuous": self.non_vacuous,
+            "detail": self.detail,
+            "kind": self.kind,
+        }
+
+
+def _rlimit_count(s: z3.Solver) -> int:
+    st = s.statistics()
+    return int(st.get_key_value("rlimit count")) if "rlimit count" in st.keys() else 0  # noqa: SIM118
+
+
+def _solver(rlimit: int, seed: int) -> z3.Solver:
+    s = z3.Solver()
+    s.set("rlimit", rlimit, "random_seed", seed)
+    return s
+
+
+def step_formula(
+    enc: Encoding, d: Domain, pre: State, step: str, slot: int, prefix: str = "a."
+) -> Step:
+    args = enc.fresh_args(step, prefix)
+    return enc.step(d, pre, step, args, slot)
+
+
+def hypothesis(enc: Encoding, d: Domain, pre: State) -> z3.BoolRef:
+    """What every step obligation assumes of its pre-state."""
+    return z3.And(enc.shape(pre), enc.in_bounds(pre), *enc.invariants(d, pre).values())
+
+
+def format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
+    parts = []
+    for name, v in args.items():
+        if isinstance(v, tuple):
+            parts.append(f"{name}=[{', '.join(str(ev(x)) for x in v)}]")
+        else:
+            parts.append(f"{name}={ev(v)}")
+    return ", ".join(parts)
+
+
+def find_counterexample(
+    enc: Encoding, invariant: str, step: str, *, max_pool: int = 5, seed: int = 0,
+    slots: Iterable[int] | None = None,
+) -> Counterexample | None:
+    """A smallest concrete counterexample to (invariant, step), pools of 1..max_pool blocks."""
+    slot_list = list(slots) if slots is not None else (
+        list(range(enc.bounds.seqs)) if step in SLOT_STEPS else [0]
+    )
+    for n in range(1, max_pool + 1):
+        d = Domain(n)
+        pre = enc.fresh_state(d, "")
+        hyp = hypothesis(enc, d, pre)
+        for slot in slot_list:
+            if step == "init":
+                post, guard, args = pre, enc.init_state(d, pre), {}
+            else:
+                st = step_formula(enc, d, pre, step, slot)
+                post, guard, args = st.post, z3.And(st.enabled, st.bounded), st.args
+                guard = z3.And(hyp, guard)
+            if invariant in POSTCONDITIONS:
+                assert step != "init"
+                goal = enc.inv_match(d, pre, st, slot)
+            else:
+                goal = enc.invariants(d, post)[invariant]
+            s = z3.Solver()
+            s.set("random_seed", seed)
+            s.add(enc.shape(pre), guard, z3.Not(goal))
+            # prefer small numbers (readable); any counterexample will do otherwise
+            if s.check(*_small_values(pre)) != z3.sat and s.check() != z3.sat:
+                continue
+            m = s.model()
+            ev = model_reader(m)
+            M = enc.bounds.table
+            return Counterexample(
+                invariant=invariant,
+                step=step,
+                slot=slot,
+                pre=format_state(read(pre, ev, n, M)),
+                args=format_args(args, ev),
+                post=format_state(read(post, ev, n, M)),
+                pool=n,
+            )
+    return None
+
+
+def inductive_alone(
+    enc: Encoding, *, max_pool: int = 3, timeout_ms: int = 20_000
+) -> dict[str, list[tuple[str, Counterexample]]]:
+    """Which invariants are *not* inductive on their own, and over which steps.
+
+    For each (invariant, step), search a pool of up to ``max_pool`` blocks for a state that
+    satisfies that invariant alone (not the others) whose successor breaks it. Every hit is a
+    reason the proofs assume the conjunction of all invariants (see :data:`STRENGTHENINGS`).
+    """
+    steps = [s for s in dict.fromkeys(x for v in OPERATIONS.values() for x in v) if s != "init"]
+    found: dict[str, list[tuple[str, Counterexample]]] = {i: [] for i in INVARIANT_IDS}
+    M = enc.bounds.table
+    for n in range(1, max_pool + 1):
+        d = Domain(n)
+        pre = enc.fresh_state(d, "")
+        inv = enc.invariants(d, pre)
+        for step in steps:
+            st = step_formula(enc, d, pre, step, 0)
+            post = enc.invariants(d, st.post)
+            for name in INVARIANT_IDS:
+                if any(s == step for s, _ in found[name]):
+                    continue
+                s = z3.Solver()
+                s.set("timeout", timeout_ms, "random_seed", 0)
+                s.add(enc.shape(pre), enc.in_bounds(pre), inv[name], st.enabled, st.bounded,
+                      z3.Not(post[name]))
+                if s.check() != z3.sat:
+                    continue
+                ev = model_reader(s.model())
+                found[name].append((step, Counterexample(
+                    name, step, 0, format_state(read(pre, ev, n, M)),
+                    format_args(st.args, ev), format_state(read(st.post, ev, n, M)), n)))
+    return found
+
+
+def _small_values(st: State) -> list[Any]:
+    """Readability hints for a concrete state: small numbers, labels from 0."""
+    out = [st.BS <= 4]
+    for name, v in st.leaves.items():
+        if not z3.is_int(v):
+            continue
+        label = any(k in name for k in ("ns", "lab", "tok", "bns"))
+        out.append(z3.And(v >= (0 if label else -2), v <= 12))
+    return out
+
+
+# -- non-vacuity scenarios -----------------------------------------------------------------
+
+
+def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], Any]]]:
+    """Per operation: a scenario that exercises it, as a formula on (pre, transition)."""
+    M = enc.bounds.table
+
+    def admit(pre: State, st: Step) -> Any:
+        sq = st.post.seqs[0]
+        return z3.And(sq.nc >= pre.BS, st.post.ctr["evictions"] > pre.ctr["evictions"])
+
+    def append(pre: State, st: Step) -> Any:
+        return st.post.ctr["evictions"] > pre.ctr["evictions"]
+
+    def commit(pre: State, st: Step) -> Any:
+        sq, sq2 = pre.seqs[0], st.post.seqs[0]
+        published = [z3.And(z3.Not(pre.pub[sq.tab[j]]), st.post.pub[sq.tab[j]])
+                     for j in range(M)]
+        stays_private = [
+            z3.And((j + 1) * pre.BS > sq.nc, (j + 1) * pre.BS <= sq2.nc,
+                   z3.Not(st.post.pub[sq.tab[j]]))
+            for j in range(M)
+        ]
+        return z3.And(z3.Or(published), z3.Or(stays_private))
+
+    def rollback(pre: State, st: Step) -> Any:
+        return st.post.seqs[0].len < pre.seqs[0].len
+
+    def free(pre: State, st: Step) -> Any:
+        a, b = pre.seqs[0], pre.seqs[1]
+        shared = z3.Or([z3.And(j < a.len, i < b.len, a.tab[j] == b.tab[i])
+                        for j in range(M) for i in range(M)])
+        return z3.And(st.args["freed"][0], st.args["freed"][1], shared)
+
+    def evict(pre: State, st: Step) -> Any:
+        v = st.args["victims"][0]
+        return z3.And(st.post.ctr["evictions"] > pre.ctr["evictions"], pre.par[v] >= 0)
+
+    def reset_keep(pre: State, st: Step) -> Any:
+        return z3.And(pre.seqs[0].live, pre.seqs[1].live)
+
+    def reset_full(pre: State, st: Step) -> Any:
+        return z3.Or([pre.pub[b] for b in range(2)])
+
+    return {
+        "admit": ("a hit of >= 1 block and an eviction", admit),
+        "append": ("an eviction to make room", append),
+        "commit": ("one block published, one full block kept private (duplicate)", commit),
+        "rollback": ("a block released", rollback),
+        "free": ("two freed tables hold the same block", free),
+        "evict": ("a non-root leaf evicted", evict),
+        "reset_keep": ("two live sequences released", reset_keep),
+        "reset_full": ("published blocks dropped", reset_full),
+    }
+
+
+class Prover:
+    """Runs the obligations of an :class:`Encoding` (memoising shared proof steps)."""
+
+    def __init__(
+        self, enc: Encoding | None = None, *, rlimit: int = DEFAULT_RLIMIT, seed: int = 0,
+        witness_pool: int = 4,
+    ) -> None:
+        self.enc = enc or Encoding(Bounds())
+        self.rlimit, self.seed, self.witness_pool = rlimit, seed, witness_pool
+        self.d = Domain(None)
+        self.pre = self.enc.fresh_state(self.d, "")
+        self._hyp = hypothesis(self.enc, self.d, self.pre)
+        self._steps: dict[tuple[str, int], Step] = {}
+        self._post_inv: dict[tuple[str, int], dict[str, Any]] = {}
+        self._results: dict[tuple[str, str], StepResult] = {}
+
+    def _step(self, step: str, slot: int) -> tuple[Step | None, dict[str, Any]]:
+        key = (step, slot)
+        if key not in self._post_inv:
+            if step == "init":
+                self._post_inv[key] = self.enc.invariants(self.d, self.pre)
+            else:
+                st = step_formula(self.enc, self.d, self.pre, step, slot)
+                self._steps[key] = st
+                self._post_inv[key] = self.enc.invariants(self.d, st.post)
+        return self._steps.get(key), self._post_inv[key]
+
+    def prove_step(self, invariant: str, step: str) -> StepResult:
+        """Prove (invariant, step) for every slot the step can act on."""
+        key = (invariant, step)
+        if key in self._results:
+            return self._results[key]
+        if invariant in POSTCONDITIONS:
+            return self._prove_post(invariant, step)
+        slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
+        t0 = time.perf_counter()
+        status, used, detail = "proved", 0, ""
+        for slot in slots:
+            st, post_inv = self._step(step, slot)
+            s = _solver(self.rlimit, self.seed)
+            if st is None:  # init
+                s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
+            else:
+                s.add(self._hyp, st.enabled, st.bounded)
+            s.add(z3.Not(post_inv[invariant]))
+            before = _rlimit_count(s)
+            r = s.check()
+            used = max(used, _rlimit_count(s) - before)
+            if r == z3.unsat:
+                continue
+            # Not proved. A concrete counterexample (a small pool) is a real one; Z3 often
+            # answers "unknown" rather than "sat" on the quantified symbolic formula.
+            cex = find_counterexample(self.enc, invariant, step, slots=[slot], max_pool=4)
+            if cex is not None:
+                status, detail = "counterexample", str(cex)
+            elif r == z3.sat:
+                status, detail = "counterexample", "counterexample (symbolic model only)"
+            else:
+                status, detail = "unknown", f"slot {slot}: {s.reason_unknown()}"
+            break
+        res = StepResult(invariant, step, status, time.perf_counter() - t0, used, detail)
+        self._results[key] = res
+        return res
+
+    def _prove_post(self, name: str, step: str) -> StepResult:
+        """A postcondition (INV-MATCH of attach) for every slot."""
+        t0 = time.perf_counter()
+        status, used, detail = "proved", 0, ""
+        for slot in range(self.enc.bounds.seqs):
+            st, _ = self._step(step, slot)
+            assert st is not None
+            s = _solver(self.rlimit, self.seed)
+            s.add(self._hyp, st.enabled, st.bounded,
+                  z3.Not(self.enc.inv_match(self.d, self.pre, st, slot)))
+            before = _rlimit_count(s)
+            r = s.check()
+            used = max(used, _rlimit_count(s) - before)
+            if r != z3.unsat:
+                status = "counterexample" if r == z3.sat else "unknown"
+                detail = f"slot {slot}: {r}"
+                break
+        res = StepResult(name, step, status, time.perf_counter() - t0, used, detail)
+        self._results[(name, step)] = res
+        return res
+
+    def rows(
+        self,
+        invariants: Sequence[str] = PROPERTY_IDS,
+        operations: Sequence[str] = tuple(OPERATIONS),
+        progress: Callable[[Row], None] | None = None,
+    ) -> list[Row]:
+        out = []
+        for op in operations:
+            for inv in invariants:
+                if inv in POSTCONDITIONS:
+                    if POSTCONDITIONS[inv][0] != op:
+                        continue
+                    steps: tuple[str, ...] = (POSTCONDITIONS[inv][1],)
+                else:
+                    steps = OPERATIONS[op]
+                results = [self.prove_step(inv, s) for s in steps]
+                bad = [r for r in results if r.status != "proved"]
+                row = Row(
+                    invariant=inv,
+                    operation=op,
+                    status=bad[0].status if bad else "proved",
+                    seconds=sum(r.seconds for r in results),
+                    steps=steps,
+                    rlimit_used=max(r.rlimit_used for r in results),
+                    detail="\n".join(r.detail for r in bad),
+                )
+                out.append(row)
+                if progress:
+                    progress(row)
+        return out
+
+    # -- non-vacuity ----------------------------------------------------------------------
+
+    def witnesses(self, operations: Sequence[str] = tuple(OPERATIONS)) -> dict[str, Witness]:
+        """Per operation: every proof step's hypotheses are satisfiable, and so is the whole
+        operation in an interesting scenario. Returns the first failure or the scenario's
+        witness."""
+        out: dict[str, Witness] = {}
+        scenarios = _scenarios(self.enc)
+        n = self.witness_pool
+        d = Domain(n)
+        pre = self.enc.fresh_state(d, "w.")
+        hyp = hypothesis(self.enc, d, pre)
+        M = self.enc.bounds.table
+        for op in operations:
+            t0 = time.perf_counter()
+            status, text = "sat", ""
+            if op == "init":
+                s = _solver(self.rlimit, self.seed)
+                s.add(self.enc.shape(pre), self.enc.init_state(d, pre))
+                r = s.check()
+                status = "sat" if r == z3.sat else str(r)
+                if r == z3.sat:
+                    text = format_state(read(pre, model_reader(s.model()), n, M))
+                out[op] = Witness(op, "a fresh cache", status, time.perf_counter() - t0, text)
+                continue
+            for step in OPERATIONS[op]:
+                st = step_formula(self.enc, d, pre, step, 0, prefix="w.a.")
+                s = _solver(self.rlimit, self.seed)
+                s.add(hyp, st.enabled, st.bounded)
+                r = s.check()
+                if r != z3.sat:
+                    status, text = str(r), f"step {step}: hypotheses are {r}"
+                    break
+            desc, scenario = scenarios[op]
+            if status == "sat":
+                full_op = "evict*1" if op == "evict" else op
+                st = step_formula(self.enc, d, pre, full_op, 0, prefix="w.o.")
+                s = _solver(self.rlimit, self.seed)
+                s.add(hyp, st.enabled, st.bounded, st.choice, scenario(pre, st))
+                r = s.check()
+                status = "sat" if r == z3.sat else str(r)
+                if r == z3.sat:
+                    ev = model_reader(s.model())
+                    text = (
+                        format_state(read(pre, ev, n, M))
+                        + f"\n  {op}({format_args(st.args, ev)})\n"
+                        + format_state(read(st.post, ev, n, M))
+                    )
+                else:
+                    text = f"scenario '{desc}' is {r}"
+            out[op] = Witness(op, desc, status, time.perf_counter() - t0, text)
+        return out
