@@ -16,13 +16,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from . import broken, drift, kernel_index, obligations
 from .encoding import Bounds, Encoding
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["add_arguments", "main", "run", "setup"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,3 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except drift.DriftError as e:
         print(f"drift between the model and the spec:\n{e}", file=sys.stderr)
         return 1
+
+
+def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Add the ``prove`` flags to ``parser``; returns the runner (``python -m prefixkv prove``)."""
+    add_arguments(parser)
+    return run

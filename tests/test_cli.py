@@ -1,4 +1,4 @@
-"""The command line (simulate, bench), its registry and exit codes, and the workloads.
+"""The command line (simulate, bench, prove), its registry and exit codes, and the workloads.
 
 No test here asserts a speed: speed is what ``prefixkv bench`` measures, on a quiet machine.
 These tests only keep the commands and the benchmark code working.
@@ -296,3 +296,12 @@ def test_python_dash_m_entry_point() -> None:
         check=False,
     )
     assert bad.returncode == 2 and bad.stdout == ""
+
+
+def test_prove_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """``prefixkv prove`` reaches the Z3 proofs through the command registry."""
+    code, report = _run_json(capsys, "prove", "--no-kernels", "--operations", "free")
+    assert code == 0
+    assert report["ok"] is True
+    assert isinstance(report["obligations"], list)
+    assert {row["operation"] for row in report["obligations"]} == {"free"}

@@ -115,6 +115,11 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
         "benchmark the cache manager against the spec and per block touched",
         "prefixkv.bench:setup",
     ),
+    (
+        "prove",
+        "prove the spec's invariants inductive with Z3 (and the kernels' index arithmetic)",
+        "prefixkv.proofs.cli:setup",
+    ),
 )
 for _name, _help, _target in _BUILTIN:
     register(_name, _help, _target)
