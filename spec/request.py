@@ -61,14 +61,14 @@ def _check_namespace(_: object, __: attrs.Attribute[Namespace], value: object) -
 def _to_spans(value: object) -> tuple[MultimodalSpan, ...]:
     if isinstance(value, MultimodalSpan):
         raise InvalidRequest("spans must be a sequence of MultimodalSpan, not a single span")
-    try:
-        spans = tuple(value)  # type: ignore[call-overload]
-    except TypeError:
-        raise InvalidRequest(f"spans must be a sequence of MultimodalSpan, got {value!r}") from None
-    for span in spans:
+    if not isinstance(value, Iterable):
+        raise InvalidRequest(f"spans must be a sequence of MultimodalSpan, got {value!r}")
+    checked: list[MultimodalSpan] = []
+    for span in value:
         if not isinstance(span, MultimodalSpan):
             raise InvalidRequest(f"spans must hold MultimodalSpan objects, got {span!r}")
-    return spans
+        checked.append(span)
+    return tuple(checked)
 
 
 def _check_recompute(_: object, __: attrs.Attribute[int], value: object) -> None:
