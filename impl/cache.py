@@ -34,9 +34,10 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from prefixkv.spec.cache import check_count, check_pool_shape
+from prefixkv.spec.cache import check_count, check_growth, check_pool_shape, chunk_end
 from prefixkv.spec.errors import (
     CacheBusy,
     DuplicateSequence,
@@ -47,6 +48,7 @@ from prefixkv.spec.errors import (
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from prefixkv.spec.identity import BlockHasher, fast_hash, ns_digest
+from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans, span_containing
 from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
@@ -110,6 +112,14 @@ class PrefixCacheManager:
         self._admissions = 0
         self._evictions = 0
         self._blocks_published = 0
+        self._lost_window = 0
+        self._lost_span = 0
+        self._lost_cap = 0
+        self._lost_evicted = 0
+        self._lost_never_cached = 0
+        # Hashes of evicted identities, oldest first, at most num_blocks of them: only to
+        # tell "evicted" from "never cached" in LostReuse.
+        self._evicted: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_blocks(self) -> int:
@@ -145,18 +155,21 @@ class PrefixCacheManager:
     def _lookup(self, req: Request) -> tuple[list[int], list[int], int, bool]:
         """Walk the index along ``req``'s prompt.
 
-        Returns the matched blocks, their chain hashes, how many of them are unanchored,
-        and whether the full-prompt cap (choice 4) stopped the match.
+        Returns the matched blocks, their chain hashes, the position of the first unanchored
+        one (unanchored blocks form a suffix of any chain), and whether the full-prompt cap
+        (choice 4) stopped the walk.
         """
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
+        if req.spans:
+            return self._lookup_spans(req)
         ns, nsd = self._ns_key(req.namespace)
         tokens = req.token_ids
         bs = self._block_size
         n = len(tokens)
         cap = (n - 1) // bs
         pool = self._pool
-        ptoks, pparent, pns = pool.tokens, pool.parent, pool.namespace
+        ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
         get = self._index._buckets.get
         hasher = None if self._inline_hash else self._hasher
@@ -165,7 +178,7 @@ class PrefixCacheManager:
         add_block, add_hash = blocks.append, hashes.append
         parent = NO_PARENT
         h: int | None = None
-        unanchored = 0
+        first_unanchored = -1
         for j in range(n // bs):
             tup = tokens[j * bs : (j + 1) * bs]
             if hasher is not None:
@@ -179,25 +192,103 @@ class PrefixCacheManager:
                 break
             if type(entry) is int:
                 b = entry
-                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:
+                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:
                     break
             else:
-                b = self._index.find(pool, h, parent, tup, ns)
+                b = self._index.find(pool, h, parent, tup, ns, ())
                 if b < 0:
                     break
             if j >= cap:
-                return blocks, hashes, unanchored, True
+                return (
+                    blocks,
+                    hashes,
+                    len(blocks) if first_unanchored < 0 else first_unanchored,
+                    True,
+                )
             add_block(b)
             add_hash(h)
             parent = b
-            if not ref[b] and not anchored[b]:
-                unanchored += 1
-        return blocks, hashes, unanchored, False
+            if first_unanchored < 0 and not ref[b] and not anchored[b]:
+                first_unanchored = j
+        return blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
+
+    def _lookup_spans(self, req: Request) -> tuple[list[int], list[int], int, bool]:
+        """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
+        ns, _ = self._ns_key(req.namespace)
+        tokens, spans = req.token_ids, req.spans
+        bs, n = self._block_size, len(tokens)
+        cap = (n - 1) // bs
+        pool = self._pool
+        blocks: list[int] = []
+        hashes: list[int] = []
+        parent = NO_PARENT
+        h: int | None = None
+        first_unanchored = -1
+        capped = False
+        for j in range(n // bs):
+            tup = tokens[j * bs : (j + 1) * bs]
+            extras = block_extra_keys(spans, j * bs, bs)
+            h = self._hasher(h, ns, tup, extras)
+            b = self._index.find(pool, h, parent, tup, ns, extras)
+            if b < 0:
+                break
+            if j >= cap:
+                capped = True
+                break
+            blocks.append(b)
+            hashes.append(h)
+            parent = b
+            if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:
+                first_unanchored = j
+        return blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped
+
+    def _evicted_run(self, req: Request, hashes: list[int], stop: int) -> int:
+        """How many blocks right after the matched ones were evicted (by remembered hash)."""
+        ns, _ = self._ns_key(req.namespace)
+        tokens, spans, bs = req.token_ids, req.spans, self._block_size
+        h: int | None = hashes[-1] if hashes else None
+        run = 0
+        for j in range(len(hashes), stop):
+            start = j * bs
+            h = self._hasher(h, ns, tokens[start : start + bs], block_extra_keys(spans, start, bs))
+            if h not in self._evicted:
+                break
+            run += 1
+        return run
+
+    def _match(self, req: Request) -> tuple[list[int], list[int], int, int, LostReuse]:
+        """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec).
+
+        Returns the blocks to attach, their hashes, how many of them are unanchored, the
+        window size in blocks, and the lost reuse.
+        """
+        blocks, hashes, first_unanchored, capped = self._lookup(req)
+        bs, n, spans = self._block_size, req.num_tokens, req.spans
+        m = len(blocks)
+        k1 = clamp_out_of_spans(m, spans, bs) if spans else m
+        window = min(req.recompute_blocks, k1)
+        attached = k1 - window
+        if spans:
+            attached = clamp_out_of_spans(attached, spans, bs)
+        evicted = 0
+        if not capped and self._evicted:
+            evicted = self._evicted_run(req, hashes, min(n // bs, (n - 1) // bs))
+        lost_cap = bs if capped else 0
+        lost = LostReuse(
+            window=window * bs,
+            span=(m - window - attached) * bs,
+            cap=lost_cap,
+            evicted=evicted * bs,
+            never_cached=n - m * bs - lost_cap - evicted * bs,
+        )
+        if attached < m:
+            del blocks[attached:]
+            del hashes[attached:]
+        return blocks, hashes, max(0, attached - first_unanchored), window, lost
 
     def match(self, req: Request) -> Match:
-        blocks, _, _, capped = self._lookup(req)
-        lost = LostReuse(cap=self._block_size) if capped else LostReuse()
-        return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost)
+        blocks, _, _, window, lost = self._match(req)
+        return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
         return tuple(self._seq(seq_id).blocks)
@@ -225,6 +316,11 @@ class PrefixCacheManager:
             admissions=self._admissions,
             evictions=self._evictions,
             blocks_published=self._blocks_published,
+            lost_window=self._lost_window,
+            lost_span=self._lost_span,
+            lost_cap=self._lost_cap,
+            lost_evicted=self._lost_evicted,
+            lost_never_cached=self._lost_never_cached,
         )
 
     @property
@@ -277,6 +373,7 @@ class PrefixCacheManager:
         parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
         buckets = self._index._buckets
         events = self._events if self._record_events else None
+        remembered, forget_at = self._evicted, self._num_blocks
         pop, push = heapq.heappop, heapq.heappush
         evicted = 0
         while evicted < count and heap:
@@ -298,10 +395,17 @@ class PrefixCacheManager:
                     push(heap, (pool.last_use[p], -pool.depth[p], p, v))
             ptoks[b] = None
             pool.namespace[b] = None
+            pool.extra[b] = ()
             parent[b] = NO_PARENT
             gen[b] += 1
             released.append(b)
             evicted += 1
+            if h in remembered:
+                remembered.move_to_end(h)
+            else:
+                remembered[h] = None
+                if len(remembered) > forget_at:
+                    remembered.popitem(last=False)
             if events is not None:
                 events.append(BlockRemoved((h,)))
         self._num_cached -= evicted
@@ -375,22 +479,28 @@ class PrefixCacheManager:
 
     def _plan(
         self, req: Request, num_new_tokens: int | None
-    ) -> tuple[list[int], list[int], int, int]:
-        """Validate and size an admission; raises what ``admit`` would raise."""
-        blocks, hashes, unanchored, _ = self._lookup(req)
+    ) -> tuple[list[int], list[int], int, int, int, LostReuse]:
+        """Validate and size an admission; raises what ``admit`` would raise.
+
+        Returns the blocks to attach, their hashes, the reserved end, the number of new
+        blocks, the window size and the lost reuse.
+        """
+        blocks, hashes, unanchored, window, lost = self._match(req)
         if num_new_tokens is not None:
             check_count(num_new_tokens, "num_new_tokens", minimum=1)
         if req.seq_id in self._seqs:
             raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
         bs = self._block_size
         cached = len(blocks) * bs
-        remaining = len(req.token_ids) - cached
-        scheduled = remaining if num_new_tokens is None else min(num_new_tokens, remaining)
-        need = -(-(cached + scheduled) // bs) - len(blocks)
+        if num_new_tokens is None and req.kv_token_limit is None:
+            end = len(req.token_ids)  # the common case: the whole prompt, no span can be cut
+        else:
+            end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
+        need = -(-end // bs) - len(blocks)
         supply = self._pool.num_free + self._num_reclaimable - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
-        return blocks, hashes, scheduled, need
+        return blocks, hashes, end, need, window, lost
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
         try:
@@ -400,7 +510,7 @@ class PrefixCacheManager:
         return True
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
-        blocks, hashes, scheduled, need = self._plan(req, num_new_tokens)
+        blocks, hashes, end, need, window, lost = self._plan(req, num_new_tokens)
         pool = self._pool
         ref, anchored = pool.ref, pool.anchored_children
         for b in blocks:  # pin the hit, root first, before evicting anything
@@ -427,7 +537,11 @@ class PrefixCacheManager:
             blocks=blocks,
             hashes=hashes,
             num_computed=cached,
-            num_reserved=cached + scheduled,
+            num_reserved=end,
+            num_cached=cached,
+            window_blocks=window,
+            kv_token_limit=req.kv_token_limit,
+            spans=req.spans,
         )
         n = len(tokens)
         self._admissions += 1
@@ -436,21 +550,76 @@ class PrefixCacheManager:
         self._prefill_tokens += n
         self._prefill_skipped += cached
         self._prefill_computed += n - cached
+        self._lost_window += lost.window
+        self._lost_span += lost.span
+        self._lost_cap += lost.cap
+        self._lost_evicted += lost.evicted
+        self._lost_never_cached += lost.never_cached
         return Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,
-            num_scheduled_tokens=scheduled,
+            num_scheduled_tokens=end - cached,
             block_ids=tuple(blocks),
             num_new_blocks=len(blocks) - num_matched,
             num_evicted=evicted,
+            lost=lost,
+            num_window_blocks=window,
         )
+
+    def _chunk_plan(self, seq: SeqState, num_new_tokens: int | None) -> tuple[int, int]:
+        if num_new_tokens is not None:
+            check_count(num_new_tokens, "num_new_tokens", minimum=1)
+        if seq.num_reserved >= seq.prompt_len:
+            raise InvalidOperation(f"sequence {seq.seq_id!r} has no prompt tokens left to prefill")
+        if seq.num_computed != seq.num_reserved:
+            raise InvalidOperation(
+                f"sequence {seq.seq_id!r} has {seq.num_reserved - seq.num_computed} reserved "
+                "tokens not yet committed; commit the current chunk first"
+            )
+        end = chunk_end(
+            seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
+        )
+        need = -(-end // self._block_size) - len(seq.blocks)
+        supply = self._pool.num_free + self._num_reclaimable
+        if need > supply:
+            raise self._out_of_blocks(need, supply)
+        return end, need
+
+    def can_continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> bool:
+        try:
+            self._chunk_plan(self._seq(seq_id), num_new_tokens)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> int:
+        """Reserve the next prefill chunk; see :meth:`SpecCache.continue_prefill`."""
+        seq = self._seq(seq_id)
+        end, need = self._chunk_plan(seq, num_new_tokens)
+        if need > 0:
+            new, _ = self._allocate(need)
+            seq.blocks.extend(new)
+        start = seq.num_reserved
+        seq.num_reserved = end
+        return end - start
 
     # -- growth, commit, rollback ----------------------------------------------------------
 
     def _append_need(self, seq: SeqState, num_tokens: int) -> int:
         if type(num_tokens) is not int or num_tokens < 1:
             check_count(num_tokens, "num_tokens", minimum=1)
-        return -(-(seq.num_reserved + num_tokens) // self._block_size) - len(seq.blocks)
+        reserved = seq.num_reserved + num_tokens
+        if seq.num_reserved < seq.prompt_len:
+            check_growth(
+                seq.seq_id,
+                seq.num_reserved,
+                reserved,
+                seq.num_computed,
+                seq.prompt_len,
+                seq.kv_token_limit,
+                seq.spans,
+            )
+        return -(-reserved // self._block_size) - len(seq.blocks)
 
     def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         need = self._append_need(self._seq(seq_id), num_tokens)
@@ -464,6 +633,16 @@ class PrefixCacheManager:
         if type(num_tokens) is not int or num_tokens < 1:
             check_count(num_tokens, "num_tokens", minimum=1)
         reserved = seq.num_reserved + num_tokens
+        if seq.num_reserved < seq.prompt_len:  # still prefilling: chunk rules apply
+            check_growth(
+                seq.seq_id,
+                seq.num_reserved,
+                reserved,
+                seq.num_computed,
+                seq.prompt_len,
+                seq.kv_token_limit,
+                seq.spans,
+            )
         need = -(-reserved // self._block_size) - len(seq.blocks)
         if need <= 0:
             seq.num_reserved = reserved
@@ -532,7 +711,8 @@ class PrefixCacheManager:
                 p = b
                 continue
             tup = tuple(tokens[k * bs : (k + 1) * bs])
-            p = self._index.find(pool, seq.hashes[k], p, tup, ns)
+            extras = block_extra_keys(seq.spans, k * bs, bs) if seq.spans else ()
+            p = self._index.find(pool, seq.hashes[k], p, tup, ns, extras)
             if p < 0:
                 return _MISSING
         seq.canon_j, seq.canon_block, seq.canon_gen = i, p, pool.gen[p]
@@ -562,11 +742,15 @@ class PrefixCacheManager:
         nsd = seq.ns_digest
         ptoks, ref, anchored = pool.tokens, pool.ref, pool.anchored_children
         published = 0
+        spans = seq.spans
+        extras: tuple[tuple[int, bytes], ...] = ()
         for j in range(first, stop):
             tup = tuple(tokens[j * bs : (j + 1) * bs])
             parent_hash = hashes[j - 1] if j else None
-            if hasher is not None:
-                h = hasher(parent_hash, ns, tup, ())
+            if spans:
+                extras = block_extra_keys(spans, j * bs, bs)
+            if hasher is not None or extras:
+                h = self._hasher(parent_hash, ns, tup, extras)
             elif j:
                 h = hash((parent_hash, nsd, tup, 0))
             else:
@@ -582,7 +766,7 @@ class PrefixCacheManager:
                         continue
             entry = buckets.get(h)
             if entry is not None:
-                twin = index.find(pool, h, p, tup, ns)
+                twin = index.find(pool, h, p, tup, ns, extras)
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     continue
@@ -592,6 +776,7 @@ class PrefixCacheManager:
                 buckets[h] = b
             ptoks[b] = tup
             pool.namespace[b] = ns
+            pool.extra[b] = extras
             pool.parent[b] = p
             pool.block_hash[b] = h
             pool.depth[b] = j + 1
@@ -617,6 +802,9 @@ class PrefixCacheManager:
                 f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
                 f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
             )
+        cut = span_containing(seq.spans, seq.num_reserved - num_tokens) if seq.spans else None
+        if cut is not None:
+            raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
         seq.num_reserved -= num_tokens
         keep = -(-seq.num_reserved // self._block_size)
         dropped = seq.blocks[keep:]
@@ -671,6 +859,7 @@ class PrefixCacheManager:
             pool.gen[b] += 1
         self._index.clear()
         self._leaves.clear()
+        self._evicted.clear()
         pool.released.clear()
         pool.fresh_next = 0
         self._num_cached = self._num_published = self._num_reclaimable = 0
@@ -697,6 +886,7 @@ class PrefixCacheManager:
                     namespace=pool.namespace[b],
                     parent=None if p == NO_PARENT else p,
                     token_ids=tup,
+                    extra_keys=pool.extra[b],
                     block_hash=pool.block_hash[b],
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
@@ -710,6 +900,11 @@ class PrefixCacheManager:
                 block_ids=tuple(s.blocks),
                 num_computed=s.num_computed,
                 num_reserved=s.num_reserved,
+                num_prompt_tokens=s.prompt_len,
+                num_cached_tokens=s.num_cached,
+                num_window_blocks=s.window_blocks,
+                kv_token_limit=s.kv_token_limit,
+                spans=tuple((sp.start, sp.end) for sp in s.spans),
             )
             for s in self._seqs.values()
         )

@@ -1,7 +1,7 @@
 """The hashed index of published blocks, with exact verification on every lookup.
 
 A hash is only a way to find candidates. A hit must match the stored identity exactly:
-namespace, parent block and token ids (INV-INDEX, INV-MATCH). With a weak hash several
+namespace, parent block, token ids and extra keys (INV-INDEX, INV-MATCH). With a weak hash several
 published blocks share a bucket; lookups then scan the bucket, still returning only exact
 matches, so a colliding hash costs time, never correctness.
 
@@ -25,26 +25,27 @@ class HashIndex:
         self._buckets: dict[int, int | list[int]] = {}
 
     def find(
-        self, pool: BlockPool, key: int, parent: int, tokens: tuple[int, ...], namespace: bytes
+        self,
+        pool: BlockPool,
+        key: int,
+        parent: int,
+        tokens: tuple[int, ...],
+        namespace: bytes,
+        extra: tuple[tuple[int, bytes], ...],
     ) -> int:
         """The published block with exactly this identity, or -1."""
         entry = self._buckets.get(key)
         if entry is None:
             return -1
-        if type(entry) is int:
+        candidates = (entry,) if type(entry) is int else entry
+        assert isinstance(candidates, (tuple, list))
+        ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
+        for b in candidates:
             if (
-                pool.tokens[entry] == tokens
-                and pool.parent[entry] == parent
-                and pool.namespace[entry] == namespace
-            ):
-                return entry
-            return -1
-        assert isinstance(entry, list)
-        for b in entry:
-            if (
-                pool.tokens[b] == tokens
-                and pool.parent[b] == parent
-                and pool.namespace[b] == namespace
+                ptoks[b] == tokens
+                and pparent[b] == parent
+                and pns[b] == namespace
+                and pextra[b] == extra
             ):
                 return b
         return -1

@@ -32,6 +32,7 @@ class BlockPool:
         "anchored_children",
         "block_hash",
         "depth",
+        "extra",
         "fresh_next",
         "gen",
         "last_use",
@@ -51,6 +52,8 @@ class BlockPool:
         #: Stored identity of a published block; ``tokens[b] is None`` iff b is unpublished.
         self.tokens: list[tuple[int, ...] | None] = []
         self.namespace: list[bytes | None] = []
+        #: Extra keys (multimodal) of a published block's identity; () for text.
+        self.extra: list[tuple[tuple[int, bytes], ...]] = []
         self.parent: list[int] = []
         self.block_hash: list[int] = []
         self.depth: list[int] = []
@@ -86,6 +89,7 @@ class BlockPool:
         self.parent.extend([NO_PARENT] * extra)
         self.tokens.extend([None] * extra)
         self.namespace.extend([None] * extra)
+        self.extra.extend([()] * extra)
 
     # -- free queue ------------------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class BlockPool:
         """Forget a block's identity (it is being evicted or was private)."""
         self.tokens[b] = None
         self.namespace[b] = None
+        self.extra[b] = ()
         self.parent[b] = NO_PARENT
         self.block_hash[b] = 0
         self.depth[b] = 0

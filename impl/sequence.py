@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.request import SeqId
 
 __all__ = ["SeqState"]
@@ -26,12 +27,17 @@ class SeqState:
         "canon_gen",
         "canon_j",
         "hashes",
+        "kv_token_limit",
         "namespace",
         "ns_digest",
+        "num_cached",
         "num_computed",
         "num_reserved",
+        "prompt_len",
         "seq_id",
+        "spans",
         "tokens",
+        "window_blocks",
     )
 
     def __init__(
@@ -45,6 +51,10 @@ class SeqState:
         hashes: list[int],
         num_computed: int,
         num_reserved: int,
+        num_cached: int,
+        window_blocks: int,
+        kv_token_limit: int | None,
+        spans: tuple[MultimodalSpan, ...],
     ) -> None:
         self.seq_id = seq_id
         self.namespace = namespace
@@ -55,6 +65,11 @@ class SeqState:
         self.hashes = hashes
         self.num_computed = num_computed
         self.num_reserved = num_reserved
+        self.prompt_len = len(tokens)
+        self.num_cached = num_cached
+        self.window_blocks = window_blocks
+        self.kv_token_limit = kv_token_limit
+        self.spans = spans
         self.canon_j = -1
         self.canon_block = -1
         self.canon_gen = -1

@@ -17,6 +17,7 @@ from .errors import (
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .identity import HASHERS, BlockHasher, BlockIdentity, fast_hash, sha256_hash, weak_hash
 from .invariants import InvariantViolation, check, check_match, violations
+from .multimodal import MultimodalSpan
 from .namespace import Namespace
 from .protocol import Inspectable, PrefixCache
 from .request import Request, SeqId
@@ -43,6 +44,7 @@ __all__ = [
     "KVEvent",
     "LostReuse",
     "Match",
+    "MultimodalSpan",
     "Namespace",
     "OutOfBlocks",
     "PrefixCache",

@@ -33,12 +33,21 @@ from .errors import (
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .identity import BlockHasher, BlockIdentity, fast_hash
+from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans, span_containing
 from .namespace import Namespace
 from .request import Request, SeqId, check_seq_id, token_tuple
 from .results import Admission, CacheStats, LostReuse, Match
 from .state import BlockView, CacheState, SeqView
 
-__all__ = ["SpecCache", "check_count", "check_pool_shape", "identity_chain"]
+__all__ = [
+    "SpecCache",
+    "chain_hashes",
+    "check_count",
+    "check_growth",
+    "check_pool_shape",
+    "chunk_end",
+    "identity_chain",
+]
 
 _T = TypeVar("_T")
 
@@ -60,22 +69,88 @@ def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
 
 
 def identity_chain(
-    namespace: bytes, token_ids: Sequence[int], block_size: int, num_blocks: int
+    namespace: bytes,
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int,
+    spans: Sequence[MultimodalSpan] = (),
 ) -> list[BlockIdentity]:
     """Identities of the first ``num_blocks`` full blocks of a token sequence."""
     chain: list[BlockIdentity] = []
     parent: BlockIdentity | None = None
     for j in range(num_blocks):
+        start = j * block_size
         ident = BlockIdentity(
-            namespace, parent, tuple(token_ids[j * block_size : (j + 1) * block_size])
+            namespace,
+            parent,
+            tuple(token_ids[start : start + block_size]),
+            block_extra_keys(spans, start, block_size),
         )
         chain.append(ident)
         parent = ident
     return chain
 
 
+def chain_hashes(hasher: BlockHasher, chain: Sequence[BlockIdentity]) -> list[int]:
+    hashes: list[int] = []
+    for ident in chain:
+        hashes.append(
+            hasher(
+                hashes[-1] if hashes else None, ident.namespace, ident.token_ids, ident.extra_keys
+            )
+        )
+    return hashes
+
+
+def chunk_end(
+    start: int,
+    prompt_len: int,
+    budget: int | None,
+    limit: int | None,
+    spans: Sequence[MultimodalSpan],
+) -> int:
+    """Where a prefill chunk starting at ``start`` ends (choice 8).
+
+    At most ``budget`` (the step's token budget) and ``kv_token_limit`` tokens. A chunk never
+    splits a span: its end moves back to the span's start, or, when the chunk starts right at
+    the span, forward to the span's end (a span is never longer than the limit, so only the
+    step budget can be exceeded, by less than one span).
+    """
+    end = prompt_len
+    if budget is not None:
+        end = min(end, start + budget)
+    if limit is not None:
+        end = min(end, start + limit)
+    cut = span_containing(spans, end)
+    if cut is not None:
+        end = cut.start if cut.start > start else cut.end
+    return end
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def check_growth(
+    seq_id: SeqId,
+    reserved: int,
+    new_reserved: int,
+    computed: int,
+    prompt_len: int,
+    limit: int | None,
+    spans: Sequence[MultimodalSpan],
+) -> None:
+    """What ``append`` may not do while a prompt is still being prefilled."""
+    if reserved >= prompt_len:
+        return
+    if limit is not None and new_reserved - computed > limit:
+        raise InvalidOperation(
+            f"sequence {seq_id!r} would hold {new_reserved - computed} uncommitted prompt "
+            f"tokens, over its kv_token_limit of {limit}"
+        )
+    cut = span_containing(spans, new_reserved)
+    if cut is not None:
+        raise InvalidOperation(f"reserving up to {new_reserved} would split the span {cut!r}")
 
 
 @attrs.define
@@ -95,6 +170,11 @@ class _Seq:
     blocks: list[int]
     num_computed: int
     num_reserved: int
+    prompt_len: int
+    num_cached: int
+    window_blocks: int
+    kv_token_limit: int | None
+    spans: tuple[MultimodalSpan, ...]
 
 
 @attrs.define
@@ -107,6 +187,11 @@ class _Counters:
     admissions: int = 0
     evictions: int = 0
     blocks_published: int = 0
+    lost_window: int = 0
+    lost_span: int = 0
+    lost_cap: int = 0
+    lost_evicted: int = 0
+    lost_never_cached: int = 0
 
 
 @attrs.define
@@ -117,6 +202,9 @@ class _State:
     seqs: dict[SeqId, _Seq]
     counters: _Counters
     events: list[KVEvent]
+    # Hashes of evicted identities, oldest first, at most num_blocks of them: only to tell
+    # "evicted" from "never cached" in LostReuse.
+    evicted: dict[int, None]
     clock: int = 0
 
 
@@ -128,6 +216,7 @@ def _fresh_state(num_blocks: int) -> _State:
         seqs={},
         counters=_Counters(),
         events=[],
+        evicted={},
     )
 
 
@@ -201,22 +290,51 @@ class SpecCache:
         )
 
     def match(self, req: Request) -> Match:
+        """Walk the index, then apply the cap, the span clamp and the recompute window.
+
+        ::
+
+            matched chain  [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ]      (b5 would be the capped one)
+            span clamp     [ b0 ][ b1 ][ b2 ][ b3 ]            a span covers b3/b4's cut
+            window (k=2)   [ b0 ][ b1 ]{ b2 }{ b3 }            recomputed privately
+            attached       [ b0 ][ b1 ]                        -> num_cached_tokens = 2 * bs
+        """
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
-        bs, tokens = self._block_size, req.token_ids
-        cap = (len(tokens) - 1) // bs  # choice 4: at least one prompt token is computed
-        chain = identity_chain(req.namespace.key(), tokens, bs, len(tokens) // bs)
-        blocks: list[int] = []
-        lost = LostReuse()
+        bs, tokens, n = self._block_size, req.token_ids, req.num_tokens
+        cap = (n - 1) // bs  # choice 4: at least one prompt token is computed
+        full = n // bs
+        chain = identity_chain(req.namespace.key(), tokens, bs, full, req.spans)
+        matched: list[int] = []
+        capped = False
         for j, ident in enumerate(chain):
             b = self._s.index.get(ident)
             if b is None:
                 break
             if j >= cap:
-                lost = LostReuse(cap=bs)
+                capped = True
                 break
-            blocks.append(b)
-        return Match(len(tokens), len(blocks) * bs, tuple(blocks), lost)
+            matched.append(b)
+        m = len(matched)
+        k1 = clamp_out_of_spans(m, req.spans, bs)  # choice 5
+        window = min(req.recompute_blocks, k1)  # choice 6
+        attached = clamp_out_of_spans(k1 - window, req.spans, bs)
+        evicted = 0
+        if not capped and self._s.evicted:
+            hashes = chain_hashes(self._hasher, chain[: min(full, cap)])
+            for h in hashes[m:]:
+                if h not in self._s.evicted:
+                    break
+                evicted += 1
+        lost_cap = bs if capped else 0
+        lost = LostReuse(
+            window=window * bs,
+            span=(m - window - attached) * bs,
+            cap=lost_cap,
+            evicted=evicted * bs,
+            never_cached=n - m * bs - lost_cap - evicted * bs,
+        )
+        return Match(n, attached * bs, tuple(matched[:attached]), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
         return tuple(self._seq(seq_id).blocks)
@@ -266,6 +384,10 @@ class SpecCache:
         blk = blocks[victim]
         assert blk.identity is not None and blk.block_hash is not None
         del self._s.index[blk.identity]
+        self._s.evicted.pop(blk.block_hash, None)
+        self._s.evicted[blk.block_hash] = None
+        if len(self._s.evicted) > self._num_blocks:
+            del self._s.evicted[next(iter(self._s.evicted))]
         self._emit(BlockRemoved((blk.block_hash,)))
         blocks[victim] = _Block()
         self._s.free.append(victim)
@@ -310,15 +432,20 @@ class SpecCache:
                 check_count(num_new_tokens, "num_new_tokens", minimum=1)
             if req.seq_id in self._s.seqs:
                 raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
-            remaining = req.num_tokens - m.num_cached_tokens
-            scheduled = remaining if num_new_tokens is None else min(num_new_tokens, remaining)
+            cached = m.num_cached_tokens
+            end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
             seq = _Seq(
                 seq_id=req.seq_id,
                 namespace=req.namespace,
                 tokens=list(req.token_ids),
                 blocks=[],
-                num_computed=m.num_cached_tokens,
-                num_reserved=m.num_cached_tokens + scheduled,
+                num_computed=cached,
+                num_reserved=end,
+                prompt_len=req.num_tokens,
+                num_cached=cached,
+                window_blocks=m.num_window_blocks,
+                kv_token_limit=req.kv_token_limit,
+                spans=req.spans,
             )
             for b in m.block_ids:  # pin the hit before evicting anything
                 self._s.blocks[b].refcount += 1
@@ -330,18 +457,56 @@ class SpecCache:
             c = self._s.counters
             c.admissions += 1
             c.queries += req.num_tokens
-            c.hits += m.num_cached_tokens
+            c.hits += cached
             c.prefill_tokens += req.num_tokens
-            c.prefill_tokens_skipped += m.num_cached_tokens
-            c.prefill_tokens_computed += remaining
+            c.prefill_tokens_skipped += cached
+            c.prefill_tokens_computed += req.num_tokens - cached
+            lost = m.lost
+            c.lost_window += lost.window
+            c.lost_span += lost.span
+            c.lost_cap += lost.cap
+            c.lost_evicted += lost.evicted
+            c.lost_never_cached += lost.never_cached
             return Admission(
                 seq_id=req.seq_id,
-                num_cached_tokens=m.num_cached_tokens,
-                num_scheduled_tokens=scheduled,
+                num_cached_tokens=cached,
+                num_scheduled_tokens=end - cached,
                 block_ids=tuple(seq.blocks),
                 num_new_blocks=len(new),
                 num_evicted=evicted,
+                lost=lost,
+                num_window_blocks=m.num_window_blocks,
             )
+
+    def can_continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> bool:
+        return self._would_succeed(lambda c: c.continue_prefill(seq_id, num_new_tokens))
+
+    def continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> int:
+        """Reserve the next prefill chunk of a sequence whose last chunk is committed.
+
+        The chunk is sized like the first one (:func:`chunk_end`): at most
+        ``num_new_tokens`` and ``kv_token_limit`` tokens, never splitting a span. Returns the
+        number of tokens scheduled. If the blocks cannot be had, it raises ``OutOfBlocks``
+        and the committed prefix stays exactly as it was.
+        """
+        with self._transaction():
+            seq = self._seq(seq_id)
+            if num_new_tokens is not None:
+                check_count(num_new_tokens, "num_new_tokens", minimum=1)
+            if seq.num_reserved >= seq.prompt_len:
+                raise InvalidOperation(f"sequence {seq_id!r} has no prompt tokens left to prefill")
+            if seq.num_computed != seq.num_reserved:
+                raise InvalidOperation(
+                    f"sequence {seq_id!r} has {seq.num_reserved - seq.num_computed} reserved "
+                    "tokens not yet committed; commit the current chunk first"
+                )
+            start = seq.num_reserved
+            end = chunk_end(start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans)
+            need = _ceil_div(end, self._block_size) - len(seq.blocks)
+            new, _ = self._allocate(need)
+            seq.blocks.extend(new)
+            seq.num_reserved = end
+            return end - start
 
     # -- growth, commit, rollback ----------------------------------------------------------
 
@@ -352,10 +517,20 @@ class SpecCache:
         with self._transaction():
             seq = self._seq(seq_id)
             check_count(num_tokens, "num_tokens", minimum=1)
-            need = _ceil_div(seq.num_reserved + num_tokens, self._block_size) - len(seq.blocks)
+            reserved = seq.num_reserved + num_tokens
+            check_growth(
+                seq.seq_id,
+                seq.num_reserved,
+                reserved,
+                seq.num_computed,
+                seq.prompt_len,
+                seq.kv_token_limit,
+                seq.spans,
+            )
+            need = _ceil_div(reserved, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
-            seq.num_reserved += num_tokens
+            seq.num_reserved = reserved
             return new
 
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
@@ -388,7 +563,7 @@ class SpecCache:
         publishing it would break INV-ANCESTOR.
         """
         bs = self._block_size
-        chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop)
+        chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop, seq.spans)
         for j in range(first, stop):
             ident = chain[j]
             if ident in self._s.index:
@@ -400,7 +575,9 @@ class SpecCache:
             b = seq.blocks[j]
             blk = self._s.blocks[b]
             blk.identity = ident
-            blk.block_hash = self._hasher(parent_hash, ident.namespace, ident.token_ids, ())
+            blk.block_hash = self._hasher(
+                parent_hash, ident.namespace, ident.token_ids, ident.extra_keys
+            )
             blk.depth = j + 1
             self._s.index[ident] = b
             self._s.counters.blocks_published += 1
@@ -423,6 +600,9 @@ class SpecCache:
                     f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
                     f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
                 )
+            cut = span_containing(seq.spans, seq.num_reserved - num_tokens)
+            if cut is not None:
+                raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
             seq.num_reserved -= num_tokens
             keep = _ceil_div(seq.num_reserved, self._block_size)
             dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
@@ -514,6 +694,11 @@ class SpecCache:
                 block_ids=tuple(s.blocks),
                 num_computed=s.num_computed,
                 num_reserved=s.num_reserved,
+                num_prompt_tokens=s.prompt_len,
+                num_cached_tokens=s.num_cached,
+                num_window_blocks=s.window_blocks,
+                kv_token_limit=s.kv_token_limit,
+                spans=tuple((sp.start, sp.end) for sp in s.spans),
             )
             for s in self._s.seqs.values()
         )

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
 from .request import Request
 from .results import Match
@@ -35,7 +36,9 @@ INVARIANTS = (
     "INV-ANCESTOR",
     "INV-WRITE",
     "INV-PUBLISH",
+    "INV-WINDOW",
     "INV-LIMIT",
+    "INV-MATCH",
     "INV-STATS",
 )
 
@@ -72,7 +75,9 @@ def violations(obj: CacheState | Inspectable) -> list[Violation]:
         ("INV-ANCESTOR", _inv_ancestor),
         ("INV-WRITE", _inv_write),
         ("INV-PUBLISH", _inv_publish),
+        ("INV-WINDOW", _inv_window),
         ("INV-LIMIT", _inv_limit),
+        ("INV-MATCH", _inv_match_state),
         ("INV-STATS", _inv_stats),
     ):
         found.extend(Violation(name, msg) for msg in gen(s))
@@ -108,6 +113,9 @@ def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> No
         problems.append(f"{match.num_cached_tokens} cached tokens is not block-aligned")
     if match.num_cached_tokens > req.num_tokens - 1:
         problems.append(f"{match.num_cached_tokens} cached of {req.num_tokens} leaves none")
+    cut = span_containing(req.spans, match.num_cached_tokens)
+    if cut is not None:
+        problems.append(f"the match ends at {match.num_cached_tokens}, inside {cut!r}")
     ns = req.namespace.key()
     parent = None
     for j, b in enumerate(match.block_ids):
@@ -116,9 +124,15 @@ def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> No
             break
         view = s.blocks[b]
         expect = req.token_ids[j * bs : (j + 1) * bs]
+        extras = block_extra_keys(req.spans, j * bs, bs)
         if not view.published:
             problems.append(f"matched block {b} (#{j}) is not published")
-        elif view.namespace != ns or view.token_ids != expect or view.parent != parent:
+        elif (view.namespace, view.token_ids, view.extra_keys, view.parent) != (
+            ns,
+            expect,
+            extras,
+            parent,
+        ):
             problems.append(f"matched block {b} (#{j}) has another identity than the request")
         parent = b
     if problems:
@@ -263,6 +277,24 @@ def _inv_publish(s: CacheState) -> Iterator[str]:
                 yield f"block {b} is the first of {seq.seq_id!r} but has a parent"
 
 
+def _inv_window(s: CacheState) -> Iterator[str]:
+    bs = s.block_size
+    for seq in s.sequences:
+        if seq.num_cached_tokens % bs or seq.num_computed < seq.num_cached_tokens:
+            yield f"sequence {seq.seq_id!r} has a cached prefix of {seq.num_cached_tokens} tokens"
+            continue
+        first = seq.num_cached_tokens // bs
+        for j in range(first, min(first + seq.num_window_blocks, len(seq.block_ids))):
+            if j * bs + bs <= seq.num_computed:
+                continue  # recomputed and committed: the window did its job for this block
+            view = s.blocks[seq.block_ids[j]]
+            if view.published or view.refcount != 1:
+                yield (
+                    f"window block {view.block_id} (#{j} of {seq.seq_id!r}) is not a fresh "
+                    f"private block (published={view.published}, refcount={view.refcount})"
+                )
+
+
 def _inv_limit(s: CacheState) -> Iterator[str]:
     bs = s.block_size
     for seq in s.sequences:
@@ -276,6 +308,24 @@ def _inv_limit(s: CacheState) -> Iterator[str]:
             yield f"sequence {seq.seq_id!r} computed {seq.num_computed} > {seq.num_reserved}"
         if seq.num_computed > len(seq.token_ids):
             yield f"sequence {seq.seq_id!r} computed KV for unknown tokens"
+        prefilling = seq.num_reserved <= seq.num_prompt_tokens
+        if prefilling and seq.num_computed < seq.num_prompt_tokens:
+            limit = seq.kv_token_limit
+            if limit is not None and seq.num_reserved - seq.num_computed > limit:
+                yield (
+                    f"sequence {seq.seq_id!r} holds {seq.num_reserved - seq.num_computed} "
+                    f"uncommitted prompt tokens, over its kv_token_limit of {limit}"
+                )
+            for start, end in seq.spans:
+                if start < seq.num_reserved < end:
+                    yield f"sequence {seq.seq_id!r} reserved up to the middle of span {start, end}"
+
+
+def _inv_match_state(s: CacheState) -> Iterator[str]:
+    for seq in s.sequences:
+        for start, end in seq.spans:
+            if start < seq.num_cached_tokens < end:
+                yield (f"sequence {seq.seq_id!r} attached a prefix ending inside span {start, end}")
 
 
 def _inv_stats(s: CacheState) -> Iterator[str]:
@@ -303,3 +353,6 @@ def _inv_stats(s: CacheState) -> Iterator[str]:
         yield f"stats count {st.num_sequences} sequences, {len(s.sequences)} are live"
     if st.hits > st.prefill_tokens_skipped or st.evictions < 0:
         yield "hit and skip counters disagree"
+    lost = st.lost_window + st.lost_span + st.lost_cap + st.lost_evicted + st.lost_never_cached
+    if lost != st.prefill_tokens_computed:
+        yield f"the lost-reuse split adds up to {lost}, not {st.prefill_tokens_computed}"

@@ -11,17 +11,34 @@ __all__ = ["Admission", "CacheStats", "LostReuse", "Match"]
 
 @attrs.frozen
 class LostReuse:
-    """Prompt tokens that were cached but not reused, by cause.
+    """Prompt tokens that were not reused, split by cause.
 
-    ``cap``: the last full block matched, but at least one prompt token must be computed
-    (choice 4), so the hit was capped at ``floor((len - 1) / block_size)`` blocks.
+    ::
+
+        prompt  |<- cached ->|<- window ->|<- span ->|<- cap ->|<- evicted ->|<- never ->|
+                 attached     matched but  matched,   matched,  were cached,  every other
+                 blocks       recomputed   clamped    capped    evicted since prompt token
+
+    * ``window``: matched blocks recomputed privately (``recompute_blocks``, choice 6).
+    * ``span``: matched blocks dropped so the match does not end inside a span (choice 5).
+    * ``cap``: the last full block matched, but one prompt token must be computed (choice 4).
+    * ``evicted``: the full blocks right after the hit were published once and evicted
+      (tracked by their hash in a bounded record of evictions, so a weak hash can
+      misclassify here; it never affects what is reused).
+    * ``never_cached``: the rest, including the partial last block.
+
+    ``cached + window + span + cap + evicted + never_cached == len(prompt)``.
     """
 
+    window: int = 0
+    span: int = 0
     cap: int = 0
+    evicted: int = 0
+    never_cached: int = 0
 
     @property
     def total(self) -> int:
-        return self.cap
+        return self.window + self.span + self.cap + self.evicted + self.never_cached
 
 
 @attrs.frozen
@@ -39,6 +56,8 @@ class Match:
     num_cached_tokens: int
     block_ids: tuple[int, ...]
     lost: LostReuse = LostReuse()
+    num_window_blocks: int = 0
+    """Matched blocks after ``block_ids`` that will be recomputed into private blocks."""
 
     @property
     def num_blocks(self) -> int:
@@ -59,6 +78,8 @@ class Admission:
     block_ids: tuple[int, ...]
     num_new_blocks: int
     num_evicted: int
+    lost: LostReuse = LostReuse()
+    num_window_blocks: int = 0
 
 
 @attrs.frozen
@@ -66,7 +87,8 @@ class CacheStats:
     """Counters since construction (a reset keeps them) and current pool occupancy.
 
     Token counters count prompt tokens at admission. ``prefill_tokens_computed`` +
-    ``prefill_tokens_skipped`` == ``prefill_tokens`` (INV-STATS).
+    ``prefill_tokens_skipped`` == ``prefill_tokens`` (INV-STATS), and the ``lost_*`` split
+    of :class:`LostReuse` adds up to ``prefill_tokens_computed``.
     """
 
     num_blocks: int
@@ -84,6 +106,11 @@ class CacheStats:
     admissions: int
     evictions: int
     blocks_published: int
+    lost_window: int = 0
+    lost_span: int = 0
+    lost_cap: int = 0
+    lost_evicted: int = 0
+    lost_never_cached: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -48,7 +48,8 @@ class SeqView:
         token_ids  |<--------------- known tokens (prompt + accepted) --------------->|
         KV         |<-------- num_computed -------->|
         slots      |<------------- num_reserved ------------->|
-        blocks     [ b0 ][ b1 ][ b2 ][ b3 ][ b4 ][ b5 ]        len = ceil(num_reserved / bs)
+        blocks     [ b0 ][ b1 ][ w2 ][ w3 ][ b4 ][ b5 ]        len = ceil(num_reserved / bs)
+                   |<-cached->|<-window->|
     """
 
     seq_id: SeqId
@@ -57,6 +58,14 @@ class SeqView:
     block_ids: tuple[int, ...]
     num_computed: int
     num_reserved: int
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    """Tokens attached from the cache at admission."""
+    num_window_blocks: int = 0
+    """Recompute-window blocks, right after the cached ones."""
+    kv_token_limit: int | None = None
+    spans: tuple[tuple[int, int], ...] = ()
+    """``(start, end)`` of each multimodal span of the prompt."""
 
 
 @attrs.frozen
