@@ -270,12 +270,15 @@ def concretize(a: AbsState, labels: Labels) -> tuple[SpecCache, list[SeqId | Non
         seqs[sid] = spec_cache._Seq(
             seq_id=sid, namespace=labels.namespace_of(sq.ns), tokens=tokens,
             blocks=list(sq.table), num_computed=sq.nc, num_reserved=sq.nr,
+            # NOTE: the encoding models whole-prompt admission only (no spans, windows or
+            # kv_token_limit), so the prompt is every token the sequence holds.
+            prompt_len=sq.ntok, num_cached=0, window_blocks=0, kv_token_limit=None, spans=(),
         )
         slots.append(sid)
     counters = spec_cache._Counters(**{SPEC_COUNTERS[k]: v for k, v in a.ctr.items()})
     cache._s = spec_cache._State(
         blocks=blocks, free=list(a.queue), index=index, seqs=seqs, counters=counters,
-        events=[], clock=a.clock,
+        events=[], evicted={}, clock=a.clock,
     )
     return cache, slots
 

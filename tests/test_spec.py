@@ -20,6 +20,7 @@ from prefixkv.spec import (
     InvalidOperation,
     InvalidRequest,
     InvariantViolation,
+    LostReuse,
     Match,
     Namespace,
     OutOfBlocks,
@@ -61,7 +62,8 @@ def test_full_prompt_hit_is_capped() -> None:
     m = c.match(Request("b", tuple(range(1, 9)), NS))
     assert (m.num_cached_tokens, m.block_ids, m.lost.cap) == (4, (0,), 4)
     longer = c.match(Request("b", tuple(range(1, 10)), NS))
-    assert (longer.num_cached_tokens, longer.block_ids, longer.lost.total) == (8, (0, 1), 0)
+    assert (longer.num_cached_tokens, longer.block_ids, longer.lost.cap) == (8, (0, 1), 0)
+    assert longer.lost.total == longer.lost.never_cached == 1  # the partial last block
     assert c.match(Request("b", (1,), NS)).num_cached_tokens == 0
 
 
@@ -72,7 +74,7 @@ def test_match_is_pure_and_verified() -> None:
     before = c.snapshot()
     req = Request("b", (1, 2, 3, 4, 6), NS)
     m = c.match(req)
-    assert m == Match(5, 4, (0, 1))
+    assert m == Match(5, 4, (0, 1), LostReuse(never_cached=1))
     check_match(c, req, m)
     assert c.snapshot() == before
     assert c.match(Request("b", (1, 2, 4, 4, 6), NS)).block_ids == (0,)
@@ -543,6 +545,9 @@ def _corruptions(s: CacheState) -> list[tuple[str, CacheState]]:
         ("INV-ANCESTOR", _set_block(s, child, depth=5)),
         ("INV-WRITE", _set_seq(s, 0, num_computed=2)),
         ("INV-PUBLISH", _set_block(s, child, token_ids=(3, 5))),
+        # b's window would start at its shared block 4, which its KV has not covered yet
+        ("INV-WINDOW", _set_seq(s, 1, num_cached_tokens=2, num_window_blocks=1, num_computed=3)),
+        ("INV-MATCH", _set_seq(s, 1, spans=((3, 6),))),  # b's hit ends inside a span
         ("INV-LIMIT", _set_seq(s, 0, num_reserved=7)),
         ("INV-LIMIT", _set_seq(s, 1, num_computed=7, num_reserved=6)),
         ("INV-STATS", attrs.evolve(s, stats=attrs.evolve(s.stats, hits=s.stats.queries + 1))),
@@ -553,7 +558,7 @@ def _corruptions(s: CacheState) -> list[tuple[str, CacheState]]:
     ]
 
 
-@pytest.mark.parametrize("index", range(14))
+@pytest.mark.parametrize("index", range(16))
 def test_invariants_name_the_broken_one(index: int) -> None:
     """invariants.check names the invariant a hand-corrupted snapshot breaks."""
     name, corrupt = _corruptions(_busy_state())[index]

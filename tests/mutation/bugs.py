@@ -25,6 +25,11 @@ class Bug:
     patches: tuple[Patch, ...]
 
 
+#: The exact check of a single-entry index hit in ``impl/cache.py``'s lookup.
+_VERIFY_HIT = (
+    "                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:"
+)
+
 BUGS: tuple[Bug, ...] = (
     Bug(
         "batch_free_dedup",
@@ -93,8 +98,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:
-                    break""",
+                _VERIFY_HIT + "\n                    break",
                 """                if ptoks[b] is None:
                     break""",
             ),
@@ -106,19 +110,16 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns:""",
-                """                if ptoks[b] != tup or pns[b] != ns:""",
+                _VERIFY_HIT,
+                """                if ptoks[b] != tup or pns[b] != ns or pextra[b]:""",
             ),
             (
                 "index.py",
-                """            if (
-                pool.tokens[b] == tokens
-                and pool.parent[b] == parent
-                and pool.namespace[b] == namespace
-            ):
-                return b""",
-                """            if pool.tokens[b] == tokens and pool.namespace[b] == namespace:
-                return b""",
+                """                ptoks[b] == tokens
+                and pparent[b] == parent
+                and pns[b] == namespace""",
+                """                ptoks[b] == tokens
+                and pns[b] == namespace""",
             ),
         ),
     ),
@@ -160,10 +161,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """            if not ref[b] and not anchored[b]:
-                unanchored += 1""",
-                """            if not ref[b]:
-                unanchored += 1""",
+                """            if first_unanchored < 0 and not ref[b] and not anchored[b]:""",
+                """            if first_unanchored < 0 and not ref[b]:""",
             ),
             (
                 "cache.py",
@@ -205,7 +204,13 @@ BUGS: tuple[Bug, ...] = (
     Bug(
         "full_prompt_cap_off_by_one",
         "a full-prompt hit is not capped: nothing is left to compute for the last token",
-        (("cache.py", "        cap = (n - 1) // bs\n", "        cap = n // bs\n"),),
+        (
+            (
+                "cache.py",
+                "        n = len(tokens)\n        cap = (n - 1) // bs\n",
+                "        n = len(tokens)\n        cap = n // bs\n",
+            ),
+        ),
     ),
     Bug(
         "free_queue_lifo",
@@ -292,9 +297,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        blocks, hashes, unanchored, _ = self._lookup(req)
+                """        blocks, hashes, unanchored, window, lost = self._match(req)
         if num_new_tokens is not None:""",
-                """        blocks, hashes, unanchored, _ = self._lookup(req)
+                """        blocks, hashes, unanchored, window, lost = self._match(req)
         self._queries += len(req.token_ids)
         if num_new_tokens is not None:""",
             ),
