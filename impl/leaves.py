@@ -17,18 +17,25 @@ import heapq
 
 from .pool import BlockPool
 
-__all__ = ["LeafHeap"]
+__all__ = ["COMPACT_SLACK", "LeafHeap"]
 
 # (last_use, -depth, block id, leaf_version)
 _Entry = tuple[int, int, int, int]
 
 
-class LeafHeap:
-    __slots__ = ("heap",)
+#: Stale entries tolerated beyond twice the cached blocks before the heap is rebuilt.
+COMPACT_SLACK = 64
 
-    def __init__(self) -> None:
+
+class LeafHeap:
+    __slots__ = ("heap", "slack")
+
+    def __init__(self, slack: int = COMPACT_SLACK) -> None:
         #: The raw heap; the manager's eviction loop pops it directly (hot path).
         self.heap: list[_Entry] = []
+        #: NOTE: a knob for tests only: a negative slack (down to ``-num_blocks``) rebuilds
+        #: the heap on small pools often, which brings the rebuild within the machines' reach.
+        self.slack = slack
 
     def push(self, pool: BlockPool, b: int) -> None:
         """Record that ``b`` just became a leaf."""
@@ -48,7 +55,7 @@ class LeafHeap:
 
     def maybe_compact(self, pool: BlockPool, num_cached: int) -> None:
         """Drop stale entries once they dominate; amortized O(1) per push."""
-        if len(self.heap) > 2 * num_cached + 64:
+        if len(self.heap) > (num_cached << 1) + self.slack:
             self.heap = [e for e in self.heap if self._live(pool, e)]
             heapq.heapify(self.heap)
 

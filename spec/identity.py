@@ -131,8 +131,12 @@ def weak_hash(
     token_ids: tuple[int, ...],
     extra_keys: tuple[ExtraKey, ...],
 ) -> int:
-    """Deliberately terrible: four buckets. Correctness must not depend on the hash."""
-    return (sum(token_ids) + len(extra_keys)) % 4
+    """Deliberately terrible: four buckets. Correctness must not depend on the hash.
+
+    It ignores the parent, the namespace and the extra keys, so equal tokens always collide:
+    at other depths, under other adapters, and as text against a multimodal item.
+    """
+    return sum(token_ids) % 4
 
 
 #: Hashes by the names the CLI and the conformance kit accept.

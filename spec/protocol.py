@@ -49,6 +49,19 @@ class PrefixCache(Protocol):
         """
         ...
 
+    def can_continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> bool:
+        """Exactly whether :meth:`continue_prefill` with the same arguments would succeed."""
+        ...
+
+    def continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> int:
+        """Reserve the next prefill chunk (choice 8); returns the tokens scheduled.
+
+        Allowed only when the previous chunk is committed and prompt tokens remain. The chunk
+        holds at most ``num_new_tokens`` and ``kv_token_limit`` tokens and never splits a
+        multimodal span. ``OutOfBlocks`` keeps the committed prefix and changes nothing.
+        """
+        ...
+
     def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         """Exactly whether :meth:`append` with the same arguments would succeed now."""
         ...

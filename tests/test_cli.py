@@ -12,11 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from prefixkv import cli
 from prefixkv.bench import BEGIN, END, write_markdown
-from prefixkv.simulate import make_cache, replay
+from prefixkv.simulate import WORKLOADS, make_cache, replay
 from prefixkv.workloads import ChatConfig, chat_workload, interleave
 
 SMALL = ["--conversations", "6", "--turns", "3"]
@@ -109,6 +110,44 @@ def test_simulate_spec_small_default(capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0 and report["cache"] == "spec"
     assert report["hit_rate"] > 0  # type: ignore[operator]
     assert report["invariant_checks"] > 1  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", ["multimodal", "speculative"])
+def test_feature_workloads_report_their_lost_reuse_split(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """The multimodal and speculative workloads run on the spec, invariants checked, and
+    their lost-reuse split adds up to the prompt tokens computed."""
+    code, report = _run_json(
+        capsys, "simulate", "--workload", name, "--spec", "--check-invariants", "40"
+    )
+    assert code == 0 and report["workload_name"] == name
+    lost = sum(
+        report[f"lost_{c}"]  # type: ignore[misc]
+        for c in ("window", "span", "cap", "evicted", "never_cached")
+    )
+    assert lost == report["prefill_tokens_computed"]
+    assert 0 < report["hit_rate"] < 1  # type: ignore[operator]
+    if name == "speculative":
+        assert report["lost_window"] > 0 and report["drafts_proposed"] > 0  # type: ignore[operator]
+        assert 0 < report["drafts_accepted"] < report["drafts_proposed"]  # type: ignore[operator]
+    else:
+        assert report["prefill_chunks"] > 0  # type: ignore[operator]
+        assert report["workload"]["image_tokens"] > 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_spec_and_impl_agree_on_every_workload(name: str) -> None:
+    """Spans, chunks, windows and drafts: the impl saves exactly what the spec saves."""
+    _, preset = WORKLOADS[name]
+    w = chat_workload(attrs.evolve(preset.workload, conversations=6, seed=3))
+    results = [
+        replay(make_cache(kind, 48, 4), w, live=2, drive=preset.drive, check_every=30)
+        for kind in ("spec", "impl")
+    ]
+    spec, impl = (attrs.asdict(r, filter=lambda a, _: a.name != "wall_time_s") for r in results)
+    assert spec == impl
+    assert results[0].evictions > 0
 
 
 def test_spec_and_impl_report_the_same_reuse() -> None:

@@ -19,9 +19,12 @@ from machines import (
     BAD_ACCEPTED,
     BAD_ARGUMENT_KINDS,
     BAD_COUNTS,
+    BAD_FEATURE_KINDS,
     BAD_REQUEST_ARGS,
     BAD_REQUEST_KINDS,
     BAD_SEQUENCE_KINDS,
+    BAD_SPAN_ARGS,
+    BAD_SPANS,
     NOT_A_REQUEST,
     all_rule_names,
     build_machine,
@@ -61,7 +64,7 @@ TestSpecVsImplSha256.settings = settings(max_examples=_examples(0.1), stateful_s
 # Long runs: many steps per example, on slightly bigger pools, so that long-lived caches
 # (deep chains, many evictions, heap compaction, repeated resets) are reached.
 SpecVsImplLong = build_machine(
-    "SpecVsImplLong", spec_vs_impl("weak"), num_blocks=(8, 32), block_sizes=(1, 3)
+    "SpecVsImplLong", spec_vs_impl("weak", heap_slack=-8), num_blocks=(8, 32), block_sizes=(1, 3)
 )
 TestSpecVsImplLong = SpecVsImplLong.TestCase
 TestSpecVsImplLong.settings = settings(max_examples=_examples(0.15), stateful_step_count=400)
@@ -89,7 +92,7 @@ def test_rule_coverage() -> None:
     for op in (
         "match", "can_admit", "admit", "can_append", "append", "commit", "rollback", "free",
         "evict", "reset", "block_table", "num_computed_tokens", "seq_ids", "stats",
-        "take_events",
+        "take_events", "can_continue_prefill", "continue_prefill",
     ):  # fmt: skip
         assert report.ops.get(op, 0) > report.op_errors.get(op, 0), f"{op} never succeeded"
 
@@ -123,5 +126,9 @@ def test_every_bad_input_kind() -> None:
         for bad, obj in zip(BAD_REQUEST_ARGS, NOT_A_REQUEST * 3, strict=False):
             state._since_bad = 3
             state.bad_request(kind=kind, bad=bad, obj=obj)
+    for kind in BAD_FEATURE_KINDS:
+        for bad, span in zip(BAD_SPAN_ARGS, BAD_SPANS * 2, strict=False):
+            state._since_bad = 3
+            state.bad_feature_input(kind=kind, seq=seq, bad=bad, span=span, count=0)
     assert state.ref.seq_ids() == (seq,)
     state.teardown()

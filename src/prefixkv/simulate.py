@@ -20,6 +20,7 @@ freed in one batch. When the pool runs dry, the oldest finished sequences are fr
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,6 +44,8 @@ from prefixkv.workloads import ChatConfig, ChatTurn, ChatWorkload, chat_workload
 __all__ = [
     "IMPL_PRESET",
     "SPEC_PRESET",
+    "WORKLOADS",
+    "Drive",
     "Preset",
     "SimulationResult",
     "make_cache",
@@ -57,13 +60,33 @@ NAMESPACE = Namespace("prefixkv-sim@1")
 
 
 @attrs.frozen
+class Drive:
+    """How the engine drives each request, beyond admit / commit / decode.
+
+    * ``kv_token_limit``: prefill in chunks of at most this many tokens (choice 8):
+      ``admit`` schedules the first chunk, ``continue_prefill`` each next one.
+    * ``recompute_blocks``: the private recompute window of every request (choice 6).
+    * ``draft_tokens``: speculative decoding: each step reserves the pending token plus
+      this many drafts, commits the accepted ones plus a bonus token and rolls the rest back.
+      Each draft is accepted with probability ``acceptance`` until the first rejection.
+    """
+
+    kv_token_limit: int | None = None
+    recompute_blocks: int = 0
+    draft_tokens: int = 0
+    acceptance: float = 0.7
+    seed: int = 0
+
+
+@attrs.frozen
 class Preset:
-    """Defaults for one cache kind: the workload shape and the pool."""
+    """Defaults for one cache kind: the workload shape, the pool and how it is driven."""
 
     workload: ChatConfig
     num_blocks: int
     block_size: int
     live: int
+    drive: Drive = Drive()
 
 
 #: The impl runs the benchmark's chat workload on a pool small enough to evict.
@@ -83,6 +106,32 @@ SPEC_PRESET = Preset(
     block_size=4,
     live=4,
 )
+
+_IMAGES = {"image_tokens": 256, "image_pool": 16, "image_rate": 0.5}
+_SPECULATIVE = Drive(recompute_blocks=1, draft_tokens=3, acceptance=0.7)
+
+#: ``--workload``: ``(impl preset, spec preset)`` per workload.
+WORKLOADS: dict[str, tuple[Preset, Preset]] = {
+    "chat": (IMPL_PRESET, SPEC_PRESET),
+    # Images in half of the user turns, shared across conversations; chunked prefill.
+    "multimodal": (
+        attrs.evolve(
+            IMPL_PRESET,
+            workload=attrs.evolve(IMPL_PRESET.workload, **_IMAGES),
+            drive=Drive(kv_token_limit=512),
+        ),
+        attrs.evolve(
+            SPEC_PRESET,
+            workload=attrs.evolve(SPEC_PRESET.workload, image_tokens=8, image_pool=4),
+            drive=Drive(kv_token_limit=16),
+        ),
+    ),
+    # MTP-style speculative decoding: 3 drafts a step, a one-block recompute window.
+    "speculative": (
+        attrs.evolve(IMPL_PRESET, drive=_SPECULATIVE),
+        attrs.evolve(SPEC_PRESET, drive=_SPECULATIVE),
+    ),
+}
 
 
 def make_cache(kind: str, num_blocks: int, block_size: int, hash_name: str = "fast") -> PrefixCache:
@@ -117,6 +166,15 @@ class SimulationResult:
     early_frees: int
     invariant_checks: int
     wall_time_s: float
+    #: Prompt tokens not reused, by cause (they add up to ``prefill_tokens_computed``).
+    lost_window: int = 0
+    lost_span: int = 0
+    lost_cap: int = 0
+    lost_evicted: int = 0
+    lost_never_cached: int = 0
+    prefill_chunks: int = 0
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
 
 
 class _Driver:
@@ -127,10 +185,17 @@ class _Driver:
     an append that allocated, so that is where it is sampled).
     """
 
-    def __init__(self, cache: PrefixCache, live: int, check_every: int) -> None:
+    def __init__(
+        self, cache: PrefixCache, live: int, check_every: int, drive: Drive | None = None
+    ) -> None:
         self.cache = cache
         self.live = live
         self.check_every = check_every
+        self.drive = Drive() if drive is None else drive
+        self.rng = random.Random(self.drive.seed)
+        self.chunks = 0
+        self.proposed = 0
+        self.accepted = 0
         self.finished: deque[SeqId] = deque()
         self.ops = 0
         self.checks = 0
@@ -171,24 +236,67 @@ class _Driver:
                 self._free([self.finished.popleft()])
 
     def run_turn(self, seq_id: SeqId, turn: ChatTurn) -> None:
-        cache = self.cache
-        req = Request(seq_id, turn.prompt, NAMESPACE)
+        cache, d = self.cache, self.drive
+        req = Request(
+            seq_id,
+            turn.prompt,
+            NAMESPACE,
+            spans=turn.spans,
+            recompute_blocks=d.recompute_blocks,
+            kv_token_limit=d.kv_token_limit,
+        )
         adm = self._with_room(lambda: cache.admit(req))
         self._tick()
         self._sample_used()
-        cache.commit(seq_id, adm.num_scheduled_tokens, turn.reply[:1])
+        n = len(turn.prompt)
+        done = adm.num_cached_tokens + adm.num_scheduled_tokens
+        cache.commit(seq_id, adm.num_scheduled_tokens, turn.reply[:1] if done == n else ())
         self._tick()
-        for token in turn.reply[1:]:
-            new = self._with_room(lambda: cache.append(seq_id, 1))
+        while done < n:  # the next prefill chunks
+            chunk = self._with_room(lambda: cache.continue_prefill(seq_id))
             self._tick()
-            if new:
-                self._sample_used()
-            cache.commit(seq_id, 1, (token,))
+            self._sample_used()
+            self.chunks += 1
+            done += chunk
+            cache.commit(seq_id, chunk, turn.reply[:1] if done == n else ())
             self._tick()
+        if d.draft_tokens:
+            self._decode_speculative(seq_id, turn.reply)
+        else:
+            for token in turn.reply[1:]:
+                new = self._with_room(lambda: cache.append(seq_id, 1))
+                self._tick()
+                if new:
+                    self._sample_used()
+                cache.commit(seq_id, 1, (token,))
+                self._tick()
         self.finished.append(seq_id)
         excess = len(self.finished) - self.live
         if excess > 0:
             self._free([self.finished.popleft() for _ in range(excess)])
+
+    def _decode_speculative(self, seq_id: SeqId, reply: Sequence[int]) -> None:
+        """Decode ``reply`` with drafts: reserve the pending token plus ``k`` drafts, commit
+        the accepted drafts and the bonus token, roll the rejected drafts back."""
+        cache, d = self.cache, self.drive
+        i = 1  # reply tokens sampled so far; reply[i - 1] is pending (its KV unwritten)
+        while i < len(reply):
+            k = min(d.draft_tokens, len(reply) - i - 1)
+            new = self._with_room(lambda n=1 + k: cache.append(seq_id, n))
+            self._tick()
+            if new:
+                self._sample_used()
+            a = 0
+            while a < k and self.rng.random() < d.acceptance:
+                a += 1
+            self.proposed += k
+            self.accepted += a
+            cache.commit(seq_id, 1 + a, reply[i : i + a + 1])
+            self._tick()
+            i += a + 1
+            if k > a:
+                cache.rollback(seq_id, k - a)
+                self._tick()
 
     def drain(self) -> None:
         self._free(list(self.finished))
@@ -203,6 +311,7 @@ def replay(
     check_every: int = 0,
     schedule: Sequence[ChatTurn] | None = None,
     on_request: Callable[[int], None] | None = None,
+    drive: Drive | None = None,
 ) -> SimulationResult:
     """Replay ``workload`` (in its shuffled schedule) through ``cache`` and report.
 
@@ -213,7 +322,7 @@ def replay(
     if live < 0:
         raise ValueError("live must be >= 0")
     turns = workload.schedule() if schedule is None else list(schedule)
-    driver = _Driver(cache, live, check_every)
+    driver = _Driver(cache, live, check_every, drive)
     start = time.perf_counter()
     for i, turn in enumerate(turns):
         driver.run_turn(i, turn)
@@ -241,6 +350,14 @@ def replay(
         early_frees=driver.early_frees,
         invariant_checks=driver.checks,
         wall_time_s=wall,
+        lost_window=stats.lost_window,
+        lost_span=stats.lost_span,
+        lost_cap=stats.lost_cap,
+        lost_evicted=stats.lost_evicted,
+        lost_never_cached=stats.lost_never_cached,
+        prefill_chunks=driver.chunks,
+        drafts_proposed=driver.proposed,
+        drafts_accepted=driver.accepted,
     )
 
 
@@ -276,6 +393,14 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
         help="drive the executable spec (slow: O(pool) per operation) on a toy workload "
         f"({s.workload.conversations} conversations, {s.num_blocks} blocks of "
         f"{s.block_size}) instead of the optimized cache manager",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="chat",
+        help="chat (default): the benchmark's multi-turn chat; multimodal: images in half "
+        "the user turns, shared across conversations, prefilled in chunks of 512 tokens; "
+        "speculative: 3 draft tokens a step and a one-block recompute window",
     )
     parser.add_argument(
         "--hash",
@@ -332,7 +457,8 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
 
 def _run(args: argparse.Namespace) -> int:
     kind = "spec" if args.spec else "impl"
-    preset = SPEC_PRESET if args.spec else IMPL_PRESET
+    impl_preset, spec_preset = WORKLOADS[args.workload]
+    preset = spec_preset if args.spec else impl_preset
     base = preset.workload
     config = attrs.evolve(
         base,
@@ -346,16 +472,20 @@ def _run(args: argparse.Namespace) -> int:
 
     workload = chat_workload(config)
     cache = make_cache(kind, num_blocks, block_size, args.hash)
-    result = _replay_with_progress(cache, workload, live, args.check_invariants, args.json)
+    result = _replay_with_progress(
+        cache, workload, live, args.check_invariants, args.json, preset.drive
+    )
     report = {
         "command": "simulate",
         "ok": True,
+        "workload_name": args.workload,
         "cache": kind,
         "hash": args.hash,
         "num_blocks": num_blocks,
         "block_size": block_size,
         "live": live,
         "workload": attrs.asdict(config),
+        "drive": attrs.asdict(preset.drive),
         **attrs.asdict(result),
     }
     if args.json:
@@ -368,7 +498,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay_with_progress(
-    cache: PrefixCache, workload: ChatWorkload, live: int, check_every: int, quiet: bool
+    cache: PrefixCache,
+    workload: ChatWorkload,
+    live: int,
+    check_every: int,
+    quiet: bool,
+    drive: Drive | None = None,
 ) -> SimulationResult:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -392,6 +527,7 @@ def _replay_with_progress(
             check_every=check_every,
             schedule=schedule,
             on_request=lambda _: progress.advance(task),
+            drive=drive,
         )
 
 
@@ -414,12 +550,14 @@ def _print_report(r: dict[str, object]) -> None:
     rows: list[tuple[str, str]] = [
         (
             "workload",
-            f"{w['conversations']} conversations x {w['turns']} turns, "
-            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} tokens",
+            f"{r['workload_name']}: {w['conversations']} conversations x {w['turns']} turns, "
+            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} tokens"
+            + (f", images of {w['image_tokens']} tokens" if w["image_tokens"] else ""),
         ),
         ("requests", f"{r['requests']:,}"),
         ("prompt / reply tokens", f"{r['prompt_tokens']:,} / {r['reply_tokens']:,}"),
         ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
+        ("lost reuse (tokens)", _lost_split(r)),
         ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
         ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
         ("blocks published", f"{r['blocks_published']:,}"),
@@ -428,9 +566,24 @@ def _print_report(r: dict[str, object]) -> None:
         ("early frees (pool dry)", f"{r['early_frees']:,}"),
         ("cache operations", f"{r['cache_ops']:,}"),
     ]
+    if r["prefill_chunks"]:
+        rows.append(("prefill chunks after the first", f"{r['prefill_chunks']:,}"))
+    proposed, accepted = r["drafts_proposed"], r["drafts_accepted"]
+    assert isinstance(proposed, int) and isinstance(accepted, int)
+    if proposed:
+        rows.append(
+            ("draft tokens accepted", f"{accepted:,} of {proposed:,}  ({accepted / proposed:.1%})")
+        )
     if r["invariant_checks"]:
         rows.append(("invariant checks passed", f"{r['invariant_checks']:,}"))
     rows.append(("wall time", f"{r['wall_time_s']:.2f} s"))
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
+
+
+def _lost_split(r: dict[str, object]) -> str:
+    """The lost-reuse split: ``window 1,234 / span 0 / ...`` (causes with no tokens omitted)."""
+    causes = ("window", "span", "cap", "evicted", "never_cached")
+    parts = [f"{c.replace('_', ' ')} {r['lost_' + c]:,}" for c in causes if r["lost_" + c]]
+    return " / ".join(parts) or "none"

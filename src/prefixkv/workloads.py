@@ -24,6 +24,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from prefixkv.spec import MultimodalSpan
+
 __all__ = [
     "ChatConfig",
     "ChatTurn",
@@ -60,6 +62,11 @@ def _check_non_negative(_: object, attribute: attrs.Attribute[int], value: objec
         raise ValueError(f"{attribute.name} must be a non-negative int, got {value!r}")
 
 
+def _check_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{attribute.name} must be a number in [0, 1], got {value!r}")
+
+
 @attrs.frozen
 class ChatConfig:
     """Shape of the multi-turn chat workload. Token counts are inclusive ``(low, high)``.
@@ -76,6 +83,13 @@ class ChatConfig:
     reply_tokens: tuple[int, int] = attrs.field(default=(50, 150), validator=_check_range)
     vocab_size: int = attrs.field(default=32_000, validator=_check_positive)
     seed: int = attrs.field(default=0, validator=_check_non_negative)
+    #: Tokens per image (0: text only). A user turn carries an image with probability
+    #: ``image_rate``, drawn from ``image_pool`` distinct images shared by all conversations.
+    #: Every image is ``image_tokens`` copies of one placeholder id (``vocab_size``), so only
+    #: the content hash in its span tells two images apart.
+    image_tokens: int = attrs.field(default=0, validator=_check_non_negative)
+    image_pool: int = attrs.field(default=16, validator=_check_positive)
+    image_rate: float = attrs.field(default=0.5, validator=_check_fraction)
 
 
 @attrs.frozen
@@ -90,6 +104,8 @@ class ChatTurn:
     turn: int
     prompt: Tokens
     reply: Tokens
+    #: The images in the prompt (history included), in order.
+    spans: tuple[MultimodalSpan, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -193,13 +209,24 @@ def chat_workload(config: ChatConfig | None = None) -> ChatWorkload:
     for c in range(cfg.conversations):
         which = rng.randrange(cfg.system_prompts)
         history: Tokens = systems[which]
+        spans: tuple[MultimodalSpan, ...] = ()
         turns: list[ChatTurn] = []
         for t in range(cfg.turns):
             user = _random_tokens(rng, rng.randint(*cfg.user_tokens), vocab)
+            if cfg.image_tokens and rng.random() < cfg.image_rate:
+                start = len(history) + rng.randrange(len(user) + 1)
+                image = rng.randrange(cfg.image_pool)
+                spans += (_image_span(start, cfg.image_tokens, image),)
+                cut = start - len(history)
+                user = user[:cut] + (vocab,) * cfg.image_tokens + user[cut:]
             reply = _random_tokens(rng, rng.randint(*cfg.reply_tokens), vocab)
             # Tuple concatenation shares the int objects, so long histories stay cheap.
             prompt = history + user
-            turns.append(ChatTurn(conversation=c, turn=t, prompt=prompt, reply=reply))
+            turns.append(ChatTurn(conversation=c, turn=t, prompt=prompt, reply=reply, spans=spans))
             history = prompt + reply
         conversations.append(Conversation(index=c, system_prompt=which, turns=tuple(turns)))
     return ChatWorkload(config=cfg, system_prompts=systems, conversations=tuple(conversations))
+
+
+def _image_span(start: int, length: int, image: int) -> MultimodalSpan:
+    return MultimodalSpan(start, start + length, "image", f"image-{image}".encode())

@@ -22,26 +22,39 @@ from .differential import (
     failure_listeners,
 )
 from .factories import PairFactory, PoolConfig, candidate_class, spec_pair, spec_vs_impl
-from .strategies import BAD_ACCEPTED, BAD_COUNTS, BAD_REQUEST_ARGS, NAMESPACES, NOT_A_REQUEST
+from .features import BAD_FEATURE_KINDS, BAD_SPANS, FeatureRules, build_request
+from .strategies import (
+    BAD_ACCEPTED,
+    BAD_COUNTS,
+    BAD_REQUEST_ARGS,
+    BAD_SPAN_ARGS,
+    NAMESPACES,
+    NOT_A_REQUEST,
+)
 
 __all__ = [
     "BAD_ACCEPTED",
     "BAD_ARGUMENT_KINDS",
     "BAD_COUNTS",
+    "BAD_FEATURE_KINDS",
     "BAD_REQUEST_ARGS",
     "BAD_REQUEST_KINDS",
     "BAD_SEQUENCE_KINDS",
+    "BAD_SPANS",
+    "BAD_SPAN_ARGS",
     "NAMESPACES",
     "NOT_A_REQUEST",
     "CheckFailed",
     "CoverageReport",
     "DifferentialMachine",
+    "FeatureRules",
     "Outcome",
     "PairFactory",
     "PoolConfig",
     "RuleCoverage",
     "all_rule_names",
     "build_machine",
+    "build_request",
     "candidate_class",
     "failure_listeners",
     "spec_pair",

@@ -26,9 +26,8 @@ rules can drive any pair of caches with the :class:`~prefixkv.spec.PrefixCache` 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import attrs
 from hypothesis import strategies as st
@@ -47,6 +46,7 @@ from prefixkv.spec import (
     InvalidRequest,
     InvariantViolation,
     Match,
+    MultimodalSpan,
     Namespace,
     PrefixCacheError,
     Request,
@@ -55,8 +55,10 @@ from prefixkv.spec import (
 )
 from prefixkv.spec import invariants as inv
 
+from .checks import CheckFailed, bad_inputs_due, counted, failure_listeners
 from .coverage import RuleCoverage
 from .factories import PairFactory, PoolConfig
+from .features import FeatureRules, admission_checks
 from .strategies import (
     BAD_ACCEPTED,
     BAD_COUNTS,
@@ -80,22 +82,6 @@ __all__ = [
     "build_machine",
     "failure_listeners",
 ]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-#: Called with every :class:`CheckFailed` as it is raised (the mutation harness records the
-#: time of the first one here, before Hypothesis starts shrinking).
-failure_listeners: list[Callable[[CheckFailed], None]] = []
-
-
-class CheckFailed(AssertionError):
-    """A differential or invariant check failed. ``check`` names it, e.g. ``INV-REF``."""
-
-    def __init__(self, check: str, message: str) -> None:
-        self.check = check
-        super().__init__(f"[{check}] {message}")
-        for listener in failure_listeners:
-            listener(self)
 
 
 @attrs.frozen
@@ -131,30 +117,12 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def _counted(fn: _F) -> _F:
-    """Count the rule's firings (and firings in which an operation raised)."""
-    name = fn.__name__
-
-    @functools.wraps(fn)
-    def wrapper(self: DifferentialMachine, **kwargs: Any) -> Any:
-        self._rule_raised = False
-        self._since_bad += 1
-        try:
-            return fn(self, **kwargs)
-        finally:
-            cov = type(self).coverage
-            cov.rules[name] += 1
-            if self._rule_raised:
-                cov.invalid_rules[name] += 1
-
-    return wrapper  # type: ignore[return-value]
-
-
 BAD_SEQUENCE_KINDS = (
     "unknown:append",
     "unknown:can_append",
     "unknown:commit",
     "unknown:rollback",
+    "unknown:continue_prefill",
     "unknown:block_table",
     "unknown:num_computed_tokens",
     "unknown:free",
@@ -191,13 +159,7 @@ BAD_REQUEST_KINDS = (
 )
 
 
-def _bad_inputs_due(machine: DifferentialMachine) -> bool:
-    """At most one bad-input rule in any three consecutive rules, so invalid steps stay rare
-    (the first one may fire at once, so minimal replays need no filler steps)."""
-    return machine._since_bad >= 3
-
-
-class DifferentialMachine(RuleBasedStateMachine):
+class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     """Rules over the whole :class:`~prefixkv.spec.PrefixCache` API; see the module doc.
 
     Do not run this class directly: :func:`build_machine` makes a runnable subclass with a
@@ -222,7 +184,9 @@ class DifferentialMachine(RuleBasedStateMachine):
         self._snap_c: CacheState | None = None
         self._views: dict[SeqId, SeqView] = {}
         self._seq_ns: dict[SeqId, int] = {}
-        self._history: list[tuple[int, tuple[int, ...]]] = []
+        self._history: list[tuple[int, tuple[int, ...], tuple[MultimodalSpan, ...]]] = []
+        self._requests: dict[SeqId, Request] = {}
+        self._rich: list[Request] = []
         self._freed: list[SeqId] = []
         self._next_id = 0
         self._since_bad = 3  # rules since the last bad-input rule (the first may fire at once)
@@ -365,7 +329,9 @@ class DifferentialMachine(RuleBasedStateMachine):
             view = self._view(seq_id)
             if view is None:
                 continue
-            self._history.append((self._seq_ns.get(seq_id, 0), view.token_ids))
+            req = self._requests.get(seq_id)
+            spans = req.spans if req is not None else ()
+            self._history.append((self._seq_ns.get(seq_id, 0), view.token_ids, spans))
             self._freed.append(seq_id)
         del self._history[:-16]
         del self._freed[:-16]
@@ -396,9 +362,11 @@ class DifferentialMachine(RuleBasedStateMachine):
             m.value.block_ids
         ):
             raise CheckFailed("ADMIT-MATCH", f"match {m.value!r} but admission {adm!r}")
+        admission_checks(self, req, m.value, adm)
         hit = Match(req.num_tokens, adm.num_cached_tokens, adm.block_ids[:k])
         self._check_match(req, hit, "admission")
         self._seq_ns[req.seq_id] = self.namespaces.index(req.namespace)
+        self._requests[req.seq_id] = req
         return adm
 
     def _append(self, seq_id: SeqId, n: int, *, only_if_possible: bool) -> bool:
@@ -442,6 +410,10 @@ class DifferentialMachine(RuleBasedStateMachine):
         if view is None:
             return
         c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
+        if r < view.num_prompt_tokens and (view.kv_token_limit is not None or k % 2 == 0):
+            # prefill by chunks (choice 8); odd k on an unlimited sequence grows by append
+            self._prefill_step(seq_id, k + 1, sampled)
+            return
         pending = known - c
         if pending >= 2:  # prefill, chunk by chunk
             chunk = min(pending, k + 1)
@@ -473,7 +445,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     # -- admission rules -------------------------------------------------------------------
 
     @rule(target=seqs, ns=namespace_ids(), tokens=prompts(), budget=budgets())
-    @_counted
+    @counted
     def admit(self, ns: int, tokens: tuple[int, ...], budget: int | None) -> Any:
         """match, can_admit and admit a fresh sequence (admit even when it cannot fit)."""
         req = Request(self._new_id(), tokens, self._ns(ns))
@@ -489,7 +461,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         sampled=sampled_tokens(),
         finish_first=st.booleans(),
     )
-    @_counted
+    @counted
     def parallel_sampling(
         self,
         ns: int,
@@ -528,7 +500,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         sampled=sampled_tokens(),
         finish=st.booleans(),
     )
-    @_counted
+    @counted
     def engine_step(
         self,
         ns: int,
@@ -553,7 +525,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         return req.seq_id if req.seq_id in self._views else multiple()
 
     @rule(ns=namespace_ids(), tokens=prompts(), repeats=st.integers(1, 6))
-    @_counted
+    @counted
     def hot_prefix(self, ns: int, tokens: tuple[int, ...], repeats: int) -> None:
         """A hot prompt: many short requests, one after another, each admitted (a hit after
         the first), prefilled and finished. Cached blocks are released over and over."""
@@ -566,7 +538,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             self._free([req.seq_id])
 
     @rule(target=seqs, seq=consumes(seqs), budget=budgets(), sampled=sampled_tokens())
-    @_counted
+    @counted
     def preempt(self, seq: SeqId, budget: int | None, sampled: tuple[int, ...]) -> Any:
         """Preemption: free a sequence, then re-admit it under the same id to recompute."""
         view = self._view(seq)
@@ -574,20 +546,26 @@ class DifferentialMachine(RuleBasedStateMachine):
             return multiple()
         ns = self._seq_ns.get(seq, 0)
         self._free([seq])
-        adm = self._admit(Request(seq, view.token_ids, self._ns(ns)), budget, only_if_possible=True)
+        req = self._requests.get(seq)
+        again = (
+            Request(seq, view.token_ids, self._ns(ns))
+            if req is None
+            else attrs.evolve(req, token_ids=view.token_ids)
+        )
+        adm = self._admit(again, budget, only_if_possible=True)
         if adm is None:
             return multiple()
         self._commit_prefill(seq, adm, sampled)
         return seq
 
     @rule(target=seqs, pick=st.integers(0, 15), extra=sampled_tokens(), budget=budgets())
-    @_counted
+    @counted
     def next_turn(self, pick: int, extra: tuple[int, ...], budget: int | None) -> Any:
         """Multi-turn: re-admit a finished sequence's history plus new user tokens."""
         if not self._history:
-            self._history.append((0, (7, 7, 7)))
-        ns, tokens = self._history[pick % len(self._history)]
-        req = Request(self._new_id(), tokens + extra, self._ns(ns))
+            self._history.append((0, (7, 7, 7), ()))
+        ns, tokens, spans = self._history[pick % len(self._history)]
+        req = Request(self._new_id(), tokens + extra, self._ns(ns), spans=spans)
         adm = self._admit(req, budget, only_if_possible=True)
         if adm is None:
             return multiple()
@@ -602,19 +580,19 @@ class DifferentialMachine(RuleBasedStateMachine):
         a=st.integers(0, 4),
         sampled=sampled_tokens(),
     )
-    @_counted
+    @counted
     def advance(self, seq: SeqId, k: int, a: int, sampled: tuple[int, ...]) -> None:
         """The next engine step of a live sequence: a prefill chunk or a speculative decode."""
         self._advance(seq, k, a, sampled)
 
     @rule(seq=seqs, n=st.integers(1, 6))
-    @_counted
+    @counted
     def append(self, seq: SeqId, n: int) -> None:
         """can_append then append several slots (append even when it cannot fit)."""
         self._append(seq, n, only_if_possible=False)
 
     @rule(seq=seqs, n=st.integers(0, 7), accepted=st.lists(st.integers(1, 4), max_size=3))
-    @_counted
+    @counted
     def commit(self, seq: SeqId, n: int, accepted: list[int]) -> None:
         """Commit ``n`` slots with some accepted tokens; ``n`` is clamped to what is valid,
         except that ``n == 7`` commits one slot past the reservation (an engine error)."""
@@ -630,7 +608,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         self._commit(seq, n, tuple(accepted))
 
     @rule(seq=seqs, n=st.integers(1, 6))
-    @_counted
+    @counted
     def rollback(self, seq: SeqId, n: int) -> None:
         """Roll back up to ``n`` unwritten slots (reserve some first if there are none)."""
         view = self._view(seq)
@@ -647,20 +625,20 @@ class DifferentialMachine(RuleBasedStateMachine):
     # -- release, eviction, reset ----------------------------------------------------------
 
     @rule(first=consumes(seqs), more=st.integers(0, 2))
-    @_counted
+    @counted
     def free(self, first: SeqId, more: int) -> None:
         """Batched free of ``first`` and up to ``more`` other live sequences."""
         others = [s for s in self._views if s != first][-more:] if more else []
         self._free([first, *others])
 
     @rule(n=st.integers(0, 4))
-    @_counted
+    @counted
     def evict(self, n: int) -> None:
         """Evict up to ``n`` cached leaves."""
         self._op("evict", lambda c: c.evict(n))
 
     @rule(mode=st.sampled_from(["preserve", "full", "drain_then_full"]))
-    @_counted
+    @counted
     def reset(self, mode: str) -> None:
         """reset(preserve_cache=True), a full reset (refused while live), or both in turn."""
         if mode != "full":
@@ -673,7 +651,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     # -- queries ---------------------------------------------------------------------------
 
     @rule(ns=namespace_ids(), tokens=prompts())
-    @_counted
+    @counted
     def match(self, ns: int, tokens: tuple[int, ...]) -> None:
         """A pure match, checked against INV-MATCH."""
         req = Request("probe", tokens, self._ns(ns))
@@ -682,21 +660,21 @@ class DifferentialMachine(RuleBasedStateMachine):
             self._check_match(req, out.value, "match")
 
     @rule(seq=seqs)
-    @_counted
+    @counted
     def inspect(self, seq: SeqId) -> None:
         """block_table and num_computed_tokens of a live sequence."""
         self._op("block_table", lambda c: c.block_table(seq), pure=True)
         self._op("num_computed_tokens", lambda c: c.num_computed_tokens(seq), pure=True)
 
     @rule()
-    @_counted
+    @counted
     def observe(self) -> None:
         """seq_ids and stats."""
         self._op("seq_ids", lambda c: c.seq_ids(), pure=True)
         self._op("stats", lambda c: c.stats(), pure=True)
 
     @rule()
-    @_counted
+    @counted
     def take_events(self) -> None:
         """Drain the KV events (the state check compares the pending ones every step)."""
         self._op("take_events", lambda c: c.take_events())
@@ -710,9 +688,9 @@ class DifferentialMachine(RuleBasedStateMachine):
                 return seq_id
         return "ghost"
 
-    @precondition(_bad_inputs_due)
+    @precondition(bad_inputs_due)
     @rule(kind=st.sampled_from(BAD_SEQUENCE_KINDS), seq=seqs, tokens=prompts())
-    @_counted
+    @counted
     def bad_sequence_op(self, kind: str, seq: SeqId, tokens: tuple[int, ...]) -> None:
         """Unknown ids, double frees, duplicates in a batch, an id admitted twice."""
         self._since_bad = 0
@@ -723,6 +701,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             "unknown:can_append": lambda c: c.can_append(ghost, 1),
             "unknown:commit": lambda c: c.commit(ghost, 0, (1,)),
             "unknown:rollback": lambda c: c.rollback(ghost, 1),
+            "unknown:continue_prefill": lambda c: c.continue_prefill(ghost),
             "unknown:block_table": lambda c: c.block_table(ghost),
             "unknown:num_computed_tokens": lambda c: c.num_computed_tokens(ghost),
             "unknown:free": lambda c: c.free([ghost]),
@@ -740,14 +719,14 @@ class DifferentialMachine(RuleBasedStateMachine):
             self._op(kind.split(":")[-1], ops[kind])
         self._rule_raised = True
 
-    @precondition(_bad_inputs_due)
+    @precondition(bad_inputs_due)
     @rule(
         kind=st.sampled_from(BAD_ARGUMENT_KINDS),
         seq=seqs,
         count=st.sampled_from(BAD_COUNTS),
         accepted=st.sampled_from(BAD_ACCEPTED),
     )
-    @_counted
+    @counted
     def bad_argument(self, kind: str, seq: SeqId, count: Any, accepted: Any) -> None:
         """Out-of-range counts, over-committing, over-rolling-back, bad tokens, overflow."""
         self._since_bad = 0
@@ -791,13 +770,13 @@ class DifferentialMachine(RuleBasedStateMachine):
             self._op("free", lambda x: x.free([req.seq_id]))
         self._rule_raised = True
 
-    @precondition(_bad_inputs_due)
+    @precondition(bad_inputs_due)
     @rule(
         kind=st.sampled_from(BAD_REQUEST_KINDS),
         bad=st.sampled_from(BAD_REQUEST_ARGS),
         obj=st.sampled_from(NOT_A_REQUEST),
     )
-    @_counted
+    @counted
     def bad_request(self, kind: str, bad: dict[str, Any], obj: Any) -> None:
         """Malformed requests and namespaces raise InvalidRequest; non-Requests are refused."""
         self._since_bad = 0
@@ -857,7 +836,7 @@ def build_machine(
             block_size=st.integers(*block_sizes),
             record_events=st.sampled_from(record_events),
         )
-        @_counted
+        @counted
         def init(self, num_blocks: int, block_size: int, record_events: bool) -> None:
             """Build the pair on a freshly drawn pool."""
             self._start(PoolConfig(num_blocks, block_size, record_events))

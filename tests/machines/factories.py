@@ -56,15 +56,26 @@ def _hasher(hasher: BlockHasher | str) -> BlockHasher:
     return HASHERS[hasher] if isinstance(hasher, str) else hasher
 
 
-def spec_vs_impl(hasher: BlockHasher | str = fast_hash) -> PairFactory:
-    """SpecCache (reference) against prefixkv.impl (candidate), both with ``hasher``."""
+def spec_vs_impl(
+    hasher: BlockHasher | str = fast_hash, *, heap_slack: int | None = None
+) -> PairFactory:
+    """SpecCache (reference) against prefixkv.impl (candidate), both with ``hasher``.
+
+    ``heap_slack`` overrides the stale-entry slack of the impl's eviction heap: 0 rebuilds
+    it whenever stale entries outnumber cached blocks twice over, so that path runs on the
+    small pools the machines use.
+    """
     h = _hasher(hasher)
 
     def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
         cls = candidate_class()
         kwargs: dict[str, Any] = {"hasher": h, "record_events": cfg.record_events}
         ref = SpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
-        return ref, cls(cfg.num_blocks, cfg.block_size, **kwargs)
+        cand = cls(cfg.num_blocks, cfg.block_size, **kwargs)
+        leaves = getattr(cand, "_leaves", None)
+        if heap_slack is not None and leaves is not None:
+            leaves.slack = heap_slack
+        return ref, cand
 
     make_pair.__name__ = f"spec_vs_impl_{getattr(h, '__name__', 'hash')}"
     return make_pair

@@ -17,19 +17,25 @@ run prints a short replay that can be pasted and run.
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from prefixkv.spec import Namespace
+from prefixkv.spec import MultimodalSpan, Namespace
 
 __all__ = [
     "BAD_ACCEPTED",
     "BAD_COUNTS",
     "BAD_REQUEST_ARGS",
+    "BAD_SPAN_ARGS",
+    "ITEM_KINDS",
     "NAMESPACES",
     "NOT_A_REQUEST",
+    "PLACEHOLDER",
     "SHARED_PREFIXES",
     "budgets",
+    "items",
+    "kv_token_limits",
     "namespace_ids",
     "prompts",
     "sampled_tokens",
+    "window_sizes",
 ]
 
 #: The namespaces a run draws from: same model, differing in the adapter or the tenant salt.
@@ -105,3 +111,61 @@ BAD_REQUEST_ARGS: tuple[dict[str, object], ...] = (
 
 #: Things passed to ``match``/``can_admit``/``admit`` in place of a ``Request``.
 NOT_A_REQUEST: tuple[object, ...] = (None, "s1", (1, 2, 3), [1, 2, 3], {"seq_id": 1})
+
+
+# -- multimodal items, recompute windows, chunking --------------------------------------------
+
+#: Every multimodal item is this placeholder token repeated: equal tokens, and only the
+#: content hash in the block's extra keys tells two items apart.
+PLACEHOLDER = 9
+
+#: ``(modality, content hash)`` of the items a rule may insert. Items 0 and 1 differ only in
+#: content; items 0 and 2 only in modality.
+ITEM_KINDS: tuple[tuple[str, bytes], ...] = (
+    ("image", b"cat"),
+    ("image", b"dog"),
+    ("audio", b"cat"),
+)
+
+
+def items(max_items: int = 2) -> st.SearchStrategy[list[tuple[int, int, int]]]:
+    """Items to insert into a prompt: ``(position, length, kind index)``."""
+    return st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=14),
+            st.integers(min_value=1, max_value=4),
+            st.integers(min_value=0, max_value=len(ITEM_KINDS) - 1),
+        ),
+        max_size=max_items,
+    )
+
+
+def window_sizes() -> st.SearchStrategy[int]:
+    """``recompute_blocks``: mostly 0, sometimes a window of 1-3 blocks."""
+    return st.sampled_from((0, 0, 1, 2, 3))
+
+
+def kv_token_limits() -> st.SearchStrategy[int | None]:
+    """``kv_token_limit``: unlimited or a small chunk size."""
+    return st.none() | st.integers(min_value=1, max_value=8)
+
+
+#: Keyword arguments of ``Request`` (with a 6-token prompt) that must raise
+#: ``InvalidRequest``: malformed spans, windows and chunk limits.
+BAD_SPAN_ARGS: tuple[dict[str, object], ...] = (
+    {"spans": (MultimodalSpan(1, 4, "image", b"a"), MultimodalSpan(3, 5, "image", b"b"))},
+    {"spans": (MultimodalSpan(3, 5, "image", b"a"), MultimodalSpan(0, 2, "image", b"b"))},
+    {"spans": (MultimodalSpan(4, 7, "image", b"a"),)},
+    {"spans": MultimodalSpan(0, 2, "image", b"a")},
+    {"spans": ((0, 2),)},
+    {"spans": 3},
+    {"spans": (MultimodalSpan(0, 4, "image", b"a"),), "kv_token_limit": 3},
+    {"recompute_blocks": -1},
+    {"recompute_blocks": True},
+    {"recompute_blocks": 1.5},
+    {"recompute_blocks": None},
+    {"kv_token_limit": 0},
+    {"kv_token_limit": -2},
+    {"kv_token_limit": True},
+    {"kv_token_limit": 2.0},
+)

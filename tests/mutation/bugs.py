@@ -379,4 +379,121 @@ BUGS: tuple[Bug, ...] = (
         "a full reset restarts the fresh range but keeps the released queue (blocks twice free)",
         (("cache.py", "        pool.released.clear()\n", ""),),
     ),
+    # -- multimodal spans, recompute windows, chunked prefill ------------------------------
+    Bug(
+        "extras_not_verified",
+        "a hit is verified on tokens and parent but not the multimodal extra keys: two images "
+        "with the same placeholder tokens share KV after a hash collision",
+        (("index.py", "                and pextra[b] == extra\n", ""),),
+    ),
+    Bug(
+        "text_hits_multimodal_block",
+        "a text-only lookup accepts a block that carries extra keys: placeholder token ids "
+        "typed as text hit an image's KV",
+        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or pextra[b]", "")),),
+    ),
+    Bug(
+        "match_ends_inside_span",
+        "a match is not clamped to the start of the span it ends in (half an image reused)",
+        (
+            (
+                "cache.py",
+                "        k1 = clamp_out_of_spans(m, spans, bs) if spans else m\n",
+                "        k1 = m\n",
+            ),
+        ),
+    ),
+    Bug(
+        "window_attached_shared",
+        "the recompute window is not cut from the hit: its blocks are attached shared and "
+        "written again instead of recomputed into fresh private blocks",
+        (("cache.py", "        attached = k1 - window\n", "        attached = k1\n"),),
+    ),
+    Bug(
+        "window_counted_as_hit",
+        "tokens recomputed in the window are counted as cache hits",
+        (
+            (
+                "cache.py",
+                "        self._hits += cached\n",
+                "        self._hits += cached + lost.window\n",
+            ),
+        ),
+    ),
+    Bug(
+        "resume_ignores_limit",
+        "a resumed prefill chunk ignores kv_token_limit (only the first chunk is capped)",
+        (
+            (
+                "cache.py",
+                "            seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, "
+                "seq.spans\n",
+                "            seq.num_reserved, seq.prompt_len, num_new_tokens, None, seq.spans\n",
+            ),
+        ),
+    ),
+    Bug(
+        "chunk_splits_span",
+        "a resumed chunk boundary is not moved off a span: an image is split across chunks",
+        (
+            (
+                "cache.py",
+                "            seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, "
+                "seq.spans\n",
+                "            seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, "
+                "()\n",
+            ),
+        ),
+    ),
+    Bug(
+        "hit_resumes_from_zero",
+        "after a prefix hit, chunking restarts from position 0: the cached prefix is charged "
+        "against the step's token budget",
+        (
+            (
+                "cache.py",
+                "            end = chunk_end(cached, req.num_tokens, num_new_tokens, "
+                "req.kv_token_limit, req.spans)\n",
+                "            end = max(cached + 1, chunk_end(0, req.num_tokens, num_new_tokens, "
+                "req.kv_token_limit, req.spans))\n",
+            ),
+        ),
+    ),
+    Bug(
+        "chunk_published_at_reserve",
+        "a prefill chunk's full blocks are published when the chunk is reserved, so a cancel "
+        "mid-chunk leaves unwritten KV matchable",
+        (
+            (
+                "cache.py",
+                "        start = seq.num_reserved\n        seq.num_reserved = end\n",
+                "        start = seq.num_reserved\n        seq.num_reserved = end\n"
+                "        self._publish(seq, start // self._block_size, end // self._block_size)\n",
+            ),
+        ),
+    ),
+    Bug(
+        "evicted_not_remembered",
+        "evicted identities are not remembered: reuse lost to eviction is reported as never "
+        "cached",
+        (
+            (
+                "cache.py",
+                "            else:\n                remembered[h] = None\n",
+                "            else:\n                pass\n",
+            ),
+        ),
+    ),
+    Bug(
+        "heap_rebuild_drops_live",
+        "the lazy-deletion eviction heap is rebuilt with the version test inverted: live "
+        "leaves are dropped (never evicted again) and stale entries kept",
+        (
+            (
+                "leaves.py",
+                "            pool.leaf_version[b] == entry[3]\n",
+                "            pool.leaf_version[b] != entry[3]\n",
+            ),
+        ),
+    ),
 )

@@ -1,0 +1,390 @@
+"""Rules for multimodal spans, private recompute windows and chunked prefill.
+
+These rules live in a mixin of :class:`~machines.differential.DifferentialMachine`, so they
+interleave with every text-only rule (shared prefixes, eviction pressure, preemption, bad
+inputs) in the same runs. They draw requests that carry spans, a ``recompute_blocks``
+window and a ``kv_token_limit``, and they add the checks of those features:
+
+* ``LOST``: a match's lost reuse adds up to the uncached prompt, and an admission reports
+  the same lost reuse and window as the match just before it;
+* ``CAN-CONTINUE``: ``can_continue_prefill`` predicts ``continue_prefill`` on the same cache;
+* ``CANCEL``: freeing a sequence mid-chunk leaves nothing matchable beyond what was
+  matchable before it was admitted or what it committed (unwritten KV is never matchable).
+
+A prompt's items are runs of :data:`~machines.strategies.PLACEHOLDER` tokens, so equal
+tokens with different content are the common case. ``ITEM_KINDS`` mixes content and
+modality so that every pair differs in exactly one of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, multiple, precondition, rule
+from prefixkv.spec import Admission, InvalidRequest, MultimodalSpan, Request, SeqId
+
+from .checks import CheckFailed, bad_inputs_due, counted
+from .strategies import (
+    BAD_SPAN_ARGS,
+    ITEM_KINDS,
+    PLACEHOLDER,
+    budgets,
+    items,
+    kv_token_limits,
+    namespace_ids,
+    prompts,
+    sampled_tokens,
+    window_sizes,
+)
+
+if TYPE_CHECKING:
+    from .differential import DifferentialMachine
+
+    _Base = DifferentialMachine
+else:
+    _Base = object
+
+__all__ = ["BAD_FEATURE_KINDS", "BAD_SPANS", "FeatureRules", "build_request"]
+
+#: Malformed feature inputs driven by ``bad_feature_input``.
+BAD_FEATURE_KINDS = (
+    "request",
+    "span",
+    "continue:unknown",
+    "continue:can_unknown",
+    "continue:budget",
+    "continue:uncommitted",
+)
+
+#: How ``reuse_rich`` changes a remembered multimodal request.
+REUSE_VARIANTS = ("same", "same", "other_item", "as_text", "half")
+
+#: Keyword arguments of ``MultimodalSpan`` that must raise ``InvalidRequest``.
+BAD_SPANS: tuple[dict[str, object], ...] = (
+    {"start": 2, "end": 2, "modality": "image", "content_hash": b"a"},
+    {"start": 3, "end": 1, "modality": "image", "content_hash": b"a"},
+    {"start": -1, "end": 2, "modality": "image", "content_hash": b"a"},
+    {"start": 0, "end": 2.0, "modality": "image", "content_hash": b"a"},
+    {"start": True, "end": 2, "modality": "image", "content_hash": b"a"},
+    {"start": 0, "end": 2, "modality": "", "content_hash": b"a"},
+    {"start": 0, "end": 2, "modality": 3, "content_hash": b"a"},
+    {"start": 0, "end": 2, "modality": "image", "content_hash": b""},
+    {"start": 0, "end": 2, "modality": "image", "content_hash": 7},
+)
+
+
+def build_request(
+    seq_id: SeqId,
+    tokens: tuple[int, ...],
+    namespace: Any,
+    placed: list[tuple[int, int, int]],
+    window: int,
+    limit: int | None,
+) -> Request:
+    """A request whose prompt is ``tokens`` with placeholder items inserted.
+
+    ``placed`` holds ``(position, length, kind)``; positions are clamped to the prompt and
+    items are inserted from the back so earlier positions stay put. ``limit`` is raised to
+    the longest item, since a span must fit in one chunk.
+    """
+    out = list(tokens)
+    inserted: list[tuple[int, int, int]] = []
+    for pos, length, kind in sorted(placed, key=lambda p: -min(p[0], len(tokens))):
+        pos = min(pos, len(tokens))
+        out[pos:pos] = [PLACEHOLDER] * length
+        inserted = [(p + length, n, k) for p, n, k in inserted]
+        inserted.append((pos, length, kind))
+    spans = tuple(
+        MultimodalSpan(pos, pos + length, *ITEM_KINDS[kind])
+        for pos, length, kind in sorted(inserted)
+    )
+    if limit is not None and spans:
+        limit = max(limit, *(s.length for s in spans))
+    return Request(
+        seq_id, tuple(out), namespace, spans=spans, recompute_blocks=window, kv_token_limit=limit
+    )
+
+
+class FeatureRules(_Base):
+    """Spans, windows and chunked prefill (mixed into ``DifferentialMachine``)."""
+
+    seqs = Bundle("seqs")
+
+    # -- composite steps -------------------------------------------------------------------
+
+    def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
+        if (
+            lost.total != req.num_tokens - cached
+            or min(lost.window, lost.span, lost.cap, lost.evicted, lost.never_cached) < 0
+        ):
+            raise CheckFailed(
+                "LOST", f"{what}: {lost!r} for {req.num_tokens} tokens, {cached} cached"
+            )
+        if lost.window > req.recompute_blocks * self.ref.block_size:
+            raise CheckFailed("LOST", f"{what}: window {lost.window} over {req.recompute_blocks}")
+
+    def _continue(self, seq_id: SeqId, budget: int | None) -> int | None:
+        """can_continue_prefill then continue_prefill; the tokens scheduled, or None."""
+        can = self._op(
+            "can_continue_prefill", lambda c: c.can_continue_prefill(seq_id, budget), pure=True
+        )
+        if can.raised:
+            return None
+        out = self._op("continue_prefill", lambda c: c.continue_prefill(seq_id, budget))
+        if can.value != (not out.raised):
+            raise CheckFailed(
+                "CAN-CONTINUE",
+                f"can_continue_prefill said {can.value}, then continue_prefill {out.describe()}",
+            )
+        return None if out.raised else int(out.value)
+
+    def _commit_chunk(self, seq_id: SeqId, sampled: tuple[int, ...]) -> bool:
+        """The forward over the reserved, unwritten prompt tokens ran: commit them, with a
+        sampled token if the prompt is done. False if there was nothing to commit."""
+        view = self._view(seq_id)
+        if view is None or view.num_computed >= view.num_reserved:
+            return False
+        n = min(view.num_reserved, view.num_prompt_tokens) - view.num_computed
+        if n <= 0:
+            return False
+        done = view.num_computed + n == len(view.token_ids)
+        return self._commit(seq_id, n, sampled[:1] if done else ())
+
+    def _prefill_step(self, seq_id: SeqId, budget: int | None, sampled: tuple[int, ...]) -> bool:
+        """One prefill step of a sequence with prompt tokens left: commit the reserved chunk,
+        or reserve the next one. False when the prompt is fully reserved."""
+        view = self._view(seq_id)
+        if view is None or view.num_reserved >= view.num_prompt_tokens:
+            return False
+        if view.num_computed < view.num_reserved:
+            return self._commit_chunk(seq_id, sampled)
+        return self._continue(seq_id, budget) is not None
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(
+        target=seqs,
+        ns=namespace_ids(),
+        tokens=prompts(),
+        placed=items(),
+        window=window_sizes(),
+        limit=kv_token_limits(),
+        budget=budgets(),
+        chunks=st.integers(0, 4),
+        sampled=sampled_tokens(),
+    )
+    @counted
+    def admit_rich(
+        self,
+        ns: int,
+        tokens: tuple[int, ...],
+        placed: list[tuple[int, int, int]],
+        window: int,
+        limit: int | None,
+        budget: int | None,
+        chunks: int,
+        sampled: tuple[int, ...],
+    ) -> Any:
+        """Admit a request with items, a recompute window and a chunk limit, then run up to
+        ``chunks`` prefill steps (commit a chunk, reserve the next)."""
+        req = build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
+        self._note_request(req)
+        # With chunks == 0, admit even when can_admit says no (to check the prediction).
+        adm = self._admit(req, budget, only_if_possible=chunks > 0)
+        if adm is None:
+            return multiple()
+        for _ in range(chunks):
+            if not self._prefill_step(req.seq_id, budget, sampled):
+                break
+        return req.seq_id if req.seq_id in self._views else multiple()
+
+    @rule(
+        ns=namespace_ids(),
+        tokens=prompts(),
+        placed=items(),
+        window=window_sizes(),
+        limit=kv_token_limits(),
+        budget=budgets(),
+        chunks=st.integers(0, 3),
+        sampled=sampled_tokens(),
+    )
+    @counted
+    def cancel_mid_chunk(
+        self,
+        ns: int,
+        tokens: tuple[int, ...],
+        placed: list[tuple[int, int, int]],
+        window: int,
+        limit: int | None,
+        budget: int | None,
+        chunks: int,
+        sampled: tuple[int, ...],
+    ) -> None:
+        """Admit, run some prefill steps, free while a chunk is reserved but unwritten, then
+        match the same prompt: nothing unwritten became matchable."""
+        req = build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
+        self._note_request(req)
+        before = self._op("match", lambda c: c.match(req), pure=True)
+        adm = self._admit(req, budget, only_if_possible=True)
+        if adm is None or before.raised:
+            return
+        for _ in range(chunks):
+            if not self._prefill_step(req.seq_id, budget, sampled):
+                break
+        view = self._view(req.seq_id)
+        if view is None:
+            return
+        committed = view.num_computed - view.num_computed % self.ref.block_size
+        self._free([req.seq_id])
+        after = self._op("match", lambda c: c.match(req), pure=True)
+        bound = max(before.value.num_cached_tokens, committed)
+        if not after.raised and after.value.num_cached_tokens > bound:
+            raise CheckFailed(
+                "CANCEL",
+                f"after a cancel at {view.num_computed}/{view.num_reserved} computed/reserved, "
+                f"{after.value.num_cached_tokens} tokens match (at most {bound} may)",
+            )
+
+    @rule(seq=seqs, budget=budgets(), sampled=sampled_tokens())
+    @counted
+    def continue_prefill(self, seq: SeqId, budget: int | None, sampled: tuple[int, ...]) -> None:
+        """Commit the current chunk if it is unwritten, then reserve the next one if prompt
+        tokens are left (``bad_feature_input`` checks the refusals)."""
+        self._commit_chunk(seq, sampled)
+        view = self._view(seq)
+        if view is not None and view.num_reserved < view.num_prompt_tokens:
+            self._continue(seq, budget)
+
+    @rule(
+        target=seqs,
+        pick=st.integers(0, 15),
+        variant=st.sampled_from(REUSE_VARIANTS),
+        window=window_sizes(),
+        budget=budgets(),
+        admit=st.booleans(),
+        sampled=sampled_tokens(),
+    )
+    @counted
+    def reuse_rich(
+        self,
+        pick: int,
+        variant: str,
+        window: int,
+        budget: int | None,
+        admit: bool,
+        sampled: tuple[int, ...],
+    ) -> Any:
+        """Send a recent multimodal prompt again: the same, with other item contents or
+        modalities, as plain text, or cut in half. Match it (INV-MATCH, LOST) and maybe
+        admit it and run its first prefill step."""
+        if not self._rich:
+            return multiple()
+        old = self._rich[pick % len(self._rich)]
+        req = _variant(old, variant, self._new_id(), window)
+        out = self._op("match", lambda c: c.match(req), pure=True)
+        if out.raised:
+            return multiple()
+        self._check_match(req, out.value, f"match ({variant})")
+        self._check_lost(req, "match", out.value.lost, out.value.num_cached_tokens)
+        if not admit or self._admit(req, budget, only_if_possible=True) is None:
+            return multiple()
+        self._prefill_step(req.seq_id, budget, sampled)
+        return req.seq_id if req.seq_id in self._views else multiple()
+
+    @rule(ns=namespace_ids(), tokens=prompts(), placed=items(), window=window_sizes())
+    @counted
+    def match_rich(
+        self, ns: int, tokens: tuple[int, ...], placed: list[tuple[int, int, int]], window: int
+    ) -> None:
+        """A pure match of a request with items and a window (INV-MATCH, LOST)."""
+        req = build_request("probe", tokens, self._ns(ns), placed, window, None)
+        out = self._op("match", lambda c: c.match(req), pure=True)
+        if not out.raised:
+            self._check_match(req, out.value, "match")
+            self._check_lost(req, "match", out.value.lost, out.value.num_cached_tokens)
+
+    @precondition(bad_inputs_due)
+    @rule(
+        kind=st.sampled_from(BAD_FEATURE_KINDS),
+        seq=seqs,
+        bad=st.sampled_from(BAD_SPAN_ARGS),
+        span=st.sampled_from(BAD_SPANS),
+        count=st.sampled_from((0, -1, True, 1.5, "2")),
+    )
+    @counted
+    def bad_feature_input(
+        self, kind: str, seq: SeqId, bad: dict[str, Any], span: dict[str, Any], count: Any
+    ) -> None:
+        """Malformed spans, windows and limits; continue_prefill on unknown ids, with bad
+        budgets, or while the current chunk is unwritten."""
+        self._since_bad = 0
+        self._rule_raised = True
+        type(self).coverage.variants[f"bad_feature_input:{kind}"] += 1
+        if kind in ("request", "span"):
+            build: Any = MultimodalSpan if kind == "span" else Request
+            args: dict[str, Any] = (
+                span
+                if kind == "span"
+                else {"seq_id": 1, "token_ids": (1, 2, 3, 4, 5, 6), "namespace": self._ns(0)} | bad
+            )
+            try:
+                build(**args)
+            except InvalidRequest:
+                return
+            raise CheckFailed("BAD-REQUEST", f"{build.__name__}(**{args!r}) did not raise")
+        ghost = self._ghost()
+        if kind == "continue:unknown":
+            self._op("continue_prefill", lambda c: c.continue_prefill(ghost))
+        elif kind == "continue:can_unknown":
+            self._op("can_continue_prefill", lambda c: c.can_continue_prefill(ghost), pure=True)
+        elif kind == "continue:budget":
+            self._op(
+                "can_continue_prefill", lambda c: c.can_continue_prefill(seq, count), pure=True
+            )
+            self._op("continue_prefill", lambda c: c.continue_prefill(seq, count))
+        else:
+            view = self._view(seq)
+            if view is not None and view.num_computed == view.num_reserved:
+                self._continue(seq, 1)  # reserve a chunk (or be refused: nothing left)
+            self._op("continue_prefill", lambda c: c.continue_prefill(seq, 1))
+
+    # -- bookkeeping shared with the text-only rules ----------------------------------------
+
+    def _note_request(self, req: Request) -> None:
+        """Remember a multimodal request, for ``reuse_rich``."""
+        if req.spans:
+            self._rich.append(req)
+            del self._rich[:-16]
+
+
+def _variant(req: Request, variant: str, seq_id: SeqId, window: int) -> Request:
+    """``req`` again under a new id and window, changed as ``variant`` says."""
+    tokens, spans = req.token_ids, req.spans
+    if variant == "other_item":  # same placeholders, another content or modality
+        spans = tuple(
+            MultimodalSpan(
+                s.start,
+                s.end,
+                *ITEM_KINDS[(ITEM_KINDS.index((s.modality, s.content_hash)) + 1) % len(ITEM_KINDS)],
+            )
+            for s in spans
+        )
+    elif variant == "as_text":  # the placeholder ids typed as text
+        spans = ()
+    elif variant == "half":
+        cut = max(1, len(tokens) // 2)
+        tokens, spans = tokens[:cut], tuple(s for s in spans if s.end <= cut)
+    return attrs.evolve(req, seq_id=seq_id, token_ids=tokens, spans=spans, recompute_blocks=window)
+
+
+def admission_checks(machine: Any, req: Request, match: Any, adm: Admission) -> None:
+    """Checks every admission gets: its lost reuse and window are the match's."""
+    machine._check_lost(req, "match before admit", match.lost, match.num_cached_tokens)
+    if (adm.lost, adm.num_window_blocks) != (match.lost, match.num_window_blocks):
+        raise CheckFailed(
+            "LOST",
+            f"admission lost {adm.lost!r} / window {adm.num_window_blocks}, but match "
+            f"{match.lost!r} / window {match.num_window_blocks}",
+        )
