@@ -161,6 +161,47 @@ def test_multimodal_boundary(make: Factory) -> None:
     assert m.num_cached_tokens == 4 and m.lost.span == 4
 
 
+def test_span_keys_are_injective_and_offset_aware(make: Factory) -> None:
+    """Crafted modality/content pairs that concatenate alike, other lengths and other offsets
+    of the same item, and the placeholders typed as text never share a block."""
+    cache = make(num_blocks=64)
+    prompt = [7] * 4 + [9] * 4 + [7] * 4
+    item = MultimodalSpan(4, 8, "image", b"ab")
+    prefill(cache, Request("a", prompt, NS, spans=(item,)))
+    assert cache.match(Request("q", [*prompt, 1], NS, spans=(item,))).num_cached_tokens == 12
+    for other in (
+        (MultimodalSpan(4, 8, "imagea", b"b"),),  # "image" + "ab" == "imagea" + "b"
+        (MultimodalSpan(4, 8, "image", b"a"),),  # a prefix of the content
+        (MultimodalSpan(4, 7, "image", b"ab"),),  # same item, one token shorter
+        (MultimodalSpan(5, 8, "image", b"ab"),),  # same item, another offset in the block
+        (MultimodalSpan(4, 6, "image", b"ab"), MultimodalSpan(6, 8, "image", b"ab")),
+        (),  # the placeholder ids as plain text
+    ):
+        m = cache.match(Request("q", [*prompt, 1], NS, spans=other))
+        assert m.num_cached_tokens == 4, other  # only the text block before the items
+    for cls_ns in (Namespace("tiny-llm@1", adapter="lora"), Namespace("tiny-llm@2")):
+        m = cache.match(Request("q", [*prompt, 1], cls_ns, spans=(item,)))
+        assert m.num_cached_tokens == 0
+
+
+def test_window_twin_stays_canonical(make: Factory) -> None:
+    """After a window recompute, the published block stays canonical; the private copy is
+    freed with its owner and never enters the index."""
+    cache = make()
+    prompt = list(range(1, 14))
+    prefill(cache, Request("a", prompt, NS))
+    before = {b.block_id for b in cache.snapshot().blocks if b.published}  # type: ignore[attr-defined]
+    prefill(cache, Request("b", [*prompt[:12], 50], NS, recompute_blocks=2))
+    table = cache.block_table("b")
+    snap = cache.snapshot()  # type: ignore[attr-defined]
+    published = {b.block_id for b in snap.blocks if b.published}
+    assert published == before  # the recomputed twins were not published again
+    assert not (set(table[1:3]) & published) and table[0] in published
+    cache.free(["b"])
+    assert {b.block_id for b in cache.snapshot().blocks if b.published} == before  # type: ignore[attr-defined]
+    invariants.check(cache)  # type: ignore[arg-type]
+
+
 def test_recompute_window_at_a_block_boundary(make: Factory) -> None:
     """The last k matched blocks are recomputed into fresh private blocks (choice 6)."""
     cache = make()
