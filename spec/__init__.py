@@ -5,6 +5,7 @@ contract and the invariant checker alone.
 """
 
 from .cache import SpecCache
+from .checked import CheckedCache, checked
 from .errors import (
     CacheBusy,
     DuplicateSequence,
@@ -36,6 +37,7 @@ __all__ = [
     "CacheBusy",
     "CacheState",
     "CacheStats",
+    "CheckedCache",
     "DuplicateSequence",
     "Inspectable",
     "InvalidOperation",
@@ -56,6 +58,7 @@ __all__ = [
     "UnknownSequence",
     "check",
     "check_match",
+    "checked",
     "fast_hash",
     "sha256_hash",
     "violations",
