@@ -474,8 +474,7 @@ BUGS: tuple[Bug, ...] = (
     ),
     Bug(
         "evicted_not_remembered",
-        "evicted identities are not remembered: reuse lost to eviction is reported as never "
-        "cached",
+        "evicted identities are not remembered: reuse lost to eviction is reported as never cached",
         (
             (
                 "cache.py",
@@ -493,6 +492,53 @@ BUGS: tuple[Bug, ...] = (
                 "leaves.py",
                 "            pool.leaf_version[b] == entry[3]\n",
                 "            pool.leaf_version[b] != entry[3]\n",
+            ),
+        ),
+    ),
+    # -- KV events and capacity checks -------------------------------------------------------
+    Bug(
+        "stored_event_without_parent",
+        "BlockStored events carry no parent hash, so a KV-aware router cannot chain them",
+        (
+            (
+                "cache.py",
+                "BlockStored((h,), parent_hash, tup, bs, seq.adapter)",
+                "BlockStored((h,), None, tup, bs, seq.adapter)",
+            ),
+        ),
+    ),
+    Bug(
+        "evict_without_removed_event",
+        "eviction emits no BlockRemoved event: routers keep sending requests to KV that is gone",
+        (
+            (
+                "cache.py",
+                "            if events is not None:\n"
+                "                events.append(BlockRemoved((h,)))\n",
+                "",
+            ),
+        ),
+    ),
+    Bug(
+        "full_reset_without_cleared_event",
+        "a full reset emits no AllBlocksCleared event",
+        (
+            (
+                "cache.py",
+                "        if self._record_events:\n"
+                "            self._events.append(AllBlocksCleared())\n",
+                "",
+            ),
+        ),
+    ),
+    Bug(
+        "can_append_off_by_one",
+        "the decode capacity check is off by one: can_append refuses the last free block",
+        (
+            (
+                "cache.py",
+                "        return need <= self._pool.num_free + self._num_reclaimable\n",
+                "        return need < self._pool.num_free + self._num_reclaimable\n",
             ),
         ),
     ),
