@@ -16,7 +16,15 @@ from .errors import (
     UnknownSequence,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from .identity import HASHERS, BlockHasher, BlockIdentity, fast_hash, sha256_hash, weak_hash
+from .identity import (
+    HASHERS,
+    BlockHasher,
+    BlockIdentity,
+    fast_hash,
+    sha256_hash,
+    tokens_only_hash,
+    weak_hash,
+)
 from .invariants import InvariantViolation, check, check_match, violations
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
@@ -61,6 +69,7 @@ __all__ = [
     "checked",
     "fast_hash",
     "sha256_hash",
+    "tokens_only_hash",
     "violations",
     "weak_hash",
 ]

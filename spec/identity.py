@@ -30,6 +30,7 @@ __all__ = [
     "fast_hash",
     "ns_digest",
     "sha256_hash",
+    "tokens_only_hash",
     "weak_hash",
 ]
 
@@ -139,9 +140,25 @@ def weak_hash(
     return sum(token_ids) % 4
 
 
+def tokens_only_hash(
+    parent: int | None,
+    namespace: bytes,
+    token_ids: tuple[int, ...],
+    extra_keys: tuple[ExtraKey, ...],
+) -> int:
+    """The classic mistake: a hash of the block's own tokens only.
+
+    Equal tokens collide exactly: at other depths, under other namespaces, and as text
+    against a multimodal item, while most buckets still hold one block. Verification must
+    compare the whole identity even when a lookup finds a single candidate.
+    """
+    return hash(token_ids)
+
+
 #: Hashes by the names the CLI and the conformance kit accept.
 HASHERS: dict[str, BlockHasher] = {
     "fast": fast_hash,
     "sha256": sha256_hash,
+    "tokens": tokens_only_hash,
     "weak": weak_hash,
 }

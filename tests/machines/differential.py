@@ -367,6 +367,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         self._check_match(req, hit, "admission")
         self._seq_ns[req.seq_id] = self.namespaces.index(req.namespace)
         self._requests[req.seq_id] = req
+        self._note_request(req)
         return adm
 
     def _append(self, seq_id: SeqId, n: int, *, only_if_possible: bool) -> bool:

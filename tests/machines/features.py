@@ -30,11 +30,12 @@ from .strategies import (
     BAD_SPAN_ARGS,
     ITEM_KINDS,
     PLACEHOLDER,
+    RichArgs,
     budgets,
     items,
-    kv_token_limits,
     namespace_ids,
     prompts,
+    rich_requests,
     sampled_tokens,
     window_sizes,
 )
@@ -164,75 +165,65 @@ class FeatureRules(_Base):
 
     # -- rules -----------------------------------------------------------------------------
 
+    def _rich_request(self, rich: RichArgs) -> Request:
+        ns, tokens, placed, window, limit = rich
+        return build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
+
+    def _prefill_steps(
+        self, seq_id: SeqId, budget: int | None, chunks: int, sampled: tuple[int, ...]
+    ) -> None:
+        for _ in range(chunks):
+            if not self._prefill_step(seq_id, budget, sampled):
+                break
+
+    def _probe_twins(self, req: Request) -> None:
+        """Match the request's twins right after its blocks were published: the same
+        placeholders with other contents or modalities, and as plain text. Each may hit
+        only the blocks before the first item (INV-MATCH and the spec decide)."""
+        if not req.spans:
+            return
+        for variant in ("other_item", "as_text"):
+            twin = _variant(req, variant, "twin", 0)
+            out = self._op("match", lambda c, t=twin: c.match(t), pure=True)
+            if not out.raised:
+                self._check_match(twin, out.value, f"match ({variant} twin)")
+
     @rule(
         target=seqs,
-        ns=namespace_ids(),
-        tokens=prompts(),
-        placed=items(),
-        window=window_sizes(),
-        limit=kv_token_limits(),
+        rich=rich_requests(),
         budget=budgets(),
         chunks=st.integers(0, 4),
         sampled=sampled_tokens(),
     )
     @counted
     def admit_rich(
-        self,
-        ns: int,
-        tokens: tuple[int, ...],
-        placed: list[tuple[int, int, int]],
-        window: int,
-        limit: int | None,
-        budget: int | None,
-        chunks: int,
-        sampled: tuple[int, ...],
+        self, rich: RichArgs, budget: int | None, chunks: int, sampled: tuple[int, ...]
     ) -> Any:
         """Admit a request with items, a recompute window and a chunk limit, then run up to
         ``chunks`` prefill steps (commit a chunk, reserve the next)."""
-        req = build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
-        self._note_request(req)
+        req = self._rich_request(rich)
         # With chunks == 0, admit even when can_admit says no (to check the prediction).
-        adm = self._admit(req, budget, only_if_possible=chunks > 0)
-        if adm is None:
+        if self._admit(req, budget, only_if_possible=chunks > 0) is None:
             return multiple()
-        for _ in range(chunks):
-            if not self._prefill_step(req.seq_id, budget, sampled):
-                break
+        self._prefill_steps(req.seq_id, budget, chunks, sampled)
+        self._probe_twins(req)
         return req.seq_id if req.seq_id in self._views else multiple()
 
     @rule(
-        ns=namespace_ids(),
-        tokens=prompts(),
-        placed=items(),
-        window=window_sizes(),
-        limit=kv_token_limits(),
-        budget=budgets(),
-        chunks=st.integers(0, 3),
-        sampled=sampled_tokens(),
+        rich=rich_requests(), budget=budgets(), chunks=st.integers(0, 3), sampled=sampled_tokens()
     )
     @counted
     def cancel_mid_chunk(
-        self,
-        ns: int,
-        tokens: tuple[int, ...],
-        placed: list[tuple[int, int, int]],
-        window: int,
-        limit: int | None,
-        budget: int | None,
-        chunks: int,
-        sampled: tuple[int, ...],
+        self, rich: RichArgs, budget: int | None, chunks: int, sampled: tuple[int, ...]
     ) -> None:
         """Admit, run some prefill steps, free while a chunk is reserved but unwritten, then
         match the same prompt: nothing unwritten became matchable."""
-        req = build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
-        self._note_request(req)
+        req = self._rich_request(rich)
         before = self._op("match", lambda c: c.match(req), pure=True)
         adm = self._admit(req, budget, only_if_possible=True)
         if adm is None or before.raised:
             return
-        for _ in range(chunks):
-            if not self._prefill_step(req.seq_id, budget, sampled):
-                break
+        self._prefill_steps(req.seq_id, budget, chunks, sampled)
         view = self._view(req.seq_id)
         if view is None:
             return
@@ -246,6 +237,34 @@ class FeatureRules(_Base):
                 f"after a cancel at {view.num_computed}/{view.num_reserved} computed/reserved, "
                 f"{after.value.num_cached_tokens} tokens match (at most {bound} may)",
             )
+
+    @rule(
+        rich=rich_requests(),
+        evictions=st.integers(1, 3),
+        window=window_sizes(),
+        sampled=sampled_tokens(),
+    )
+    @counted
+    def trim_and_reuse(
+        self, rich: RichArgs, evictions: int, window: int, sampled: tuple[int, ...]
+    ) -> None:
+        """Prefill a multimodal request fully, free it, evict a few leaves (its deepest
+        blocks go first, so an item may be cut in half), then match and admit it again."""
+        req = self._rich_request(rich)
+        if self._admit(req, None, only_if_possible=True) is None:
+            return
+        self._prefill_steps(req.seq_id, None, 8, sampled)
+        self._probe_twins(req)
+        self._free([req.seq_id])
+        self._op("evict", lambda c: c.evict(evictions))
+        again = attrs.evolve(req, seq_id=self._new_id(), recompute_blocks=window)
+        out = self._op("match", lambda c: c.match(again), pure=True)
+        if out.raised:
+            return
+        self._check_match(again, out.value, "match after eviction")
+        self._check_lost(again, "match after eviction", out.value.lost, out.value.num_cached_tokens)
+        if self._admit(again, None, only_if_possible=True) is not None:
+            self._free([again.seq_id])
 
     @rule(seq=seqs, budget=budgets(), sampled=sampled_tokens())
     @counted
@@ -353,7 +372,7 @@ class FeatureRules(_Base):
     # -- bookkeeping shared with the text-only rules ----------------------------------------
 
     def _note_request(self, req: Request) -> None:
-        """Remember a multimodal request, for ``reuse_rich``."""
+        """Remember an admitted multimodal request, for ``reuse_rich``."""
         if req.spans:
             self._rich.append(req)
             del self._rich[:-16]

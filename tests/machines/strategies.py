@@ -29,11 +29,13 @@ __all__ = [
     "NOT_A_REQUEST",
     "PLACEHOLDER",
     "SHARED_PREFIXES",
+    "RichArgs",
     "budgets",
     "items",
     "kv_token_limits",
     "namespace_ids",
     "prompts",
+    "rich_requests",
     "sampled_tokens",
     "window_sizes",
 ]
@@ -169,3 +171,13 @@ BAD_SPAN_ARGS: tuple[dict[str, object], ...] = (
     {"kv_token_limit": True},
     {"kv_token_limit": 2.0},
 )
+
+
+#: ``(namespace index, tokens, items, recompute_blocks, kv_token_limit)`` of a request that
+#: :func:`machines.features.build_request` builds.
+RichArgs = tuple[int, tuple[int, ...], list[tuple[int, int, int]], int, int | None]
+
+
+def rich_requests() -> st.SearchStrategy[RichArgs]:
+    """A multimodal request to build: a prompt with items, a window and a chunk limit."""
+    return st.tuples(namespace_ids(), prompts(), items(), window_sizes(), kv_token_limits())

@@ -31,7 +31,7 @@ sys.dont_write_bytecode = True
 class Stage:
     """One deterministic run of a machine configuration."""
 
-    config: str  # "fast", "weak" or "long"
+    config: str  # a key of CONFIGS
     seed: int
     examples: int
 
@@ -40,6 +40,7 @@ class Stage:
 CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
     "fast": ("fast", (4, 24), (1, 4), 50),
     "weak": ("weak", (4, 24), (1, 4), 50),
+    "tokens": ("tokens", (4, 24), (1, 4), 50),
     "long": ("weak", (8, 32), (1, 3), 300),
 }
 
@@ -48,7 +49,12 @@ CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
 STAGES: tuple[Stage, ...] = tuple(
     stage
     for r in range(6)
-    for stage in (Stage("fast", r, 15), Stage("weak", r, 15), Stage("long", r, 2))
+    for stage in (
+        Stage("fast", r, 15),
+        Stage("weak", r, 15),
+        Stage("tokens", r, 8),
+        Stage("long", r, 2),
+    )
 )
 
 
