@@ -2,7 +2,7 @@
 
 Each machine drives both caches with the same operations, bad inputs included, and checks
 after every step that results, exceptions and snapshots agree and that every invariant holds
-(see tests/machines/differential.py and docs/testing.md).
+(see prefixkv/conformance/machines/differential.py and docs/testing.md).
 
 Example counts scale with the Hypothesis profile (``dev``, ``ci``, ``thorough``); step counts
 are fixed per machine. One machine runs long sequences (many steps per example).
@@ -15,7 +15,9 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
-from machines import (
+from prefixkv.spec import SpecCache
+
+from prefixkv.conformance.machines import (
     BAD_ACCEPTED,
     BAD_ARGUMENT_KINDS,
     BAD_COUNTS,
@@ -31,7 +33,6 @@ from machines import (
     candidate_class,
     spec_vs_impl,
 )
-from prefixkv.spec import SpecCache
 
 
 def _examples(fraction: float, minimum: int = 5) -> int:

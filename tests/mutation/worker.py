@@ -85,7 +85,12 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
     from hypothesis import HealthCheck, Phase, seed, settings
     from hypothesis.stateful import get_state_machine_test
 
-    from tests.machines import CheckFailed, build_machine, failure_listeners, spec_vs_impl
+    from prefixkv.conformance.machines import (
+        CheckFailed,
+        build_machine,
+        failure_listeners,
+        spec_vs_impl,
+    )
 
     first: list[tuple[float, CheckFailed]] = []
     start = time.perf_counter()

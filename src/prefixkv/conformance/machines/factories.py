@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
 from prefixkv.spec import HASHERS, BlockHasher, SpecCache, fast_hash
 
 __all__ = [

@@ -40,6 +40,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from prefixkv.spec import (
     Admission,
     CacheState,

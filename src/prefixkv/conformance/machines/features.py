@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
+
 from prefixkv.spec import Admission, InvalidRequest, MultimodalSpan, Request, SeqId
 
 from .checks import CheckFailed, bad_inputs_due, counted

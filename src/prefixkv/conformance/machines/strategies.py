@@ -17,6 +17,7 @@ run prints a short replay that can be pasted and run.
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
 from prefixkv.spec import MultimodalSpan, Namespace
 
 __all__ = [
