@@ -22,7 +22,10 @@ ATOL_FLOOR: dict[torch.dtype, float] = {
     torch.bfloat16: 1e-3,
 }
 """Absolute floor of the attention tolerance: where the naive implementation happens to be
-(almost) exact, 2x its error would be ~0 and a correct kernel would fail by rounding."""
+(almost) exact, 2x its error would be ~0 and a correct kernel would fail by rounding. For
+fp16/bf16 it is about the naive error itself; for fp32 it dominates (naive ~1e-7): a floor
+of one output ulp (``eps * max|ref|``) was tried: fp16 passed a ``thorough`` run, fp32
+failed by a few ulps (kernel error up to 3.3x naive), so the floors stay as they are."""
 
 
 def examples(n: int) -> int:
@@ -174,8 +177,10 @@ def assert_attention_close(out: torch.Tensor, ref64: torch.Tensor, naive: torch.
         return
     err = (out[rows].double() - ref64[rows].double()).abs().max().item()
     naive_err = (naive[rows].double() - ref64[rows].double()).abs().max().item()
-    bound = 2 * naive_err + ATOL_FLOOR[dtype]
-    assert err <= bound, f"max abs error {err:.3g} > 2 x naive {naive_err:.3g} + floor"
+    floor = ATOL_FLOOR[dtype]
+    bound = 2 * naive_err + floor
+    assert err <= bound, (f"max abs error {err:.3g} > 2 x naive {naive_err:.3g} "
+                          f"+ floor {floor:.3g}")
 
 
 def shuffled(values: list[int], seed: int) -> list[int]:

@@ -113,6 +113,7 @@ def test_decode_attention(device: torch.device, dtype: torch.dtype, layout: str,
         seq_lens[-1] = 0  # a CUDA-graph padding slot: output must be zeros
     q = randn(gen, (m.num_seqs, hq, dim), dtype, device)
     splits = data.draw(st.sampled_from([None, 1, 2, 3, 8]), label="num_splits")
+    kc0, vc0 = kc.clone(), vc.clone()
     out = decode_attention(q, kc, vc, m.block_table, seq_lens, max_seq_len=m.max_seq_len,
                            num_splits=splits, layout=layout,
                            debug=data.draw(st.booleans(), label="debug"))
@@ -121,6 +122,8 @@ def test_decode_attention(device: torch.device, dtype: torch.dtype, layout: str,
                                    compute_dtype=dtype)
     assert_attention_close(out, ref, naive, dtype)
     assert not out[seq_lens == 0].any()
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0), "decode wrote the cache"
+    assert_guards(kc, vc)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -132,6 +132,56 @@ def test_copy_blocks_exact_with_canaries(device: torch.device, layout: str,
     assert_guards(*caches)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@settings(deadline=None, max_examples=examples(15))
+@given(data=st.data())
+def test_copy_blocks_cow_fork_at_block_edges(device: torch.device, layout: str,
+                                             data: st.DataObject) -> None:
+    """Copy-on-write fork of every sequence's last block, lengths drawn at a block boundary
+    and +-1 (a full last block, one token short, one token into a new block).
+
+    After the copy the forked block table must gather exactly the tokens of the original,
+    the cache must equal the reference (pages that are no destination unchanged), pages
+    nobody owns keep the sentinel and the guard pages around the pool are intact."""
+    from prefixkv.kernels import build_batch_metadata
+
+    b = draw_batch(data, sizes_for(device), device, min_new=0)
+    heads, dim = _dims(data, device)
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    gen = make_gen(data)
+    lens = [c + q for c, q in zip(b.cached, b.new, strict=True)]
+    fresh = b.num_pages  # the fork's pages come after the batch's pool
+    kc, vc = kv_caches(layout, b.num_pages + len(lens), b.block_size, heads, dim, dtype,
+                       device, strided=data.draw(st.booleans(), label="strided cache"))
+    # every token of every sequence written: the partial last blocks keep sentinel tails
+    full = build_batch_metadata([0] * len(lens), lens, b.block_ids, b.block_size,
+                                device=device)
+    src = randn(gen, (full.num_tokens, 2, heads, dim), dtype, device)
+    write_kv(src[:, 0], src[:, 1], kc, vc, full.slot_mapping, layout=layout)
+    pairs, forked = [], []
+    for i, ids in enumerate(b.block_ids):
+        if ids:
+            pairs.append([ids[-1], fresh + i])
+            forked.append([*ids[:-1], fresh + i])
+        else:
+            forked.append([])
+    if data.draw(st.booleans(), label="padded mapping"):
+        pairs.append([-1, fresh])  # skipped: must not copy onto page `fresh`
+    mapping = torch.tensor(pairs, dtype=torch.int64, device=device).reshape(-1, 2)
+    want = [R.copy_blocks_ref(c, mapping) for c in (kc, vc)]
+    orig = R.gather_kv_ref(kc, vc, full.block_table, full.seq_lens, layout=layout)
+    copy_blocks([kc, vc], mapping, layout=layout, debug=data.draw(st.booleans()))
+    assert torch.equal(kc, want[0]) and torch.equal(vc, want[1])
+    fork = build_batch_metadata([0] * len(lens), lens, forked, b.block_size, device=device)
+    got = gather_kv(kc, vc, fork.block_table, fork.seq_lens, max_seq_len=fork.max_seq_len,
+                    total_tokens=sum(lens), layout=layout)
+    assert torch.equal(got[0], orig[0]) and torch.equal(got[1], orig[1])
+    used = {p for ids in b.block_ids for p in ids} | {d for s, d in pairs if s >= 0}
+    for page in set(range(b.num_pages + len(lens))) - used:
+        assert bool((kc[page] == SENTINEL).all()) and bool((vc[page] == SENTINEL).all())
+    assert_guards(kc, vc)
+
+
 def test_int64_offset_path(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     """Force USE_INT64 (the launchers' choice for caches past 2**31 elements) and check the
     widened index math gives the same bytes."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_testlib import CPU_SIZES, draw_batch, examples, kv_caches, sizes_for
+from kernel_testlib import CPU_SIZES, SENTINEL, draw_batch, examples, kv_caches, sizes_for
 from prefixkv.kernels import (
     BlockTable,
     BlockTableAlreadyConvertedError,
@@ -32,6 +32,7 @@ from prefixkv.kernels import (
     update_conv_state,
     write_kv,
 )
+from prefixkv.kernels import reference as R
 
 
 def test_build_batch_metadata_by_hand() -> None:
@@ -61,6 +62,38 @@ def test_compute_slot_mapping_matches_builder(data: st.DataObject) -> None:
     got = compute_slot_mapping(m.query_start_loc, m.seq_lens, m.block_table, m.num_tokens + pad)
     assert got.dtype == torch.int64
     assert got.tolist() == m.slot_mapping.tolist() + [-1] * pad
+
+
+def test_drawn_lengths_hit_block_boundaries() -> None:
+    """The batch generator every kernel test uses really draws lengths one short of, at and
+    one past a block boundary, zero-length cached prefixes and decode lengths at the edges;
+    otherwise the kernel tests would pass without ever trying those cases."""
+    seen: set[tuple[str, int]] = set()
+
+    def edge(n: int, bs: int) -> int:
+        """-1, 0 or +1 for a length next to a boundary of a block size > 2, else 9."""
+        return {0: 0, 1: 1, bs - 1: -1}.get(n % bs, 9) if bs > 2 and n > 0 else 9
+
+    @settings(max_examples=150, derandomize=True, database=None)
+    @given(data=st.data())
+    def collect(data: st.DataObject) -> None:
+        decode = data.draw(st.booleans(), label="decode")
+        b = draw_batch(data, CPU_SIZES, torch.device("cpu"), min_new=0, decode=decode)
+        for c, q in zip(b.cached, b.new, strict=True):
+            if decode:
+                seen.add(("decode", edge(c + q, b.block_size)))
+                continue
+            seen.add(("cached", edge(c, b.block_size)))
+            seen.add(("new", edge(q, b.block_size)))
+            seen.add(("total", edge(c + q, b.block_size)))
+            if c == 0:
+                seen.add(("zero prefix", 0))
+
+    collect()
+    for kind in ("cached", "new", "total", "decode"):
+        for delta in (-1, 0, 1):
+            assert (kind, delta) in seen, (kind, delta)
+    assert ("zero prefix", 0) in seen
 
 
 def _csr_reference(lens: list[int], ids: list[list[int]], ratio: int, page: int
@@ -170,6 +203,78 @@ def test_debug_range_checks_raise(device: torch.device) -> None:
     with pytest.raises(KernelIndexError):
         update_conv_state(conv, torch.zeros(3, 3, device=device), m.query_start_loc,
                           torch.tensor([2], device=device), debug=True)
+
+
+@settings(deadline=None, max_examples=examples(20))
+@given(data=st.data())
+def test_debug_rejects_out_of_pool_index_before_launch(device: torch.device,
+                                                       data: st.DataObject) -> None:
+    """Drawn batches (lengths at block boundaries +-1): the valid metadata passes debug mode;
+    one index pushed just outside the pool (the first id past the end, or -1 for a page)
+    raises ``KernelIndexError`` before anything launches, so the caches and output buffers
+    still hold exactly what they held. Table entries no sequence reads are not checked."""
+    sz = sizes_for(device)
+    b = draw_batch(data, sz, device, min_new=1)
+    m = b.meta
+    heads, dim = 2, 16
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    kc, vc = kv_caches("NHD", b.num_pages, b.block_size, heads, dim, torch.float16, device,
+                       strided=data.draw(st.booleans(), label="strided"), fill=gen)
+    kc0, vc0 = kc.clone(), vc.clone()
+    kv = torch.randn(m.num_tokens, heads, dim, generator=gen).half().to(device)
+    num_slots = b.num_pages * b.block_size
+    lens = [c + q for c, q in zip(b.cached, b.new, strict=True)]
+    total = sum(lens)
+    out = (torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device),
+           torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device))
+
+    def unchanged() -> bool:
+        return (torch.equal(kc, kc0) and torch.equal(vc, vc0)
+                and bool((out[0] == SENTINEL).all()) and bool((out[1] == SENTINEL).all()))
+
+    # the slot mapping: one slot at or past the end of the pool
+    bad_slots = m.slot_mapping.clone()
+    t = data.draw(st.integers(0, m.num_tokens - 1), label="bad token")
+    bad_slots[t] = num_slots + data.draw(st.integers(0, 2), label="slots past the end")
+    with pytest.raises(KernelIndexError, match="outside the pool"):
+        write_kv(kv, kv, kc, vc, bad_slots, debug=True)
+    assert unchanged()
+
+    # the block table: an entry a sequence reads, outside [0, num_pages)
+    seqs = [i for i, n in enumerate(lens) if n > 0]
+    i = data.draw(st.sampled_from(seqs), label="bad seq")
+    j = data.draw(st.integers(0, len(b.block_ids[i]) - 1), label="bad column")
+    table = m.block_table.table.clone()
+    table[i, j] = data.draw(st.sampled_from([b.num_pages, b.num_pages + 1, -1]), label="page")
+    bad = BlockTable(table, b.block_size)
+    with pytest.raises(KernelIndexError, match="outside the pool"):
+        gather_kv(kc, vc, bad, m.seq_lens, max_seq_len=m.max_seq_len, out=out, debug=True)
+    q = torch.randn(m.num_tokens, 2 * heads, dim, generator=gen).half().to(device)
+    with pytest.raises(KernelIndexError):
+        prefill_attention(q, kc, vc, bad, m.query_start_loc, m.seq_lens,
+                          max_query_len=m.max_query_len, debug=True)
+    with pytest.raises(IndexError):  # the typed error is an IndexError too
+        decode_attention(q[: m.num_seqs].contiguous(), kc, vc, bad, m.seq_lens,
+                         max_seq_len=m.max_seq_len, debug=True)
+    assert unchanged()
+
+    # a copy pair with an id at or past the end of the pool
+    src, dst = data.draw(st.permutations(range(b.num_pages)), label="pages")[:2] \
+        if b.num_pages > 1 else (0, 0)
+    pair = [src, b.num_pages] if data.draw(st.booleans(), label="bad dst") else [b.num_pages, dst]
+    with pytest.raises(KernelIndexError):
+        copy_blocks([kc, vc], torch.tensor([pair], device=device), debug=True)
+    assert unchanged()
+
+    # valid metadata passes, even with garbage in table columns no sequence reads
+    table = m.block_table.table.clone()
+    for i, ids in enumerate(b.block_ids):
+        table[i, len(ids):] = 10**6
+    padded = BlockTable(table, b.block_size)
+    write_kv(kv, kv, kc, vc, m.slot_mapping, debug=True)
+    gather_kv(kc, vc, padded, m.seq_lens, max_seq_len=m.max_seq_len, out=out, debug=True)
+    want = R.gather_kv_ref(kc, vc, m.block_table, m.seq_lens)
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
 
 
 def test_debug_env_var_enables_checks(device: torch.device) -> None:
