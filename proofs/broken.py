@@ -21,7 +21,7 @@ from typing import Any
 
 import z3
 
-from .encoding import Bounds, Domain, Encoding, SeqState, State, Step, Term
+from .encoding import Bounds, Domain, Encoding, SeqState, State, Step, Term, cstore
 from .obligations import Counterexample, find_counterexample
 
 __all__ = ["VARIANTS", "Variant", "VariantResult", "check_variant"]
@@ -234,6 +234,41 @@ class PublishStaleTokens(Encoding):
         return before
 
 
+# -- INV-WINDOW ------------------------------------------------------------------------------
+
+
+class WindowAttachedShared(Encoding):
+    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+        step, scheduled = super().attach(d, st, a, s)
+        chain, matched, m = self.match_blocks(st, a)
+        w = self.window_size(a["recompute_blocks"], m)
+        post, sq, M = step.post, step.post.seqs[s], self.bounds.table
+        # BUG: the window's matched blocks are pinned and attached (shared) instead of fresh
+        # private blocks; the sequence recomputes their KV in place, into published blocks
+        window = [z3.And(matched[j], z3.Not(self.attached(matched[j], j, m, w)))
+                  for j in range(M)]
+        rc = post.rc
+        for j in range(M):
+            rc = cstore(rc, chain[j], window[j], rc[chain[j]] + 1)
+        tab = tuple(z3.If(window[j], chain[j], sq.tab[j]) for j in range(M))
+        nr = z3.Sum([z3.If(h, st.BS, 0) for h in matched])
+        post = post.replace(rc=rc).seq(s, tab=tab, len=m, nr=nr)
+        return Step(step.op, step.enabled, step.bounded, step.choice, post, a), scheduled
+
+
+class CachedCountsWindowBlock(Encoding):
+    def cached_tokens(self, BS: Term, cached: Term, w: Term) -> Term:
+        # BUG: off by one block: num_cached counts the first window block as cached
+        return cached + z3.If(w > 0, BS, 0)
+
+
+class WindowWithoutComputedExemption(Encoding):
+    def window_pending(self, BS: Term, sq: SeqState, j: int) -> Term:
+        # BUG (invariant): the "not yet fully computed" conjunct is dropped. A recomputed,
+        # committed window block whose twin was evicted meanwhile is published by commit.
+        return z3.BoolVal(True)
+
+
 # -- INV-LIMIT -------------------------------------------------------------------------------
 
 
@@ -264,6 +299,27 @@ class CommitUnknownTokens(Encoding):
         # BUG: off by one: KV may be committed for one token that is not known yet
         nc = sq.nc + n
         return z3.And(sq.live, n >= 0, acc >= 0, nc <= sq.nr, nc <= sq.ntok + acc + 1)
+
+
+class GrowIgnoresLimit(Encoding):
+    def grow_room(self, sq: SeqState, nr: Term) -> Term:
+        # BUG: the "within kv_token_limit" conjunct of growth is dropped
+        return z3.BoolVal(True)
+
+
+class GrowLimitOffByOne(Encoding):
+    def grow_room(self, sq: SeqState, nr: Term) -> Term:
+        # BUG: off by one: a chunk may hold limit + 1 uncommitted prompt tokens
+        return z3.Implies(z3.And(sq.lim > 0, sq.nc < sq.np),
+                          z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim + 1)
+
+
+class WithoutChunkStrengthening(Encoding):
+    def invariants(self, d: Domain, st: State) -> dict[str, Term]:
+        # BUG (invariant): the strengthening AUX-CHUNK is dropped
+        inv = super().invariants(d, st)
+        del inv["AUX-CHUNK"]
+        return inv
 
 
 # -- INV-STATS -------------------------------------------------------------------------------
@@ -364,6 +420,15 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("publish-stale-tokens", "INV-PUBLISH", "commit", "transition",
             "blocks are published with the tokens known before the accepted ones",
             PublishStaleTokens),
+    Variant("window-attached-shared", "INV-WINDOW", "attach", "transition",
+            "the window's matched blocks are attached shared, not fresh private blocks",
+            WindowAttachedShared),
+    Variant("cached-counts-window-block", "INV-WINDOW", "attach", "off-by-one",
+            "num_cached counts the first window block as cached (not yet computed)",
+            CachedCountsWindowBlock),
+    Variant("window-without-computed-exemption", "INV-WINDOW", "commit", "dropped conjunct",
+            "INV-WINDOW without 'not yet fully computed': a committed window block whose twin "
+            "was evicted is published", WindowWithoutComputedExemption),
     Variant("table-floor", "INV-LIMIT", "grow", "off-by-one",
             "a table holds floor(reserved / block size) blocks", TableFloor),
     Variant("rollback-keeps-table", "INV-LIMIT", "rollback", "transition",
@@ -372,6 +437,14 @@ VARIANTS: tuple[Variant, ...] = (
             "commit without 'computed <= reserved'", CommitBeyondReserved),
     Variant("commit-unknown-tokens", "INV-LIMIT", "commit", "off-by-one",
             "commit allows KV for one token beyond the known ones", CommitUnknownTokens),
+    Variant("grow-ignores-limit", "INV-LIMIT", "grow", "dropped conjunct",
+            "growth without 'within kv_token_limit': a chunk larger than the limit",
+            GrowIgnoresLimit),
+    Variant("grow-limit-off-by-one", "INV-LIMIT", "grow", "off-by-one",
+            "a chunk may hold kv_token_limit + 1 uncommitted prompt tokens", GrowLimitOffByOne),
+    Variant("without-aux-chunk", "INV-LIMIT", "rollback", "dropped conjunct",
+            "the strengthening AUX-CHUNK is dropped: INV-LIMIT's chunk form is not inductive "
+            "over rollback", WithoutChunkStrengthening),
     Variant("full-prompt-hit", "INV-MATCH", "attach", "off-by-one",
             "the match is not capped: nothing is left to compute", FullPromptHit),
     Variant("match-stops-after-one-block", "INV-MATCH", "attach", "transition",

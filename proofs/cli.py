@@ -189,13 +189,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             "checks": report.checks, "spec_successes": report.successes,
             "spec_rejections": report.failures, "solver_calls": report.solver_calls,
             "invariant_checks": report.invariant_checks, "skipped": report.skipped,
+            "window_admissions": report.windows, "window_states": report.window_states,
             "seconds": round(report.seconds, 3), "by_operation": report.by_op,
             "seeded": [{"name": s.name, "description": s.description, "caught": s.caught,
                         "after_checks": s.checks} for s in seeded],
         }
         if text:
             print(f"\ndrift: {report.checks} checks ({report.successes} successful steps, "
-                  f"{report.failures} rejections, {report.invariant_checks} invariant checks) "
+                  f"{report.failures} rejections, {report.invariant_checks} invariant checks, "
+                  f"{report.windows} admissions with a recompute window, "
+                  f"{report.window_states} checks from a state with a window block to write) "
                   f"in {report.seconds:.1f}s, no drift", file=out)
             for s in seeded:
                 print(f"  seeded drift {s.name:<24} "

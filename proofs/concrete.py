@@ -109,6 +109,14 @@ class AbsSeq:
     table: list[int]
     labels: list[int]
     """Label of block ``j`` for ``j < table bound``; :data:`DONT_CARE` while not full."""
+    nca: int = 0
+    """``num_cached``: tokens attached from the cache at admission."""
+    win: int = 0
+    """``window_blocks``: recompute-window blocks right after the cached ones."""
+    np: int = 0
+    """``prompt_len``."""
+    lim: int = 0
+    """``kv_token_limit``, 0 for None."""
     tokens: tuple[int, ...] = field(default=(), compare=False)
     """The concrete tokens, when known (not part of the model)."""
 
@@ -149,7 +157,7 @@ class AbsState:
             None
             if sq is None
             else (
-                sq.ns, sq.ntok, sq.nc, sq.nr, tuple(sq.table),
+                sq.ns, sq.ntok, sq.nc, sq.nr, sq.nca, sq.win, sq.np, sq.lim, tuple(sq.table),
                 tuple(
                     sq.labels[j] if (j + 1) * self.bs <= sq.ntok else DONT_CARE
                     for j in range(table_bound)
@@ -209,6 +217,10 @@ def abstract(
                 ntok=len(sq.tokens),
                 nc=sq.num_computed,
                 nr=sq.num_reserved,
+                nca=sq.num_cached,
+                win=sq.window_blocks,
+                np=sq.prompt_len,
+                lim=0 if sq.kv_token_limit is None else sq.kv_token_limit,
                 table=list(sq.blocks),
                 labels=[
                     labels.tok(tuple(sq.tokens[j * bs : (j + 1) * bs]))
@@ -270,9 +282,9 @@ def concretize(a: AbsState, labels: Labels) -> tuple[SpecCache, list[SeqId | Non
         seqs[sid] = spec_cache._Seq(
             seq_id=sid, namespace=labels.namespace_of(sq.ns), tokens=tokens,
             blocks=list(sq.table), num_computed=sq.nc, num_reserved=sq.nr,
-            # NOTE: the encoding models whole-prompt admission only (no spans, windows or
-            # kv_token_limit), so the prompt is every token the sequence holds.
-            prompt_len=sq.ntok, num_cached=0, window_blocks=0, kv_token_limit=None, spans=(),
+            # The encoding models recompute windows and chunked prefill, not multimodal spans.
+            prompt_len=sq.np, num_cached=sq.nca, window_blocks=sq.win,
+            kv_token_limit=sq.lim or None, spans=(),
         )
         slots.append(sid)
     counters = spec_cache._Counters(**{SPEC_COUNTERS[k]: v for k, v in a.ctr.items()})
@@ -324,6 +336,8 @@ def bind_values(a: AbsState, n_slots: int, table_bound: int) -> dict[str, int | 
             raise OutOfBounds(f"table of {len(sq.table)} blocks")
         out[f"s{s}.ns"], out[f"s{s}.ntok"] = sq.ns, sq.ntok
         out[f"s{s}.nc"], out[f"s{s}.nr"], out[f"s{s}.len"] = sq.nc, sq.nr, len(sq.table)
+        out[f"s{s}.nca"], out[f"s{s}.win"] = sq.nca, sq.win
+        out[f"s{s}.np"], out[f"s{s}.lim"] = sq.np, sq.lim
         for j in range(table_bound):
             out[f"s{s}.tab{j}"] = sq.table[j] if j < len(sq.table) else 0
             out[f"s{s}.lab{j}"] = sq.labels[j] if j < len(sq.labels) else DONT_CARE
@@ -371,6 +385,7 @@ def read(st: State, ev: Callable[[Any], Any], n: int, table_bound: int,
         seqs.append(
             AbsSeq(
                 ns=i(sq.ns), ntok=i(sq.ntok), nc=i(sq.nc), nr=i(sq.nr),
+                nca=i(sq.nca), win=i(sq.win), np=i(sq.np), lim=i(sq.lim),
                 table=[i(sq.tab[j]) for j in range(max(0, min(length, table_bound)))],
                 labels=[i(x) for x in sq.lab],
             )
@@ -433,7 +448,8 @@ def format_state(a: AbsState, indent: str = "  ") -> str:
         )
         lines.append(
             f"{indent}slot {s}: ns {sq.ns}, {sq.ntok} tokens (block labels [{labs}]), "
-            f"computed {sq.nc}, reserved {sq.nr}, table {sq.table}"
+            f"prompt {sq.np}{f', limit {sq.lim}' if sq.lim else ''}, computed {sq.nc}, "
+            f"reserved {sq.nr}, cached {sq.nca}, window {sq.win}, table {sq.table}"
         )
     lines.append(f"{indent}counters: " + ", ".join(f"{k}={v}" for k, v in a.ctr.items()))
     return "\n".join(lines)

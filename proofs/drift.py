@@ -19,8 +19,9 @@ so the two sets of invariant formulas cannot drift apart either.
 
 The checks compare the abstracted components (:meth:`.concrete.AbsState.canonical`): block
 refcounts, published flags, identities of published blocks, ages of evictable ones, the
-free queue in order, the index, sequences (tokens as block labels, counts, tables), the
-clock and the counters. Events and block hashes are not modelled.
+free queue in order, the index, sequences (tokens as block labels, counts, tables, cached
+prefix, recompute window, prompt length, ``kv_token_limit``), the clock and the counters.
+Events, block hashes, spans and the lost-reuse counters are not modelled.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class SpecCall:
             return cache.admit(self.request, self.num_new)
         if self.op == "append":
             return cache.append(self.seq_ids[0], self.n)
+        if self.op == "continue_prefill":
+            return cache.continue_prefill(self.seq_ids[0], self.num_new)
         if self.op == "commit":
             return cache.commit(self.seq_ids[0], self.n, self.accepted)
         if self.op == "rollback":
@@ -106,10 +109,15 @@ class SpecCall:
     def __str__(self) -> str:
         if self.op == "admit":
             assert self.request is not None
+            rb, lim = self.request.recompute_blocks, self.request.kv_token_limit
             return (
                 f"admit({self.request.seq_id!r}, tokens={list(self.request.token_ids)}, "
-                f"num_new_tokens={self.num_new})"
+                f"num_new_tokens={self.num_new}"
+                + (f", recompute_blocks={rb}" if rb else "")
+                + (f", kv_token_limit={lim})" if lim else ")")
             )
+        if self.op == "continue_prefill":
+            return f"continue_prefill({self.seq_ids[0]!r}, {self.num_new})"
         if self.op == "commit":
             return f"commit({self.seq_ids[0]!r}, {self.n}, accepted={list(self.accepted)})"
         if self.op in ("append", "rollback"):
@@ -141,12 +149,16 @@ class DriftReport:
     solver_calls: int = 0
     skipped: int = 0
     invariant_checks: int = 0
+    windows: int = 0
+    """Successful admissions that opened a recompute window of at least one block."""
+    window_states: int = 0
+    """Checks whose pre-state holds a window block that is still to be written."""
     seconds: float = 0.0
     by_op: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: DriftReport) -> None:
         for f in ("checks", "successes", "failures", "solver_calls", "skipped",
-                  "invariant_checks", "seconds"):
+                  "invariant_checks", "windows", "window_states", "seconds"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         for k, v in other.by_op.items():
             self.by_op[k] = self.by_op.get(k, 0) + v
@@ -229,7 +241,8 @@ class DriftChecker:
         out += [a.idx.get(k) == b.idx.get(k) for k in keys]
         for sa, sb in zip(a.seqs, b.seqs, strict=True):
             same = [sa.ns == sb.ns, sa.ntok == sb.ntok, sa.nc == sb.nc, sa.nr == sb.nr,
-                    sa.len == sb.len]
+                    sa.len == sb.len, sa.nca == sb.nca, sa.win == sb.win, sa.np == sb.np,
+                    sa.lim == sb.lim]
             for j in range(self.M):
                 same.append(z3.Implies(j < sb.len, sa.tab[j] == sb.tab[j]))
                 same.append(z3.Implies((j + 1) * b.BS <= sb.ntok, sa.lab[j] == sb.lab[j]))
@@ -397,16 +410,26 @@ def model_step(
             ],
             "whole": call.num_new is None,
             "num_new": 1 if call.num_new is None else call.num_new,
+            "recompute_blocks": req.recompute_blocks,
+            "limit": req.kv_token_limit or 0,
         }
         slot = slots.index(req.seq_id)
         if post is not None:
             k = result.num_cached_tokens // bs
             vals["victims"] = _victims_after_allocation(pre, result.block_ids[k:], post)
         return "admit", slot, vals
-    if call.op in ("append", "commit", "rollback"):
+    if call.op in ("append", "continue_prefill", "commit", "rollback"):
         sid = call.seq_ids[0]
         slot = slots.index(sid) if sid in slots else slots.index(None)
         vals = {"n": call.n}
+        if call.op == "continue_prefill":
+            vals = {"whole": call.num_new is None,
+                    "num_new": 1 if call.num_new is None else call.num_new}
+            if post is not None:
+                before, after = pre.seqs[slot], post.seqs[slot]
+                assert before is not None and after is not None
+                vals["victims"] = _victims_after_allocation(
+                    pre, after.table[len(before.table):], post)
         if call.op == "append" and post is not None:
             vals["victims"] = _victims_after_allocation(pre, result, post)
         if call.op == "commit":
@@ -475,7 +498,7 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
     live = list(cache.seq_ids())
     s = cache._s
     ops = ["admit"] * 6 + ["commit"] * 6 + ["append"] * 3 + ["rollback"] * 2 + ["free"] * 2
-    ops += ["evict"] * 2 + ["reset_keep", "reset_full"]
+    ops += ["evict"] * 2 + ["reset_keep", "reset_full"] + ["continue_prefill"] * 3
     while True:
         op = rng.choice(ops)
         if op == "admit":
@@ -489,7 +512,9 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
                 toks[rng.randrange(len(toks))] = 2
             sid: SeqId = trace.next_id if rng.random() < 0.9 or not live else rng.choice(live)
             trace.next_id += 1
-            req = Request(sid, toks, rng.choice(namespaces))
+            req = Request(sid, toks, rng.choice(namespaces),
+                          recompute_blocks=rng.choice((0, 0, 1, 1, 2, 3)),
+                          kv_token_limit=rng.choice((None, None, None, 1, 2, bs, 2 * bs)))
             num_new = None if rng.random() < 0.6 else rng.randint(0 if rng.random() < 0.05
                                                                   else 1, ntok)
             return SpecCall("admit", request=req, num_new=num_new)
@@ -507,6 +532,13 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
             continue
         sid = rng.choice(live)
         sq = s.seqs[sid]
+        if op == "continue_prefill":
+            ready = [x for x in live if s.seqs[x].num_computed == s.seqs[x].num_reserved
+                     < s.seqs[x].prompt_len]
+            if ready and rng.random() < 0.8:
+                sid = rng.choice(ready)
+            num_new = None if rng.random() < 0.5 else rng.randint(1, 2 * bs)
+            return SpecCall("continue_prefill", seq_ids=(sid,), num_new=num_new)
         if op == "append":
             room = M * bs - sq.num_reserved
             if room < 1:
@@ -555,11 +587,26 @@ def _run_call(checker: DriftChecker, cache: SpecCache, call: SpecCall, slots: li
         return
     report.checks += 1
     report.by_op[call.op] = report.by_op.get(call.op, 0) + 1
+    report.window_states += _pending_window(pre)
     if post is None:
         report.failures += 1
         report.solver_calls += outcome.endswith("solver")
     else:
         report.successes += 1
+        if call.op == "admit" and result.num_window_blocks > 0:
+            report.windows += 1
+
+
+def _pending_window(a: AbsState) -> bool:
+    """Some live sequence holds a recompute-window block not yet fully computed."""
+    for sq in a.seqs:
+        if sq is None or sq.win <= 0:
+            continue
+        first = sq.nca // a.bs
+        if any((j + 1) * a.bs > sq.nc for j in range(first, min(first + sq.win,
+                                                                 len(sq.table)))):
+            return True
+    return False
 
 
 def run_reachable(
@@ -647,7 +694,8 @@ def sample_states(
         small += [st.bns[b] >= 0, st.bns[b] <= 1, st.btok[b] >= 0, st.btok[b] <= 3,
                   st.lu[b] >= 0, st.lu[b] <= st.clock, st.depth[b] >= 0]
     for sq in st.seqs:
-        small += [sq.ns >= 0, sq.ns <= 1, sq.ntok >= 1, sq.ntok <= (M + 1) * st.BS]
+        small += [sq.ns >= 0, sq.ns <= 1, sq.ntok >= 1, sq.ntok <= (M + 1) * st.BS,
+                  sq.win >= 0, sq.win <= M, sq.lim <= 2 * st.BS]
         small += [z3.And(x >= 0, x <= 3) for x in sq.lab]
     small += [v <= 60 for v in st.ctr.values()]
     solver.add(*small)
@@ -661,6 +709,12 @@ def sample_states(
             hints.append(sq.live if rng.random() < 0.6 else z3.Not(sq.live))
             if rng.random() < 0.5:
                 hints.append(sq.nc == rng.randint(0, M * 2))
+            if rng.random() < 0.5:  # a recompute window, often with blocks still to write
+                hints.append(sq.win == rng.randint(1, 2))
+                hints.append(sq.nca == rng.choice((0, 0, 1)) * st.BS)
+            if rng.random() < 0.4:  # chunked prefill, part of the prompt still to reserve
+                hints.append(sq.lim == rng.randint(1, 3))
+                hints.append(sq.np > sq.nr)
         for b in rng.sample(range(n), k=min(n, 2)):
             hints.append(st.pub[b] if rng.random() < 0.6 else z3.Not(st.pub[b]))
             hints.append(st.rc[b] == rng.choice((0, 0, 1, 2)))
@@ -681,7 +735,8 @@ def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng
     """A random operation on a sampled state (shares prefixes with the state's sequences)."""
     live = [sid for sid in slots if sid is not None]
     bs = a.bs
-    ops = ["commit", "commit", "append", "rollback", "free", "evict", "reset_keep", "reset_full"]
+    ops = ["commit", "commit", "append", "continue_prefill", "rollback", "free", "evict",
+           "reset_keep", "reset_full"]
     op = rng.choice(ops + (["admit", "admit"] if None in slots else []))
     if op == "admit":
         # reuse a live sequence's prefix (or a published chain) to make hits likely
@@ -699,7 +754,10 @@ def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng
             ns = labels.namespace_of(a.bns[chain[0]])
         toks.extend(rng.choice((0, 1)) for _ in range(rng.randint(1 if not toks else 0, bs)))
         toks = toks[: M * bs]
-        return SpecCall("admit", request=Request(f"new{rng.randrange(99)}", toks, ns),
+        req = Request(f"new{rng.randrange(99)}", toks, ns,
+                      recompute_blocks=rng.choice((0, 0, 1, 1, 2)),
+                      kv_token_limit=rng.choice((None, None, 1, bs)))
+        return SpecCall("admit", request=req,
                         num_new=None if rng.random() < 0.6 else rng.randint(1, len(toks)))
     if op == "free":  # the model releases a batch in slot order
         ids = sorted(rng.sample(live, rng.randint(0, len(live))), key=slots.index)
@@ -717,6 +775,9 @@ def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng
     assert sid is not None
     if op == "append":
         return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, max(1, M * bs - sq.nr)))
+    if op == "continue_prefill":
+        return SpecCall("continue_prefill", seq_ids=(sid,),
+                        num_new=None if rng.random() < 0.5 else rng.randint(1, 2 * bs))
     if op == "rollback":
         return SpecCall("rollback", seq_ids=(sid,), n=rng.randint(1, max(1, sq.nr - sq.nc + 1)))
     acc = tuple(rng.choice((0, 1)) for _ in range(rng.choice((0, 1, 2))))
@@ -819,6 +880,26 @@ class _PublishFirstOnly(Encoding):
         return z3.And(first, (j + 1) * BS <= new_nc)
 
 
+class _WindowIgnored(Encoding):
+    def window_size(self, rb: Any, m: Any) -> Any:
+        return z3.IntVal(0)
+
+
+class _WindowNotClamped(Encoding):
+    def window_size(self, rb: Any, m: Any) -> Any:
+        return rb
+
+
+class _ChunkIgnoresLimit(Encoding):
+    def chunk_size(self, remaining: Any, whole: Any, num_new: Any, limit: Any) -> Any:
+        return super().chunk_size(remaining, whole, num_new, z3.IntVal(0))
+
+
+class _ContinueBeforeCommit(Encoding):
+    def continue_guard(self, sq: Any, a: dict[str, Any]) -> Any:
+        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np)
+
+
 SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
     ("lifo-free-queue", "allocation takes the most recently freed block (LIFO)", _LifoQueue),
     ("newest-first-eviction", "eviction picks the most recently used leaf",
@@ -830,6 +911,13 @@ SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
     ("free-keeps-clock", "free() does not advance the eviction clock", _FreeKeepsClock),
     ("publish-first-only", "commit publishes only the first block it completes",
      _PublishFirstOnly),
+    ("window-ignored", "admission ignores recompute_blocks: the whole match is attached",
+     _WindowIgnored),
+    ("window-not-clamped", "the window is recompute_blocks even beyond the match",
+     _WindowNotClamped),
+    ("chunk-ignores-limit", "a prefill chunk is not cut at kv_token_limit", _ChunkIgnoresLimit),
+    ("continue-before-commit", "continue_prefill does not wait for the chunk's commit",
+     _ContinueBeforeCommit),
 )
 
 

@@ -16,6 +16,9 @@ What is modelled, and how (see docs/proofs.md for the full list of abstractions)
 * **Sequences are bounded**: ``Bounds.seqs`` slots, each with a block table of at most
   ``Bounds.table`` entries. A transition whose result would not fit is outside the model
   (``Step.bounded`` is false), never silently truncated.
+* **Recompute windows and chunked prefill** are per-sequence fields (``nca``: cached
+  tokens, ``win``: window blocks, ``np``: prompt length, ``lim``: ``kv_token_limit`` or 0).
+  Multimodal spans are not modelled (without spans the match clamp is the identity).
 * Token arithmetic keeps the block size ``BS`` symbolic. Every product of a count with ``BS``
   is unrolled over the (bounded) table positions, so all arithmetic stays linear.
 
@@ -29,8 +32,10 @@ check (:mod:`.drift`) also evaluates ``choice`` against the Python spec.
 The same code builds formulas for two kinds of :class:`Domain`: a symbolic pool (``N`` is a
 variable; "for every block" is a ``ForAll``) for proofs, and a concrete pool of ``n`` blocks
 (quantifiers expand into finite conjunctions) for satisfiability checks, counterexamples,
-sampling states and the drift check. New invariants (INV-WINDOW, INV-CKPT) join by adding
-state fields, a method on :class:`Encoding` per formula and a transition per operation.
+sampling states and the drift check. New invariants join by adding state fields, a method
+on :class:`Encoding` per formula and a transition per operation, as INV-WINDOW did (the
+per-sequence ``nca``/``win`` fields, :meth:`Encoding.inv_window`, and the window cut in
+:meth:`Encoding.attach`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ NONE = -1
 ROOT = -1
 """Parent key of a root block (shares the value of ``NONE``; a miss is never a parent)."""
 
-OPS = ("admit", "append", "commit", "rollback", "free", "evict", "reset_keep", "reset_full")
+OPS = ("admit", "append", "continue_prefill", "commit", "rollback", "free", "evict", "reset_keep",
+       "reset_full")
 """The spec operations, one transition each (``reset_keep``: ``reset(preserve_cache=True)``,
 ``reset_full``: ``reset(preserve_cache=False)``)."""
 
@@ -188,6 +194,10 @@ class SeqState:
     nc: Term  # num_computed
     nr: Term  # num_reserved
     len: Term  # block table length
+    nca: Term  # num_cached: tokens attached from the cache at admission
+    win: Term  # window_blocks: private recompute-window blocks right after the cached ones
+    np: Term  # prompt_len
+    lim: Term  # kv_token_limit; 0 when None (a set limit is >= 1)
     tab: tuple[Term, ...]  # block table entries (valid below len)
     lab: tuple[Term, ...]  # label of the tokens of block j (valid while block j is full)
 
@@ -359,6 +369,10 @@ class Encoding:
                 nc=var(f"s{s}.nc"),
                 nr=var(f"s{s}.nr"),
                 len=var(f"s{s}.len"),
+                nca=var(f"s{s}.nca"),
+                win=var(f"s{s}.win"),
+                np=var(f"s{s}.np"),
+                lim=var(f"s{s}.lim"),
                 tab=tuple(var(f"s{s}.tab{j}") for j in range(M)),
                 lab=tuple(var(f"s{s}.lab{j}") for j in range(M)),
             )
@@ -530,6 +544,42 @@ class Encoding:
                 out.append(z3.Implies(z3.And(sq.live, j < sq.len, st.pub[b]), z3.And(conds)))
         return z3.And(out)
 
+    def in_window(self, BS: Term, sq: SeqState, j: int) -> Term:
+        """Table position ``j`` lies in the sequence's recompute window: ``num_cached // BS
+        <= j < num_cached // BS + window_blocks``, unrolled over the cached-block count so it
+        stays linear in ``BS``."""
+        return z3.Or([z3.And(sq.nca == f * BS, j < f + sq.win) for f in range(j + 1)])
+
+    def window_shape(self, BS: Term, sq: SeqState) -> Term:
+        """The cached prefix is block aligned and computed (``num_cached % BS == 0`` and
+        ``num_computed >= num_cached``). Within the bounds ``num_cached <= table * BS``."""
+        aligned = z3.Or([sq.nca == f * BS for f in range(self.bounds.table + 1)])
+        return z3.And(aligned, sq.nc >= sq.nca)
+
+    def window_pending(self, BS: Term, sq: SeqState, j: int) -> Term:
+        """Window block ``j`` is not yet fully recomputed and committed (once it is, the
+        window did its job for it: it may even be published, when its twin was evicted)."""
+        return (j + 1) * BS > sq.nc
+
+    def inv_window(self, d: Domain, st: State) -> Term:
+        """INV-WINDOW: a private recompute window holds only fresh private blocks. The cached
+        prefix is block aligned and computed, and every window block not yet fully computed
+        is unpublished with refcount 1 (``spec.invariants._inv_window``)."""
+        out = []
+        for sq in st.seqs:
+            conds = [self.window_shape(st.BS, sq)]
+            for j in range(self.bounds.table):
+                b = sq.tab[j]
+                conds.append(
+                    z3.Implies(
+                        z3.And(j < sq.len, self.in_window(st.BS, sq, j),
+                               self.window_pending(st.BS, sq, j)),
+                        z3.And(z3.Not(st.pub[b]), st.rc[b] == 1),
+                    )
+                )
+            out.append(z3.Implies(sq.live, z3.And(conds)))
+        return z3.And(out)
+
     def inv_limit(self, d: Domain, st: State) -> Term:
         """INV-LIMIT: a table holds exactly ceil(num_reserved / BS) blocks; computed <=
         reserved and computed <= known tokens."""
@@ -544,10 +594,39 @@ class Encoding:
                         sq.nc <= sq.nr,
                         sq.nc <= sq.ntok,
                         sq.len == _ceil_blocks(sq.nr, st.BS, M),
+                        self.chunk_limit(sq),
                     ),
                 )
             )
         return z3.And(out)
+
+    def chunk_limit(self, sq: SeqState) -> Term:
+        """INV-LIMIT's chunk form: while a prompt is prefilled under a ``kv_token_limit``
+        (``num_reserved <= prompt_len`` and ``num_computed < prompt_len``), at most ``limit``
+        reserved prompt tokens are uncommitted."""
+        prefilling = z3.And(sq.lim > 0, sq.nr <= sq.np, sq.nc < sq.np)
+        return z3.Implies(prefilling, sq.nr - sq.nc <= sq.lim)
+
+    def chunk_room(self, sq: SeqState, nr: Term) -> Term:
+        """Reserving up to ``nr`` keeps at most ``limit`` uncommitted *prompt* tokens:
+        ``min(nr, prompt_len) - num_computed <= limit`` while the prompt is not computed."""
+        return z3.Implies(z3.And(sq.lim > 0, sq.nc < sq.np),
+                          z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim)
+
+    def grow_room(self, sq: SeqState, nr: Term) -> Term:
+        """What :meth:`grow` requires of the new reservation (:meth:`chunk_room`)."""
+        return self.chunk_room(sq, nr)
+
+    def aux_chunk(self, d: Domain, st: State) -> Term:
+        """AUX-CHUNK (strengthening): ``1 <= prompt_len <= known tokens``, the limit is 0
+        (None) or positive, and :meth:`chunk_room` holds for the current reservation. Without
+        it INV-LIMIT's chunk form is not inductive over rollback: decode growth may reserve
+        past the prompt, and a rollback back into the prompt must land within the limit."""
+        return z3.And([
+            z3.Implies(sq.live, z3.And(sq.np >= 1, sq.np <= sq.ntok, sq.lim >= 0,
+                                       self.chunk_room(sq, sq.nr)))
+            for sq in st.seqs
+        ])
 
     def inv_stats(self, d: Domain, st: State) -> Term:
         """INV-STATS (counters): 0 <= hits <= queries, computed + skipped = prefill tokens,
@@ -585,27 +664,37 @@ class Encoding:
     def inv_match(self, d: Domain, pre: State, step: Step, s: int) -> Term:
         """INV-MATCH, a postcondition of admission's match (``attach``): the hit is block
         aligned, leaves at least one prompt token to compute, its blocks' identities are
-        the prompt's identity chain, and it is the longest such prefix (up to the cap)."""
+        the prompt's identity chain, and the attached hit plus the window is the longest
+        such prefix (up to the cap), the window being ``min(recompute_blocks, matched)``
+        blocks of it."""
         M, post, a = self.bounds.table, step.post, step.args
         sq, BS = post.seqs[s], post.BS
         out = [
             sq.nc == z3.Sum([z3.If(j < sq.len, BS, 0) for j in range(M)]),  # block aligned
+            sq.nca == sq.nc,
             sq.nc <= a["ntok"] - 1,  # at least one token to compute
+            sq.win >= 0,
+            sq.win <= a["recompute_blocks"],
+            z3.Or(sq.win == a["recompute_blocks"], sq.len == 0),  # min(rb, matched blocks)
         ]
         for j in range(M):
             b = sq.tab[j]
             ident = [post.pub[b], post.btok[b] == a["labels"][j], post.bns[b] == a["ns"],
                      post.par[b] == (ROOT if j == 0 else sq.tab[j - 1])]
             out.append(z3.Implies(j < sq.len, z3.And(ident)))
-        # maximal: the block after the hit is capped (choice 4, written out here so that a
-        # wrong cap cannot hide), or its identity (whole prefix) is not published
+        # maximal: the raw match (attached + window) is published and within the cap, and
+        # the block after it is capped (choice 4, written out here so that a wrong cap cannot
+        # hide), or its identity (whole prefix) is not published
+        raw = sq.len + sq.win
         ident_ok, parent = z3.BoolVal(True), z3.IntVal(ROOT)
         for j in range(M):
             look = pre.idx.get((a["ns"], parent, a["labels"][j]))
             published = z3.And(ident_ok, look != NONE)
             capped = (j + 1) * BS > a["ntok"] - 1
-            out.append(z3.Implies(sq.len == j, z3.Or(capped, z3.Not(published))))
+            out.append(z3.Implies(j < raw, z3.And(z3.Not(capped), published)))
+            out.append(z3.Implies(raw == j, z3.Or(capped, z3.Not(published))))
             ident_ok, parent = published, look
+        out.append(raw <= M)
         return z3.And(out)
 
     def invariants(self, d: Domain, st: State) -> dict[str, Term]:
@@ -617,9 +706,11 @@ class Encoding:
             "INV-ANCESTOR": self.inv_ancestor(d, st),
             "INV-WRITE": self.inv_write(d, st),
             "INV-PUBLISH": self.inv_publish(d, st),
+            "INV-WINDOW": self.inv_window(d, st),
             "INV-LIMIT": self.inv_limit(d, st),
             "INV-STATS": self.inv_stats(d, st),
             "AUX-CHAIN": self.aux_chain(d, st),
+            "AUX-CHUNK": self.aux_chunk(d, st),
         }
 
     # -- micro-steps ----------------------------------------------------------------------
@@ -744,10 +835,15 @@ class Encoding:
                 "labels": tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
                 "num_new": z3.Int(f"{prefix}num_new"),
                 "whole": z3.Bool(f"{prefix}whole"),
+                "recompute_blocks": z3.Int(f"{prefix}recompute_blocks"),
+                "limit": z3.Int(f"{prefix}kv_token_limit"),
                 "victims": victims,
             }
         if op == "append":
             return {"n": z3.Int(f"{prefix}n"), "victims": victims}
+        if op == "continue_prefill":
+            return {"num_new": z3.Int(f"{prefix}num_new"), "whole": z3.Bool(f"{prefix}whole"),
+                    "victims": victims}
         if op == "attach":
             return {k: v for k, v in self.fresh_args("admit", prefix).items() if k != "victims"}
         if op == "grow":
@@ -782,7 +878,7 @@ class Encoding:
         if op.startswith("evict*"):
             return self._bounded(self.op_evict(d, st, args))
         fn: Callable[..., Step] = getattr(self, f"op_{op}")
-        if op in ("admit", "append", "commit", "rollback"):
+        if op in ("admit", "append", "continue_prefill", "commit", "rollback"):
             return self._bounded(fn(d, st, args, slot))
         return self._bounded(fn(d, st, args))
 
@@ -792,38 +888,70 @@ class Encoding:
                                                         self.in_bounds(step.post)))
 
     def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
-        """First part of admit: match, then pin the hit by installing it as the new table.
+        """First part of admit: match, cut off the recompute window, then pin the attached
+        hit by installing it as the new table.
 
-        Returns the step and the number of tokens the admission schedules. The sequence
-        holds exactly its hit (``num_computed = num_reserved = cached``) afterwards, a state
+        As ``SpecCache.admit``: match (capped), window = the last ``min(recompute_blocks,
+        matched)`` matched blocks, attach the rest. The window's blocks are *not* pinned:
+        :meth:`grow` allocates fresh private blocks for them. Returns the step and the number
+        of tokens the admission schedules. The sequence holds exactly its attached hit
+        (``num_computed = num_reserved = num_cached = attached tokens``) afterwards, a state
         in which every invariant holds, so the evictions that follow are plain
-        :meth:`op_evict` steps.
+        :meth:`op_evict` steps (the window's originals may be among the victims).
         """
         M, BS, sq = self.bounds.table, st.BS, st.seqs[s]
         ns, ntok, labels = a["ns"], a["ntok"], a["labels"]
-        # match: consecutive hits of the identity chain, capped at (ntok - 1) // BS blocks
-        chain = self.chain(st, ns, labels)
-        hit, ok = [], z3.BoolVal(True)
-        for j in range(M):
-            ok = z3.And(ok, self.within_cap(BS, j, ntok), chain[j] != NONE)
-            hit.append(ok)
+        chain, matched, m = self.match_blocks(st, a)
+        # window: the last min(recompute_blocks, m) matched blocks are not attached; grow
+        # allocates fresh private blocks for them (choice 6)
+        w = self.window_size(a["recompute_blocks"], m)
+        hit = [self.attached(matched[j], j, m, w) for j in range(M)]
         k = z3.Sum([z3.If(h, 1, 0) for h in hit])
         cached = z3.Sum([z3.If(h, BS, 0) for h in hit])
         remaining = ntok - cached
-        scheduled = z3.If(
-            a["whole"], remaining, z3.If(a["num_new"] < remaining, a["num_new"], remaining)
-        )
+        scheduled = self.chunk_size(remaining, a["whole"], a["num_new"], a["limit"])
         enabled = self.attach_guard(sq, a)
         rc = st.rc
         for j in range(M):
             rc = cstore(rc, chain[j], hit[j], rc[chain[j]] + 1)
         tab = tuple(z3.If(hit[j], chain[j], sq.tab[j]) for j in range(M))
         st = st.replace(rc=rc).seq(
-            s, live=z3.BoolVal(True), ns=ns, ntok=ntok, nc=cached, nr=cached, len=k, tab=tab,
+            s, live=z3.BoolVal(True), ns=ns, ntok=ntok, nc=cached, nr=cached, len=k,
+            nca=self.cached_tokens(BS, cached, w), win=w, np=ntok, lim=a["limit"], tab=tab,
             lab=tuple(labels),
         )
         st = self.count_admission(st, ntok, cached, remaining)
         return Step("attach", enabled, z3.BoolVal(True), z3.BoolVal(True), st, a), scheduled
+
+    def match_blocks(self, st: State, a: dict[str, Any]) -> tuple[list[Term], list[Term], Term]:
+        """The raw match of an admission: ``(chain, matched, m)``. ``matched[j]``: block ``j``
+        is one of the consecutive hits of the identity chain, capped at ``(ntok - 1) // BS``
+        blocks; ``m`` is how many there are."""
+        chain = self.chain(st, a["ns"], a["labels"])
+        matched, ok = [], z3.BoolVal(True)
+        for j in range(self.bounds.table):
+            ok = z3.And(ok, self.within_cap(st.BS, j, a["ntok"]), chain[j] != NONE)
+            matched.append(ok)
+        return chain, matched, z3.Sum([z3.If(h, 1, 0) for h in matched])
+
+    def chunk_size(self, remaining: Term, whole: Term, num_new: Term, limit: Term) -> Term:
+        """Tokens a prefill chunk reserves (``spec.cache.chunk_end`` without spans): the
+        remaining prompt, at most ``num_new_tokens`` (unless ``whole``) and at most
+        ``kv_token_limit`` (unless 0, i.e. None)."""
+        n = z3.If(z3.Or(whole, remaining <= num_new), remaining, num_new)
+        return z3.If(z3.Or(limit <= 0, n <= limit), n, limit)
+
+    def window_size(self, rb: Term, m: Term) -> Term:
+        """Window blocks of an admission: ``min(recompute_blocks, matched blocks)``."""
+        return z3.If(rb < m, rb, m)
+
+    def attached(self, matched: Term, j: int, m: Term, w: Term) -> Term:
+        """Matched block ``j`` is attached: it is not one of the last ``w`` matched."""
+        return z3.And(matched, j < m - w)
+
+    def cached_tokens(self, BS: Term, cached: Term, w: Term) -> Term:
+        """``num_cached`` recorded for the sequence: the attached tokens only."""
+        return cached
 
     def within_cap(self, BS: Term, j: int, ntok: Term) -> Term:
         """Block ``j`` may be a hit: at least one prompt token stays to compute (choice 4,
@@ -831,9 +959,11 @@ class Encoding:
         return (j + 1) * BS <= ntok - 1
 
     def attach_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
-        """admit succeeds only for a new sequence id, a non-empty prompt, and a positive
-        ``num_new_tokens`` when one is given."""
-        return z3.And(z3.Not(sq.live), a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1))
+        """admit succeeds only for a new sequence id, a non-empty prompt, a positive
+        ``num_new_tokens`` when one is given, ``recompute_blocks >= 0`` and a
+        ``kv_token_limit`` that is None (0) or positive."""
+        return z3.And(z3.Not(sq.live), a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1),
+                      a["recompute_blocks"] >= 0, a["limit"] >= 0)
 
     def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
         st = st.count("admissions", 1).count("queries", ntok).count("hits", cached)
@@ -852,13 +982,14 @@ class Encoding:
         """Last part of admit and append: reserve ``n`` more slots from the free queue.
 
         Enabled only when the free queue already holds the blocks it needs (the evictions
-        that make room come before, as :meth:`op_evict` steps).
+        that make room come before, as :meth:`op_evict` steps) and the reservation keeps
+        within the ``kv_token_limit`` (:meth:`chunk_room`; every caller's guard implies it).
         """
         M, sq = self.bounds.table, st.seqs[s]
         nr = sq.nr + n
         length = self.table_length(nr, st.BS)
         need = length - sq.len
-        enabled = z3.And(sq.live, n >= 0, st.num_free() >= need)
+        enabled = z3.And(sq.live, n >= 0, st.num_free() >= need, self.grow_room(sq, nr))
         qh = st.qh
         st, _ = self.allocate(st, need)
         tab = tuple(
@@ -887,8 +1018,29 @@ class Encoding:
         sq, n = st.seqs[s], a["n"]
         room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a["victims"])
         g = self.grow(d, room, s, n)
-        enabled = z3.And(sq.live, n >= 1, en_room, g.enabled)
+        enabled = z3.And(sq.live, n >= 1, self.growth_guard(sq, n), en_room, g.enabled)
         return Step("append", enabled, g.bounded, choice, g.post, a)
+
+    def growth_guard(self, sq: SeqState, n: Term) -> Term:
+        """``spec.cache.check_growth`` without spans: while the prompt is not fully reserved,
+        growth keeps at most ``kv_token_limit`` uncommitted tokens."""
+        return z3.Implies(z3.And(sq.nr < sq.np, sq.lim > 0), sq.nr + n - sq.nc <= sq.lim)
+
+    def op_continue_prefill(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+        """continue_prefill: once the previous chunk is committed, reserve the next one
+        (evict* ; grow), sized like the first (:meth:`chunk_size`)."""
+        sq = st.seqs[s]
+        n = self.chunk_size(sq.np - sq.nr, a["whole"], a["num_new"], sq.lim)
+        room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a["victims"])
+        g = self.grow(d, room, s, n)
+        enabled = z3.And(self.continue_guard(sq, a), en_room, g.enabled)
+        return Step("continue_prefill", enabled, g.bounded, choice, g.post, a)
+
+    def continue_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+        """continue_prefill succeeds for a live sequence with prompt tokens left to reserve,
+        whose reserved tokens are all committed, and a positive ``num_new_tokens`` if any."""
+        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np,
+                      sq.nc == sq.nr)
 
     def op_commit(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
         """commit: accept tokens, mark KV written, publish the newly full committed blocks."""

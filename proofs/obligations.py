@@ -1,8 +1,9 @@
 """Proof obligations: every invariant is inductive over every operation.
 
 One obligation per (invariant, operation). An operation is proved through its *proof
-steps*: ``admit`` is ``attach ; evict* ; grow`` and ``append`` is ``evict* ; grow`` (that is
-literally how :class:`~.encoding.Encoding` builds them), every other operation is one step.
+steps*: ``admit`` is ``attach ; evict* ; grow``, ``append`` and ``continue_prefill`` are
+``evict* ; grow`` behind their own guards (that is literally how
+:class:`~.encoding.Encoding` builds them), every other operation is one step.
 A step obligation says::
 
     shape(pre) & Inv(pre) & enabled & bounded  ==>  I(post)
@@ -52,15 +53,18 @@ INVARIANT_IDS = (
     "INV-ANCESTOR",
     "INV-WRITE",
     "INV-PUBLISH",
+    "INV-WINDOW",
     "INV-LIMIT",
     "INV-STATS",
     "AUX-CHAIN",
+    "AUX-CHUNK",
 )
 
 OPERATIONS: dict[str, tuple[str, ...]] = {
     "init": ("init",),
     "admit": ("attach", "evict", "grow"),
     "append": ("evict", "grow"),
+    "continue_prefill": ("evict", "grow"),
     "commit": ("commit",),
     "rollback": ("rollback",),
     "free": ("free",),
@@ -89,8 +93,13 @@ STRENGTHENINGS = {
     "after the head means queued. This makes 'free' quantifier-free and the queue "
     "duplicate-free, so its length is the number of free blocks (broken variant "
     "'queue-without-ghost')",
+    "AUX-CHUNK": "1 <= prompt_len <= known tokens, and while the prompt is not computed, "
+    "min(num_reserved, prompt_len) - num_computed <= kv_token_limit. INV-LIMIT's chunk form "
+    "is not inductive over rollback without it: decode growth reserves past the prompt, and "
+    "rolling back into the prompt must land within the limit (broken variant "
+    "'without-aux-chunk')",
     "conjunction": "every step obligation assumes all invariants in the pre-state: only "
-    "INV-LIMIT and INV-STATS are inductive alone (e.g. INV-REF needs INV-PARTITION because "
+    "INV-STATS is inductive alone (e.g. INV-REF needs INV-PARTITION because "
     "allocated blocks must have refcount 0, INV-WRITE needs INV-REF because a private block "
     "must not be shared; '--alone' prints a counterexample for every such case)",
 }
@@ -300,10 +309,19 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
 
     def admit(pre: State, st: Step) -> Any:
         sq = st.post.seqs[0]
-        return z3.And(sq.nc >= pre.BS, st.post.ctr["evictions"] > pre.ctr["evictions"])
+        # a window block is allocated (fresh, private, still to be written)
+        window = z3.Or([z3.And(j < sq.len, enc.in_window(pre.BS, sq, j)) for j in range(M)])
+        return z3.And(sq.nc >= pre.BS, st.post.ctr["evictions"] > pre.ctr["evictions"],
+                      window)
 
     def append(pre: State, st: Step) -> Any:
         return st.post.ctr["evictions"] > pre.ctr["evictions"]
+
+    def continue_prefill(pre: State, st: Step) -> Any:
+        sq, sq2 = pre.seqs[0], st.post.seqs[0]
+        # a resumed chunk cut by the limit, with part of the prompt still to reserve
+        return z3.And(sq.nc > 0, sq.lim > 0, sq2.nr - sq.nr == sq.lim, sq2.nr < sq.np,
+                      sq2.len > sq.len)
 
     def commit(pre: State, st: Step) -> Any:
         sq, sq2 = pre.seqs[0], st.post.seqs[0]
@@ -336,8 +354,10 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
         return z3.Or([pre.pub[b] for b in range(2)])
 
     return {
-        "admit": ("a hit of >= 1 block and an eviction", admit),
+        "admit": ("a hit of >= 1 block, a window block allocated and an eviction", admit),
         "append": ("an eviction to make room", append),
+        "continue_prefill": ("a resumed chunk of kv_token_limit tokens, more to come",
+                             continue_prefill),
         "commit": ("one block published, one full block kept private (duplicate)", commit),
         "rollback": ("a block released", rollback),
         "free": ("two freed tables hold the same block", free),

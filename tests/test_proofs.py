@@ -8,19 +8,23 @@ drift check must catch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 
 pytest.importorskip("z3")
 
+import z3
 from prefixkv.proofs import broken, cli, drift, kernel_index, obligations
-from prefixkv.proofs.concrete import Labels, abstract, concretize
+from prefixkv.proofs.concrete import AbsState, Labels, abstract, bind, concretize
 from prefixkv.proofs.encoding import Bounds, Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
@@ -55,6 +59,9 @@ def test_every_operation_is_non_vacuous(prover: obligations.Prover) -> None:
     assert not bad
     # the free witness really releases one block through two tables
     assert "free(freed=[True, True" in witnesses["free"].state
+    # the admit witness opens a recompute window (INV-WINDOW's block conjunct is exercised)
+    assert re.search(r"recompute_blocks=[1-9]", witnesses["admit"].state)
+    assert re.search(r"window [1-9]", witnesses["admit"].state)
 
 
 def test_admit_and_append_are_literally_their_proof_steps() -> None:
@@ -97,10 +104,13 @@ def test_the_unbroken_encoding_has_no_such_counterexample() -> None:
 
 def test_invariants_alone_are_not_all_inductive() -> None:
     """The strengthening is needed: some invariants fail alone, and each failure comes with
-    a printed counterexample. INV-LIMIT and INV-STATS are inductive alone."""
+    a printed counterexample. INV-STATS is inductive alone; INV-LIMIT's chunk form needs
+    AUX-CHUNK over rollback, and INV-WINDOW needs the others (INV-WRITE, INV-REF)."""
     alone = obligations.inductive_alone(Encoding(Bounds()), max_pool=2)
-    assert not alone["INV-LIMIT"] and not alone["INV-STATS"]
+    assert not alone["INV-STATS"]
+    assert {s for s, _ in alone["INV-LIMIT"]} == {"rollback"}
     assert {s for s, _ in alone["INV-PUBLISH"]} >= {"commit"}
+    assert alone["INV-WINDOW"]
     assert all("-- pre-state --" in str(c) for items in alone.values() for _, c in items)
 
 
@@ -145,8 +155,10 @@ def test_no_drift_on_ten_thousand_checks() -> None:
     assert report.checks >= DRIFT_CHECKS
     assert report.successes > DRIFT_CHECKS // 2 and report.failures > DRIFT_CHECKS // 20
     assert report.invariant_checks > 500
-    for op in ("admit", "append", "commit", "rollback", "free", "evict", "reset_keep",
-               "reset_full"):
+    assert report.windows >= 100  # admissions that open a recompute window
+    assert report.window_states >= 500  # checks from a state with a window block to write
+    for op in ("admit", "append", "continue_prefill", "commit", "rollback", "free", "evict",
+               "reset_keep", "reset_full"):
         assert report.by_op.get(op, 0) >= 200, (op, report.by_op)
 
 
@@ -179,6 +191,66 @@ def spec_without_lru_stamp() -> Iterator[None]:
 def test_a_drifted_spec_is_caught_too(spec_without_lru_stamp: None) -> None:
     with pytest.raises(drift.DriftError):
         drift.run_reachable(Encoding(Bounds()), 3_000, seed=1)
+
+
+@pytest.fixture
+def spec_without_window() -> Iterator[None]:
+    """A drift in the spec's window logic: the match ignores ``recompute_blocks``."""
+    original = spec_cache.SpecCache.match
+
+    def match(self: Any, req: Any) -> Any:
+        if isinstance(req, Request) and req.recompute_blocks:
+            req = attrs.evolve(req, recompute_blocks=0)
+        return original(self, req)
+
+    spec_cache.SpecCache.match = match  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        spec_cache.SpecCache.match = original  # type: ignore[method-assign]
+
+
+def test_a_drifted_spec_window_is_caught(spec_without_window: None) -> None:
+    with pytest.raises(drift.DriftError, match="admit"):
+        drift.run_reachable(Encoding(Bounds()), 3_000, seed=1)
+
+
+def test_window_is_carried_through_the_bridge() -> None:
+    """num_cached and window_blocks go spec -> model -> spec unchanged, and a window block
+    still to be written satisfies INV-WINDOW on both sides."""
+    cache = SpecCache(6, 2)
+    ns = Namespace("model-a")
+    cache.admit(Request("a", [0, 1, 0, 1, 1], ns))
+    cache.commit("a", 5, [3])
+    adm = cache.admit(Request("b", [0, 1, 0, 1, 2], ns, recompute_blocks=1))
+    assert (adm.num_cached_tokens, adm.num_window_blocks) == (2, 1)
+    labels = Labels()
+    state = abstract(cache, ["a", "b", None], labels, 3)
+    sq = state.seqs[1]
+    assert sq is not None and (sq.nca, sq.win, sq.nc) == (2, 1, 2)
+    again, slots = concretize(state, labels)
+    seq = again._s.seqs["seq1"]
+    assert (seq.num_cached, seq.window_blocks) == (2, 1)
+    assert abstract(again, slots, labels, 3).canonical(3) == state.canonical(3)
+    enc = Encoding(Bounds())
+    checker = drift.DriftChecker(enc, 6)
+    assert checker.invariants_hold(state)
+
+    def inv_window(a: AbsState) -> bool:
+        pairs = bind(checker.pre, a, 3)
+        return z3.is_true(z3.simplify(z3.substitute(enc.inv_window(checker.d, checker.pre),
+                                                    *pairs)))
+
+    assert inv_window(state)
+    # the window block (#1 of b) is still to be written: sharing it breaks INV-WINDOW
+    window_block = sq.table[1]
+    shared = dataclasses.replace(state, rc=[r + (b == window_block) for b, r in
+                                             enumerate(state.rc)])
+    assert not inv_window(shared)
+    # once it is recomputed and committed, the window no longer constrains it
+    done = dataclasses.replace(state, seqs=[state.seqs[0], dataclasses.replace(sq, nc=4),
+                                            None], rc=shared.rc)
+    assert inv_window(done)
 
 
 def test_concretize_round_trips_reachable_states() -> None:
