@@ -1,8 +1,34 @@
 """prefixkv.conformance: aim prefixkv's state machines at any block manager.
 
-* :mod:`.machines`: the differential Hypothesis state machines (a reference cache and a
-  candidate driven in lockstep, every invariant checked after every step).
+* :class:`Capabilities`: what the manager under test supports, and whether it must match
+  the spec step for step (``exact``) or only keep every safety invariant.
+* :func:`run_conformance`, :func:`conformance_machine`: run the machines against an adapter
+  factory (see :mod:`.adapter`); the pytest plugin does the same from the command line
+  (``pytest --prefixkv-adapter=module:factory``, see :mod:`.plugin`).
+* :mod:`.machines`: the differential Hypothesis state machines themselves.
 * :mod:`.profiles`: the Hypothesis profiles ``dev``, ``ci`` and ``thorough``.
 
 Needs the ``conformance`` extra (Hypothesis and pytest): ``pip install "prefixkv[conformance]"``.
 """
+
+from .adapter import (
+    AdapterFactory,
+    BlockManagerAdapter,
+    ConformanceFailure,
+    capabilities_of,
+    conformance_machine,
+    load_factory,
+    run_conformance,
+)
+from .capabilities import Capabilities
+
+__all__ = [
+    "AdapterFactory",
+    "BlockManagerAdapter",
+    "Capabilities",
+    "ConformanceFailure",
+    "capabilities_of",
+    "conformance_machine",
+    "load_factory",
+    "run_conformance",
+]

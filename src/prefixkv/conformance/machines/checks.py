@@ -39,7 +39,9 @@ def counted(fn: _F) -> _F:
         try:
             return fn(self, **kwargs)
         finally:
-            cov = type(self).coverage
+            cls = type(self)
+            cls.last_steps += 1
+            cov = cls.coverage
             cov.rules[name] += 1
             if self._rule_raised:
                 cov.invalid_rules[name] += 1

@@ -44,22 +44,28 @@ from hypothesis.stateful import (
 from prefixkv.spec import (
     Admission,
     CacheState,
+    DuplicateSequence,
+    InvalidOperation,
     InvalidRequest,
     InvariantViolation,
     Match,
     MultimodalSpan,
     Namespace,
+    OutOfBlocks,
     PrefixCacheError,
     Request,
     SeqId,
     SeqView,
+    UnknownSequence,
 )
 from prefixkv.spec import invariants as inv
 
+from ..capabilities import Capabilities
 from .checks import CheckFailed, bad_inputs_due, counted, failure_listeners
 from .coverage import RuleCoverage
 from .factories import PairFactory, PoolConfig
 from .features import FeatureRules, admission_checks
+from .replay import HEADER, Recording
 from .strategies import (
     BAD_ACCEPTED,
     BAD_COUNTS,
@@ -160,6 +166,28 @@ BAD_REQUEST_KINDS = (
 )
 
 
+#: The error each bad sequence operation must raise, whatever the state.
+_SEQUENCE_ERRORS: dict[str, type[Exception]] = {
+    **{kind: UnknownSequence for kind in BAD_SEQUENCE_KINDS if kind.startswith("unknown:")},
+    "double_free": DuplicateSequence,
+    "free_unknown_in_batch": UnknownSequence,
+    "free_one_id": InvalidRequest,
+    "free_not_iterable": InvalidRequest,
+    "bad_seq_id_type": InvalidRequest,
+}
+
+#: The error a bad argument must raise whatever the state (kinds whose counts may be valid,
+#: such as ``commit(seq, 0)`` or an admission budget of ``None``, are not listed).
+_ARGUMENT_ERRORS: dict[str, type[Exception]] = {
+    "commit_past_reserved": InvalidOperation,
+    "commit_unknown_tokens": InvalidOperation,
+    "rollback_past_computed": InvalidOperation,
+    "accepted_tokens": InvalidRequest,
+    "reset_flag": InvalidRequest,
+    "admit_over_capacity": OutOfBlocks,
+}
+
+
 class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     """Rules over the whole :class:`~prefixkv.spec.PrefixCache` API; see the module doc.
 
@@ -169,10 +197,17 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
 
     coverage: ClassVar[RuleCoverage] = RuleCoverage()
     namespaces: ClassVar[tuple[Namespace, ...]] = NAMESPACES
+    #: What the candidate supports; rules for missing features never fire.
+    caps: ClassVar[Capabilities] = Capabilities()
     #: The ``CacheState`` fields that must be equal after every step (``None``: all of them).
     #: An adapter for a block manager that cannot render, say, its free queue order can
     #: compare fewer; the invariants are still checked on the whole snapshot.
     compared_fields: ClassVar[frozenset[str] | None] = None
+
+    #: The candidate calls of the latest run, as source (see :mod:`.replay`).
+    last_calls: ClassVar[list[str]] = []
+    #: Rule steps of the latest run (``init`` included).
+    last_steps: ClassVar[int] = 0
 
     seqs = Bundle("seqs")
 
@@ -180,6 +215,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         super().__init__()
         self.ref: Any = None
         self.cand: Any = None
+        self._recorded: Any = None
         self.cfg: PoolConfig | None = None
         self._snap_r: CacheState | None = None
         self._snap_c: CacheState | None = None
@@ -199,9 +235,33 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
         raise NotImplementedError("build the machine with build_machine(make_pair=...)")
 
+    @property
+    def block_size(self) -> int:
+        assert self.cfg is not None
+        return self.cfg.block_size
+
     def _start(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         self.ref, self.cand = type(self).make_pair(cfg)
+        calls = [
+            HEADER,
+            f"cache = make(num_blocks={cfg.num_blocks}, block_size={cfg.block_size}, "
+            f"record_events={cfg.record_events})",
+        ]
+        type(self).last_calls = calls
+        type(self).last_steps = 0
+        self._recorded = Recording(self.cand, calls)
+        type(self).coverage.variants[f"block_size={cfg.block_size}"] += 1
+        if self.ref is None:  # candidate alone: the safety invariants only
+            for attr in ("num_blocks", "block_size"):
+                if getattr(self.cand, attr) != getattr(cfg, attr):
+                    raise CheckFailed(
+                        f"SHAPE({attr})",
+                        f"asked for {getattr(cfg, attr)}, candidate has {getattr(self.cand, attr)}",
+                    )
+            self._snap_c = self._snapshot_candidate("construction")
+            self._check_invariants("construction", None, self._snap_c)
+            return
         for attr in ("num_blocks", "block_size"):
             r, c = getattr(self.ref, attr), getattr(self.cand, attr)
             if r != c:
@@ -209,7 +269,6 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         self._snap_r = self.ref.snapshot()
         self._snap_c = self._snapshot_candidate("construction")
         self._check_states("construction", self._snap_r, self._snap_c)
-        type(self).coverage.variants[f"block_size={cfg.block_size}"] += 1
 
     def _snapshot_candidate(self, what: str) -> CacheState:
         try:
@@ -220,14 +279,59 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
             ) from exc
         return snap
 
-    def _op(self, name: str, fn: Callable[[Any], Any], *, pure: bool = False) -> Outcome:
-        """Run ``fn`` on both caches and check everything; returns the reference's outcome."""
+    def _op(
+        self,
+        name: str,
+        fn: Callable[[Any], Any],
+        *,
+        pure: bool = False,
+        must_raise: type[Exception] | None = None,
+    ) -> Outcome:
+        """Run ``fn`` on both caches and check everything; returns the reference's outcome
+        (the candidate's when it runs alone). ``must_raise``: the operation is invalid
+        whatever the state, and must raise that error type."""
         cov = type(self).coverage
         cov.ops[name] += 1
+        if self.ref is None:
+            out = self._op_alone(name, fn, pure=pure)
+        else:
+            out = self._op_pair(name, fn, pure=pure)
+        if must_raise is not None and not isinstance(out.error, must_raise):
+            raise CheckFailed(
+                f"MUST-RAISE({name})", f"expected {must_raise.__name__}, {out.describe()}"
+            )
+        return out
+
+    def _op_alone(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+        """The candidate alone: no crash, invariants, INV-TXN and purity."""
+        before = self._snap_c
+        assert before is not None
+        out = _run(fn, self._recorded)
+        if out.raised:
+            self._rule_raised = True
+            type(self).coverage.op_errors[name] += 1
+            if not isinstance(out.error, PrefixCacheError):
+                raise CheckFailed(
+                    f"CRASH({name})", f"candidate {out.describe()}: not a PrefixCacheError"
+                ) from out.error
+        snap = self._snapshot_candidate(name)
+        self._check_invariants(name, None, snap)
+        if out.raised or pure:
+            try:
+                inv.check_unchanged(before, snap, name)
+            except InvariantViolation as exc:
+                raise CheckFailed("INV-TXN" if out.raised else "PURE", str(exc)) from None
+        self._snap_c = snap
+        self._views = {v.seq_id: v for v in snap.sequences}
+        return out
+
+    def _op_pair(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+        """Reference and candidate in lockstep: everything must agree."""
+        cov = type(self).coverage
         before_r, before_c = self._snap_r, self._snap_c
         assert before_r is not None and before_c is not None
         out_r = _run(fn, self.ref)
-        out_c = _run(fn, self.cand)
+        out_c = _run(fn, self._recorded)
         if out_r.raised:
             self._rule_raised = True
             cov.op_errors[name] += 1
@@ -265,8 +369,10 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         return out_r
 
     @staticmethod
-    def _check_invariants(name: str, snap_r: CacheState, snap_c: CacheState) -> None:
+    def _check_invariants(name: str, snap_r: CacheState | None, snap_c: CacheState) -> None:
         for prefix, snap in (("", snap_c), ("SPEC:", snap_r)):
+            if snap is None:
+                continue
             found = inv.violations(snap)
             if found:
                 who = "candidate" if not prefix else "reference"
@@ -299,7 +405,8 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
 
     def _check_match(self, req: Request, match: Match, what: str) -> None:
         for prefix, snap in (("", self._snap_c), ("SPEC:", self._snap_r)):
-            assert snap is not None
+            if snap is None:
+                continue
             try:
                 inv.check_match(snap, req, match)
             except InvariantViolation as exc:
@@ -358,7 +465,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         if out.raised:
             return None
         adm: Admission = out.value
-        k = adm.num_cached_tokens // self.ref.block_size
+        k = adm.num_cached_tokens // self.block_size
         if adm.num_cached_tokens != m.value.num_cached_tokens or adm.block_ids[:k] != tuple(
             m.value.block_ids
         ):
@@ -412,7 +519,8 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         if view is None:
             return
         c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
-        if r < view.num_prompt_tokens and (view.kv_token_limit is not None or k % 2 == 0):
+        by_chunks = view.kv_token_limit is not None or k % 2 == 0
+        if self.caps.chunked_prefill and r < view.num_prompt_tokens and by_chunks:
             # prefill by chunks (choice 8); odd k on an unlimited sequence grows by append
             self._prefill_step(seq_id, k + 1, sampled)
             return
@@ -639,6 +747,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         """Evict up to ``n`` cached leaves."""
         self._op("evict", lambda c: c.evict(n))
 
+    @precondition(lambda self: self.caps.reset)
     @rule(mode=st.sampled_from(["preserve", "full", "drain_then_full"]))
     @counted
     def reset(self, mode: str) -> None:
@@ -696,6 +805,8 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     def bad_sequence_op(self, kind: str, seq: SeqId, tokens: tuple[int, ...]) -> None:
         """Unknown ids, double frees, duplicates in a batch, an id admitted twice."""
         self._since_bad = 0
+        if kind.endswith("continue_prefill") and not self.caps.chunked_prefill:
+            return
         type(self).coverage.variants[f"bad_sequence_op:{kind}"] += 1
         ghost = self._ghost()
         ops: dict[str, Callable[[Any], Any]] = {
@@ -716,9 +827,9 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         if kind == "admit_live_id":
             req = Request(seq, tokens, self._ns(self._seq_ns.get(seq, 0)))
             self._op("can_admit", lambda c: c.can_admit(req), pure=True)
-            self._op("admit", lambda c: c.admit(req))
+            self._op("admit", lambda c: c.admit(req), must_raise=DuplicateSequence)
         else:
-            self._op(kind.split(":")[-1], ops[kind])
+            self._op(kind.split(":")[-1], ops[kind], must_raise=_SEQUENCE_ERRORS[kind])
         self._rule_raised = True
 
     @precondition(bad_inputs_due)
@@ -767,7 +878,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
                     "CAN-ADMIT", f"can_admit({over!r}) is True for an oversize prompt"
                 )
         pure = kind.startswith("can_")
-        out = self._op(kind, ops[kind], pure=pure)
+        out = self._op(kind, ops[kind], pure=pure, must_raise=_ARGUMENT_ERRORS.get(kind))
         if kind.startswith("admit") and not out.raised:  # count=None is a valid budget
             self._op("free", lambda x: x.free([req.seq_id]))
         self._rule_raised = True
@@ -819,6 +930,7 @@ def build_machine(
     block_sizes: tuple[int, int] = (1, 4),
     record_events: tuple[bool, ...] = (True, False),
     compared_fields: frozenset[str] | None = None,
+    caps: Capabilities | None = None,
 ) -> type[DifferentialMachine]:
     """A runnable machine class driving the pair ``make_pair`` returns.
 
@@ -836,7 +948,9 @@ def build_machine(
         @initialize(
             num_blocks=st.integers(*num_blocks),
             block_size=st.integers(*block_sizes),
-            record_events=st.sampled_from(record_events),
+            record_events=st.sampled_from(
+                record_events if caps is None or caps.events else (False,)
+            ),
         )
         @counted
         def init(self, num_blocks: int, block_size: int, record_events: bool) -> None:
@@ -845,6 +959,7 @@ def build_machine(
 
     Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
     Machine.compared_fields = compared_fields
+    Machine.caps = Capabilities() if caps is None else caps
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
 

@@ -117,6 +117,8 @@ class FeatureRules(_Base):
     # -- composite steps -------------------------------------------------------------------
 
     def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
+        if not self.caps.lost_reuse:
+            return
         if (
             lost.total != req.num_tokens - cached
             or min(lost.window, lost.span, lost.cap, lost.evicted, lost.never_cached) < 0
@@ -124,7 +126,7 @@ class FeatureRules(_Base):
             raise CheckFailed(
                 "LOST", f"{what}: {lost!r} for {req.num_tokens} tokens, {cached} cached"
             )
-        if lost.window > req.recompute_blocks * self.ref.block_size:
+        if lost.window > req.recompute_blocks * self.block_size:
             raise CheckFailed("LOST", f"{what}: window {lost.window} over {req.recompute_blocks}")
 
     def _continue(self, seq_id: SeqId, budget: int | None) -> int | None:
@@ -162,13 +164,28 @@ class FeatureRules(_Base):
             return False
         if view.num_computed < view.num_reserved:
             return self._commit_chunk(seq_id, sampled)
+        if not self.caps.chunked_prefill:  # no continue_prefill: grow the reservation
+            rest = view.num_prompt_tokens - view.num_reserved
+            return self._append(seq_id, min(rest, budget or rest), only_if_possible=True)
         return self._continue(seq_id, budget) is not None
 
     # -- rules -----------------------------------------------------------------------------
 
+    def _window(self, window: int) -> int:
+        return window if self.caps.recompute_windows else 0
+
     def _rich_request(self, rich: RichArgs) -> Request:
+        """Build a drawn request, without the features the candidate lacks."""
         ns, tokens, placed, window, limit = rich
-        return build_request(self._new_id(), tokens, self._ns(ns), placed, window, limit)
+        caps = self.caps
+        return build_request(
+            self._new_id(),
+            tokens,
+            self._ns(ns),
+            placed if caps.multimodal else [],
+            window if caps.recompute_windows else 0,
+            limit if caps.chunked_prefill else None,
+        )
 
     def _prefill_steps(
         self, seq_id: SeqId, budget: int | None, chunks: int, sampled: tuple[int, ...]
@@ -228,7 +245,7 @@ class FeatureRules(_Base):
         view = self._view(req.seq_id)
         if view is None:
             return
-        committed = view.num_computed - view.num_computed % self.ref.block_size
+        committed = view.num_computed - view.num_computed % self.block_size
         self._free([req.seq_id])
         after = self._op("match", lambda c: c.match(req), pure=True)
         bound = max(before.value.num_cached_tokens, committed)
@@ -258,7 +275,7 @@ class FeatureRules(_Base):
         self._probe_twins(req)
         self._free([req.seq_id])
         self._op("evict", lambda c: c.evict(evictions))
-        again = attrs.evolve(req, seq_id=self._new_id(), recompute_blocks=window)
+        again = attrs.evolve(req, seq_id=self._new_id(), recompute_blocks=self._window(window))
         out = self._op("match", lambda c: c.match(again), pure=True)
         if out.raised:
             return
@@ -267,6 +284,7 @@ class FeatureRules(_Base):
         if self._admit(again, None, only_if_possible=True) is not None:
             self._free([again.seq_id])
 
+    @precondition(lambda self: self.caps.chunked_prefill)
     @rule(seq=seqs, budget=budgets(), sampled=sampled_tokens())
     @counted
     def continue_prefill(self, seq: SeqId, budget: int | None, sampled: tuple[int, ...]) -> None:
@@ -277,6 +295,7 @@ class FeatureRules(_Base):
         if view is not None and view.num_reserved < view.num_prompt_tokens:
             self._continue(seq, budget)
 
+    @precondition(lambda self: self.caps.multimodal)
     @rule(
         target=seqs,
         pick=st.integers(0, 15),
@@ -302,7 +321,7 @@ class FeatureRules(_Base):
         if not self._rich:
             return multiple()
         old = self._rich[pick % len(self._rich)]
-        req = _variant(old, variant, self._new_id(), window)
+        req = _variant(old, variant, self._new_id(), self._window(window))
         out = self._op("match", lambda c: c.match(req), pure=True)
         if out.raised:
             return multiple()
@@ -313,19 +332,20 @@ class FeatureRules(_Base):
         self._prefill_step(req.seq_id, budget, sampled)
         return req.seq_id if req.seq_id in self._views else multiple()
 
+    @precondition(lambda self: self.caps.multimodal)
     @rule(ns=namespace_ids(), tokens=prompts(), placed=items(), window=window_sizes())
     @counted
     def match_rich(
         self, ns: int, tokens: tuple[int, ...], placed: list[tuple[int, int, int]], window: int
     ) -> None:
         """A pure match of a request with items and a window (INV-MATCH, LOST)."""
-        req = build_request("probe", tokens, self._ns(ns), placed, window, None)
+        req = build_request("probe", tokens, self._ns(ns), placed, self._window(window), None)
         out = self._op("match", lambda c: c.match(req), pure=True)
         if not out.raised:
             self._check_match(req, out.value, "match")
             self._check_lost(req, "match", out.value.lost, out.value.num_cached_tokens)
 
-    @precondition(bad_inputs_due)
+    @precondition(lambda self: bad_inputs_due(self) and self.caps.chunked_prefill)
     @rule(
         kind=st.sampled_from(BAD_FEATURE_KINDS),
         seq=seqs,
