@@ -13,3 +13,6 @@ from prefixkv.conformance.profiles import default_profile, register_profiles
 
 register_profiles()
 settings.load_profile(default_profile())
+
+# ``pytester`` runs pytest sessions in-process for the conformance plugin's tests.
+pytest_plugins = ["pytester"]

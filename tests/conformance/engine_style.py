@@ -389,12 +389,19 @@ class EngineStyleManager:
         )
 
 
-def make_manager(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
-    """The adapter factory (``--prefixkv-adapter=tests.conformance.engine_style:make_manager``)."""
-    return EngineStyleManager(num_blocks, block_size, record_events=record_events)
+def factory_for(cls: type[EngineStyleManager]) -> Any:
+    """An adapter factory building ``cls``, with the manager's capabilities declared."""
+
+    def make(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+        return cls(num_blocks, block_size, record_events=record_events)
+
+    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+    make.__name__ = f"make_{cls.__name__}"
+    return make
 
 
-make_manager.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+#: The adapter factory (``--prefixkv-adapter=tests.conformance.engine_style:make_manager``).
+make_manager = factory_for(EngineStyleManager)
 
 
 # -- classic bugs -------------------------------------------------------------------------
@@ -451,3 +458,10 @@ BUGS: dict[str, type[EngineStyleManager]] = {
     "can_admit_ignores_hits": CanAdmitIgnoresHits,
     "double_free_in_batch": DoubleFreeInBatch,
 }
+
+# One factory per bug, for the pytest plugin:
+# ``--prefixkv-adapter=tests.conformance.engine_style:make_stale_hash_after_reuse``.
+make_stale_hash_after_reuse = factory_for(StaleHashAfterReuse)
+make_hit_verified_on_own_block = factory_for(HitVerifiedOnOwnBlock)
+make_can_admit_ignores_hits = factory_for(CanAdmitIgnoresHits)
+make_double_free_in_batch = factory_for(DoubleFreeInBatch)

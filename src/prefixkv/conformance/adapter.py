@@ -153,26 +153,39 @@ def run_conformance(
     max_examples: int | None = None,
     steps: int = 50,
     hasher: str = "fast",
+    profile: str | None = None,
 ) -> ConformanceReport:
     """Run the machines against ``factory``; raise :class:`ConformanceFailure` on a failure.
 
-    Uses the active Hypothesis profile (``max_examples`` overrides its example count).
+    Runs under the Hypothesis profile ``profile`` (``dev``, ``ci``, ``thorough``; default:
+    the active one) without making it the active one; ``max_examples`` overrides its
+    example count, ``steps`` is the most rule steps of one run.
     """
     import time
 
-    from hypothesis import settings
+    from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from .machines import CheckFailed
+    from .profiles import register_profiles
 
+    register_profiles()
+    base = settings.get_profile(profile) if profile is not None else settings()
     machine = conformance_machine(factory, caps, hasher=hasher)
     machine.coverage.reset()
-    extra: dict[str, Any] = {"stateful_step_count": steps, "report_multiple_bugs": False}
+    # NOTE: no explain phase: on a failing machine it re-runs the minimal case hundreds of
+    # times to annotate the rules' arguments, which the replay of adapter calls makes moot,
+    # and it cost four times the search and the shrinking together.
+    extra: dict[str, Any] = {
+        "stateful_step_count": steps,
+        "report_multiple_bugs": False,
+        "phases": [p for p in base.phases if p is not Phase.explain],
+    }
     if max_examples is not None:
         extra["max_examples"] = max_examples
     start = time.perf_counter()
     try:
-        run_state_machine_as_test(machine, settings=settings(**extra))
+        run_state_machine_as_test(machine, settings=settings(base, **extra))
     except CheckFailed as exc:
         calls = list(machine.last_calls)
         raise ConformanceFailure(exc.check, str(exc), calls, machine.last_steps) from exc

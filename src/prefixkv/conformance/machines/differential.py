@@ -188,6 +188,11 @@ _ARGUMENT_ERRORS: dict[str, type[Exception]] = {
 }
 
 
+#: Pure reads left out of replays once they have passed (``match`` and ``can_*`` stay:
+#: they show what the candidate promised before the step that broke the promise).
+_QUIET = frozenset({"seq_ids", "stats", "block_table", "num_computed_tokens"})
+
+
 class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     """Rules over the whole :class:`~prefixkv.spec.PrefixCache` API; see the module doc.
 
@@ -292,10 +297,15 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         whatever the state, and must raise that error type."""
         cov = type(self).coverage
         cov.ops[name] += 1
+        logged = len(type(self).last_calls)
         if self.ref is None:
             out = self._op_alone(name, fn, pure=pure)
         else:
             out = self._op_pair(name, fn, pure=pure)
+        if name in _QUIET and not out.raised:
+            # A read that passed every check cannot have caused a later failure: keep it
+            # out of the replay (runs cut short in shrinking would be full of them).
+            del type(self).last_calls[logged:]
         if must_raise is not None and not isinstance(out.error, must_raise):
             raise CheckFailed(
                 f"MUST-RAISE({name})", f"expected {must_raise.__name__}, {out.describe()}"
@@ -569,7 +579,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         n=st.integers(2, 3),
         steps=st.integers(0, 4),
         sampled=sampled_tokens(),
-        finish_first=st.booleans(),
+        finish=st.sampled_from(["none", "first", "group"]),
     )
     @counted
     def parallel_sampling(
@@ -579,10 +589,12 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         n: int,
         steps: int,
         sampled: tuple[int, ...],
-        finish_first: bool,
+        finish: str,
     ) -> Any:
         """Parallel sampling: one prompt admitted ``n`` times in one step (same-step duplicate
-        prompts), prefilled together, then each sample decodes its own tokens."""
+        prompts), prefilled together, then each sample decodes its own tokens. ``finish``:
+        the first sample finishes early, or the whole group finishes in one batched free
+        (the samples share their prompt blocks: each must be released once per holder)."""
         admitted: list[tuple[SeqId, Admission]] = []
         for _ in range(n):
             req = Request(self._new_id(), tokens, self._ns(ns))
@@ -592,13 +604,16 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         for i, (seq_id, adm) in enumerate(admitted):
             self._commit_prefill(seq_id, adm, sampled[i % len(sampled) :] + sampled)
         live = [seq_id for seq_id, _ in admitted]
-        if finish_first and live:
+        if finish == "first" and live:
             self._free(live[:1])
             live = live[1:]
         for step in range(steps):
             for i, seq_id in enumerate(live):
                 rotated = sampled[(i + step) % len(sampled) :] + sampled
                 self._advance(seq_id, 1, 1, rotated)
+        if finish == "group" and live:
+            self._free([seq_id for seq_id in live if seq_id in self._views])
+            live = []
         return multiple(*(seq_id for seq_id in live if seq_id in self._views))
 
     @rule(
@@ -633,6 +648,27 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
             self._free([req.seq_id])
             return multiple()
         return req.seq_id if req.seq_id in self._views else multiple()
+
+    @rule(target=seqs, seq=seqs, slack=st.integers(-1, 1), filler=st.integers(1, 4))
+    @counted
+    def admit_at_the_edge(self, seq: SeqId, slack: int, filler: int) -> Any:
+        """Share a live sequence's computed blocks in a prompt sized to the pool's edge.
+
+        The new blocks it needs are the free and evictable blocks, ``slack`` more or less.
+        Hits on blocks a live sequence holds cost no supply, so this is where a
+        ``can_admit`` (or an ``admit``) that counts them as new allocations is wrong.
+        """
+        view = self._view(seq)
+        snap = self._snap_c
+        if view is None or snap is None:
+            return multiple()
+        bs = self.block_size
+        shared = view.token_ids[: min(view.num_computed, len(view.token_ids)) // bs * bs]
+        supply = snap.stats.num_free_blocks + snap.stats.num_cached_blocks
+        new = max(1, (supply + slack) * bs - bs // 2)
+        req = Request(self._new_id(), shared + (filler,) * new, self._ns(self._seq_ns.get(seq, 0)))
+        adm = self._admit(req, None, only_if_possible=False)
+        return multiple() if adm is None else req.seq_id
 
     @rule(ns=namespace_ids(), tokens=prompts(), repeats=st.integers(1, 6))
     @counted

@@ -1,0 +1,36 @@
+"""The adapter factories prefixkv ships: its own two caches, as conformance candidates.
+
+They need no wrapping (both already speak the adapter protocol), so these factories only
+fix the constructor's signature. They serve as the known-good baseline of the kit::
+
+    pytest --prefixkv-adapter=prefixkv.conformance.adapters:impl_adapter
+
+and as the template of an adapter factory for another block manager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.spec import SpecCache, fast_hash
+
+from .capabilities import Capabilities
+
+__all__ = ["impl_adapter", "spec_adapter"]
+
+
+def impl_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+    """``prefixkv.impl.PrefixCacheManager``: every capability, exact against the spec."""
+    from prefixkv.impl import PrefixCacheManager
+
+    return PrefixCacheManager(num_blocks, block_size, hasher=fast_hash, record_events=record_events)
+
+
+def spec_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> SpecCache:
+    """``prefixkv.spec.SpecCache`` itself: the spec conforms to the spec, trivially in exact
+    mode and non-trivially in the policy-agnostic mode (``-exact``)."""
+    return SpecCache(num_blocks, block_size, hasher=fast_hash, record_events=record_events)
+
+
+impl_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]
+spec_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]

@@ -1,0 +1,81 @@
+"""The pytest plugin: ``--prefixkv-adapter`` adds a conformance test, and a failure prints
+the replay of adapter calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).parent
+_ARGS = ("-p", "no:cacheprovider", "--prefixkv-profile=ci", "--prefixkv-steps=30")
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    pytester.syspathinsert(_HERE)
+    return pytester.runpytest_inprocess(*_ARGS, *args)
+
+
+def test_inert_without_an_adapter(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_other():\n    pass\n")
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+
+
+def test_a_conforming_adapter_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_other():\n    pass\n")
+    result = _run(
+        pytester,
+        "--prefixkv-adapter=engine_style:make_manager",
+        "--prefixkv-examples=20",
+        "--prefixkv-only",
+    )
+    result.assert_outcomes(passed=1, deselected=1)
+
+
+def test_a_bug_fails_with_a_replay(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "--prefixkv-adapter=engine_style:make_stale_hash_after_reuse")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*engine_style:make_stale_hash_after_reuse failed INV-INDEX*",
+            "*minimal replay (* steps, * adapter calls):*",
+            "*cache = make(num_blocks=*",
+        ]
+    )
+    # The replay replaces Hypothesis's own report of rule calls.
+    assert "state = Conformance()" not in result.stdout.str()
+
+
+def test_capabilities_from_the_command_line(pytester: pytest.Pytester) -> None:
+    """The engine-style manager evicts FIFO: declared exact, it must fail."""
+    result = _run(
+        pytester, "--prefixkv-adapter=engine_style:make_manager", "--prefixkv-capabilities=+exact"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*engine_style:make_manager failed *"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--prefixkv-adapter=nowhere:make",), "*No module named 'nowhere'*"),
+        (("--prefixkv-adapter=engine_style",), "*expected MODULE:FACTORY*"),
+        (
+            ("--prefixkv-adapter=engine_style:make_manager", "--prefixkv-capabilities=-multimodl"),
+            "*unknown capability 'multimodl'*",
+        ),
+    ],
+)
+def test_bad_options_fail_clearly(
+    pytester: pytest.Pytester, args: tuple[str, ...], message: str
+) -> None:
+    result = _run(pytester, *args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([message])
+
+
+def test_bad_step_count_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "--prefixkv-steps=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--prefixkv-steps*at least 1*"])
