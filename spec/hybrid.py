@@ -62,6 +62,9 @@ from .state import CacheState, CheckpointView, StateSlotsView
 
 __all__ = [
     "CHECKPOINT",
+    "PINNED",
+    "READY",
+    "RESERVED",
     "RUNTIME",
     "HybridSpecCache",
     "StateSlotPool",
