@@ -82,6 +82,8 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
         except PatchError as exc:
             return {**row, "applies": False, "caught": False, "check": None, "error": str(exc)}
     cmd = [sys.executable, "-m", "tests.mutation.worker", "--impl", str(directory)]
+    # the control run must survive every stage; a bug is hunted by its own machines
+    cmd += ["--machine", "all" if bug is None else bug.machine]
     if shrink:
         cmd.append("--shrink")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

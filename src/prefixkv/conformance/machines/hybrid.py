@@ -312,6 +312,8 @@ class HybridMachine(DifferentialMachine):
         """A prompt runs and saves; a longer one with its prefix is admitted (its restore
         pins the checkpoint); eviction runs while the restore is pending (the node is held,
         so it cannot go stale); then the owner aborts: the checkpoint is Ready again."""
+        if evict >= 30:  # start from an empty cache: the pinned checkpoint is the oldest
+            self._op("evict", lambda c: c.evict(evict))
         first = Request(self._new_id(), tokens, self._ns(ns))
         adm = self._admit(first, None, only_if_possible=True)
         if adm is not None:
@@ -322,11 +324,23 @@ class HybridMachine(DifferentialMachine):
         adm = self._admit(req, None, only_if_possible=True)
         if adm is None:
             return
+        probe = attrs.evolve(req, seq_id="probe")
         if adm.restore_slot is not None:
             type(self).coverage.variants["evict_while_pinned"] += 1
+            # while pinned: the same prompt must not restore it (it is not Ready), and a
+            # newcomer's runtime slot must not be taken from it (slot pressure skips pins)
+            self._op("match", lambda c: c.match(probe), pure=True)
+            others = []
+            for i in range(3):
+                other = Request(self._new_id(), (*tokens, *extra, i), self._ns(ns + 1))
+                got = self._admit(other, None, only_if_possible=False)
+                if got is not None:  # its prefill saves a checkpoint newer than the pinned
+                    self._commit_prefill(other.seq_id, got, extra)
+                    others.append(other.seq_id)
+            if others:
+                self._free(others)
         self._op("evict", lambda c: c.evict(evict))
         self._free([req.seq_id])
-        probe = attrs.evolve(req, seq_id="probe")
         self._op("match", lambda c: c.match(probe), pure=True)
 
     @precondition(bad_inputs_due)
