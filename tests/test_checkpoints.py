@@ -306,3 +306,46 @@ def test_spec_and_impl_agree_on_a_scenario() -> None:
         cache.admit(req("c", 6, namespace=Namespace("x")))
     a, b = (c.snapshot() for c in caches)
     assert a == b
+
+
+# -- the hybrid workload of `prefixkv simulate` -----------------------------------------------
+
+
+def test_hybrid_workload_spec_and_impl_agree() -> None:
+    """The hybrid-model replay (chunks, drafts, restores) saves exactly as much on both."""
+    from prefixkv.simulate import WORKLOADS, make_cache, replay
+    from prefixkv.workloads import chat_workload
+
+    _, preset = WORKLOADS["hybrid"]
+    assert preset.hybrid is not None
+    w = chat_workload(attrs.evolve(preset.workload, conversations=4, seed=3))
+    results = [
+        replay(
+            make_cache(kind, 64, 4, hybrid=preset.hybrid),
+            w,
+            live=2,
+            drive=preset.drive,
+            check_every=25,
+        )
+        for kind in ("spec", "impl")
+    ]
+    spec, impl = (attrs.asdict(r, filter=lambda a, _: a.name != "wall_time_s") for r in results)
+    assert spec == impl
+    r = results[0]
+    assert r.hybrid and r.checkpoints_saved > 0 and r.checkpoints_restored > 0
+    assert 0 < r.hit_rate <= r.kv_hit_rate < 1
+    assert r.lost_checkpoint == round((r.kv_hit_rate - r.hit_rate) * r.prefill_tokens)
+
+
+def test_simulate_hybrid_cli_reports_both_hit_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from prefixkv import cli
+
+    code = cli.main(
+        ["simulate", "--workload", "hybrid", "--json", "--conversations", "20", "--turns", "3"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["hybrid"] and report["hybrid_model"]["state_budget"] == 256
+    assert 0 < report["hit_rate"] < report["kv_hit_rate"] <= 1
+    assert report["checkpoints_restored"] > 0
