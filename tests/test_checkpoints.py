@@ -349,3 +349,18 @@ def test_simulate_hybrid_cli_reports_both_hit_rates(capsys: pytest.CaptureFixtur
     assert code == 0 and report["hybrid"] and report["hybrid_model"]["state_budget"] == 256
     assert 0 < report["hit_rate"] < report["kv_hit_rate"] <= 1
     assert report["checkpoints_restored"] > 0
+
+
+def test_runtime_checker_covers_the_hybrid_operations() -> None:
+    """prefixkv.spec.checked checks restore_issued and the hybrid queries too."""
+    from prefixkv.spec import checked
+
+    cache = checked(HybridPrefixCacheManager(16, 4, max_num_seqs=4, state_budget=2), enabled=True)
+    prefill(cache, "a", 10)
+    cache.free(["a"])
+    cache.admit(req("b", 12))
+    before = cache.num_checks
+    assert cache.pending_restore("b") is not None and cache.state_slot("b") >= 0
+    cache.restore_issued("b")
+    assert cache.checkpoint_reservation("b") is not None  # b saves at 12 when it commits
+    assert cache.num_checks == before + 4

@@ -65,7 +65,7 @@ HYBRID_CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
 }
 
 HYBRID_STAGES: tuple[Stage, ...] = tuple(
-    stage for r in range(4) for stage in (Stage("hybrid", r, 10), Stage("hybrid_weak", r, 5))
+    stage for r in range(3) for stage in (Stage("hybrid", r, 10), Stage("hybrid_weak", r, 5))
 )
 
 #: ``--machine`` -> the stages a worker runs.
