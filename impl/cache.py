@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prefixkv.spec.cache import check_count, check_growth, check_pool_shape, chunk_end
 from prefixkv.spec.errors import (
@@ -117,6 +117,9 @@ class PrefixCacheManager:
         self._lost_cap = 0
         self._lost_evicted = 0
         self._lost_never_cached = 0
+        self._lost_checkpoint = 0
+        # Called with each evicted block id; None unless a subclass hangs data off nodes.
+        self._evict_hook: Callable[[int], None] | None = None
         # Hashes of evicted identities, oldest first, at most num_blocks of them: only to
         # tell "evicted" from "never cached" in LostReuse.
         self._evicted: OrderedDict[int, None] = OrderedDict()
@@ -321,6 +324,7 @@ class PrefixCacheManager:
             lost_cap=self._lost_cap,
             lost_evicted=self._lost_evicted,
             lost_never_cached=self._lost_never_cached,
+            lost_checkpoint=self._lost_checkpoint,
         )
 
     @property
@@ -373,6 +377,7 @@ class PrefixCacheManager:
         parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
         buckets = self._index._buckets
         events = self._events if self._record_events else None
+        hook = self._evict_hook
         remembered, forget_at = self._evicted, self._num_blocks
         pop, push = heapq.heappop, heapq.heappush
         evicted = 0
@@ -408,6 +413,8 @@ class PrefixCacheManager:
                     remembered.popitem(last=False)
             if events is not None:
                 events.append(BlockRemoved((h,)))
+            if hook is not None:
+                hook(b)
         self._num_cached -= evicted
         self._num_published -= evicted
         self._num_reclaimable -= evicted
@@ -555,6 +562,7 @@ class PrefixCacheManager:
         self._lost_cap += lost.cap
         self._lost_evicted += lost.evicted
         self._lost_never_cached += lost.never_cached
+        self._lost_checkpoint += lost.checkpoint
         return Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,

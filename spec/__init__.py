@@ -12,10 +12,13 @@ from .errors import (
     InvalidOperation,
     InvalidRequest,
     OutOfBlocks,
+    OutOfStateSlots,
     PrefixCacheError,
     UnknownSequence,
+    WrongSlotRole,
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .hybrid import HybridSpecCache, StateSlotPool
 from .identity import (
     HASHERS,
     BlockHasher,
@@ -28,10 +31,10 @@ from .identity import (
 from .invariants import InvariantViolation, check, check_match, violations
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
-from .protocol import Inspectable, PrefixCache
+from .protocol import HybridPrefixCache, Inspectable, PrefixCache
 from .request import Request, SeqId
 from .results import Admission, CacheStats, LostReuse, Match
-from .state import BlockView, CacheState, SeqView
+from .state import BlockView, CacheState, CheckpointView, SeqView, StateSlotsView
 
 __all__ = [
     "HASHERS",
@@ -46,7 +49,10 @@ __all__ = [
     "CacheState",
     "CacheStats",
     "CheckedCache",
+    "CheckpointView",
     "DuplicateSequence",
+    "HybridPrefixCache",
+    "HybridSpecCache",
     "Inspectable",
     "InvalidOperation",
     "InvalidRequest",
@@ -57,13 +63,17 @@ __all__ = [
     "MultimodalSpan",
     "Namespace",
     "OutOfBlocks",
+    "OutOfStateSlots",
     "PrefixCache",
     "PrefixCacheError",
     "Request",
     "SeqId",
     "SeqView",
     "SpecCache",
+    "StateSlotPool",
+    "StateSlotsView",
     "UnknownSequence",
+    "WrongSlotRole",
     "check",
     "check_match",
     "checked",

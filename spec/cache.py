@@ -192,6 +192,7 @@ class _Counters:
     lost_cap: int = 0
     lost_evicted: int = 0
     lost_never_cached: int = 0
+    lost_checkpoint: int = 0
 
 
 @attrs.define
@@ -392,7 +393,11 @@ class SpecCache:
         blocks[victim] = _Block()
         self._s.free.append(victim)
         self._s.counters.evictions += 1
+        self._on_evicted(victim)
         return True
+
+    def _on_evicted(self, block: int) -> None:
+        """A published block was just evicted (a hook for what hangs off a node)."""
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` free blocks, evicting leaves first if the free queue is short."""
@@ -467,6 +472,7 @@ class SpecCache:
             c.lost_cap += lost.cap
             c.lost_evicted += lost.evicted
             c.lost_never_cached += lost.never_cached
+            c.lost_checkpoint += lost.checkpoint
             return Admission(
                 seq_id=req.seq_id,
                 num_cached_tokens=cached,

@@ -50,12 +50,16 @@ _QUERIES = frozenset(
         "num_computed_tokens",
         "seq_ids",
         "stats",
+        # hybrid caches (HybridPrefixCache)
+        "state_slot",
+        "pending_restore",
+        "checkpoint_reservation",
     }
 )
 #: Calls that may change the snapshot when they succeed.
 _UPDATES = frozenset(
     {"admit", "continue_prefill", "append", "commit", "rollback", "free", "evict", "reset",
-     "take_events"}
+     "take_events", "restore_issued"}
 )  # fmt: skip
 
 

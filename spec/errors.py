@@ -15,8 +15,10 @@ __all__ = [
     "InvalidOperation",
     "InvalidRequest",
     "OutOfBlocks",
+    "OutOfStateSlots",
     "PrefixCacheError",
     "UnknownSequence",
+    "WrongSlotRole",
 ]
 
 
@@ -52,3 +54,15 @@ class OutOfBlocks(PrefixCacheError, RuntimeError):
 
 class CacheBusy(PrefixCacheError, RuntimeError):
     """A full reset was asked for while sequences are still live."""
+
+
+class OutOfStateSlots(OutOfBlocks):
+    """A hybrid model has no recurrent-state slot for a new sequence.
+
+    NOTE: a subclass of :class:`OutOfBlocks` on purpose: an engine that already backs off
+    on ``OutOfBlocks`` (and ``can_admit``, which returns False on it) needs no new path.
+    """
+
+
+class WrongSlotRole(PrefixCacheError, ValueError):
+    """A state slot was freed under another role (runtime vs checkpoint) than it holds."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .hybrid import save_point
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
 from .request import Request
@@ -20,6 +21,7 @@ from .results import Match
 from .state import CacheState
 
 __all__ = [
+    "HYBRID_INVARIANTS",
     "INVARIANTS",
     "InvariantViolation",
     "Violation",
@@ -41,6 +43,10 @@ INVARIANTS = (
     "INV-MATCH",
     "INV-STATS",
 )
+
+#: Invariants of the optional hybrid-model capability (choice 7): ``check`` evaluates them
+#: on every snapshot that carries ``state_slots`` (a hybrid cache's) and skips them otherwise.
+HYBRID_INVARIANTS = ("INV-CKPT",)
 
 
 @attrs.frozen
@@ -79,6 +85,7 @@ def violations(obj: CacheState | Inspectable) -> list[Violation]:
         ("INV-LIMIT", _inv_limit),
         ("INV-MATCH", _inv_match_state),
         ("INV-STATS", _inv_stats),
+        ("INV-CKPT", _inv_ckpt),
     ):
         found.extend(Violation(name, msg) for msg in gen(s))
     return found
@@ -353,6 +360,115 @@ def _inv_stats(s: CacheState) -> Iterator[str]:
         yield f"stats count {st.num_sequences} sequences, {len(s.sequences)} are live"
     if st.hits > st.prefill_tokens_skipped or st.evictions < 0:
         yield "hit and skip counters disagree"
-    lost = st.lost_window + st.lost_span + st.lost_cap + st.lost_evicted + st.lost_never_cached
+    lost = (
+        st.lost_window
+        + st.lost_span
+        + st.lost_cap
+        + st.lost_evicted
+        + st.lost_never_cached
+        + st.lost_checkpoint
+    )
     if lost != st.prefill_tokens_computed:
         yield f"the lost-reuse split adds up to {lost}, not {st.prefill_tokens_computed}"
+
+
+def _inv_ckpt(s: CacheState) -> Iterator[str]:
+    """Checkpoints follow the lifecycle; slots, nodes and owners are one to one.
+
+    * the free slots, the runtime slots and the checkpoint slots partition the pool, and
+      each live sequence holds exactly one runtime slot (at most ``num_runtime_slots``);
+    * a Reserved checkpoint belongs to one live sequence, at most one per sequence, and
+      sits at that sequence's save point (never past its reserved tokens);
+    * a Ready or Pinned checkpoint hangs off a published node whose boundary it is at, and
+      each node has at most one;
+    * a Pinned checkpoint is the restore source of a live sequence: that sequence's hit
+      ends exactly at the checkpoint's boundary and its block table holds the node (so the
+      node is not a leaf, and the checkpoint cannot become stale while pinned).
+    """
+    h = s.state_slots
+    if h is None:
+        return
+    bs = s.block_size
+    total = h.num_runtime_slots + h.state_budget
+    seqs = {v.seq_id: v for v in s.sequences}
+    holders: Counter[int] = Counter(h.free_slots)
+    holders.update(slot for _, slot in h.runtime)
+    holders.update(ck.slot for ck in h.checkpoints)
+    for slot, n in holders.items():
+        if not 0 <= slot < total:
+            yield f"state slot {slot} is outside the pool of {total}"
+        elif n > 1:
+            yield f"state slot {slot} is held {n} times (free, runtime or checkpoint)"
+    if sum(holders.values()) != total:
+        yield f"{sum(holders.values())} state slots are accounted for, the pool has {total}"
+    runtime = dict(h.runtime)
+    if set(runtime) != set(seqs) or len(h.runtime) != len(runtime):
+        yield f"runtime slots are held by {sorted(map(str, runtime))}, live: {len(seqs)}"
+    if len(runtime) > h.num_runtime_slots:
+        yield f"{len(runtime)} runtime slots in use, max_num_seqs is {h.num_runtime_slots}"
+    nodes: Counter[int] = Counter()
+    owned: Counter[tuple[object, str]] = Counter()
+    for ck in h.checkpoints:
+        if ck.boundary <= 0 or ck.boundary % bs:
+            yield f"checkpoint {ck.slot} is at {ck.boundary}, not a block boundary"
+            continue
+        if ck.status == "reserved":
+            seq = seqs.get(ck.owner) if ck.owner is not None else None
+            if seq is None or ck.node is not None:
+                yield f"reserved checkpoint {ck.slot} has owner {ck.owner!r} and node {ck.node}"
+                continue
+            owned[(ck.owner, ck.status)] += 1
+            want = save_point(
+                seq.num_computed,
+                seq.num_reserved,
+                seq.num_prompt_tokens,
+                bs,
+                h.decode_state_interval,
+            )
+            if ck.boundary != want:
+                yield (
+                    f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, its "
+                    f"save point is {want}"
+                )
+            continue
+        if ck.status not in ("ready", "pinned"):
+            yield f"checkpoint {ck.slot} has unknown status {ck.status!r}"
+            continue
+        if ck.node is None or not 0 <= ck.node < s.num_blocks:
+            yield f"{ck.status} checkpoint {ck.slot} has no node"
+            continue
+        nodes[ck.node] += 1
+        view = s.blocks[ck.node]
+        if not view.published:
+            yield f"{ck.status} checkpoint {ck.slot} hangs off block {ck.node}, not published"
+        elif view.depth * bs != ck.boundary:
+            yield f"checkpoint {ck.slot} at {ck.boundary} is on node {ck.node} (depth {view.depth})"
+        if ck.status == "ready":
+            if ck.owner is not None:
+                yield f"ready checkpoint {ck.slot} has an owner {ck.owner!r}"
+            continue
+        seq = seqs.get(ck.owner) if ck.owner is not None else None
+        if seq is None:
+            yield f"pinned checkpoint {ck.slot} has no live restore owner ({ck.owner!r})"
+            continue
+        owned[(ck.owner, ck.status)] += 1
+        j = ck.boundary // bs - 1
+        if seq.num_cached_tokens != ck.boundary:
+            yield (
+                f"{ck.owner!r} restores checkpoint {ck.slot} at {ck.boundary}, but its hit "
+                f"ends at {seq.num_cached_tokens}"
+            )
+        elif j >= len(seq.block_ids) or seq.block_ids[j] != ck.node:
+            yield f"{ck.owner!r} restores checkpoint {ck.slot} but does not hold node {ck.node}"
+    for node, n in nodes.items():
+        if n > 1:
+            yield f"node {node} has {n} checkpoints"
+    for (owner, status), n in owned.items():
+        if n > 1:
+            yield f"sequence {owner!r} owns {n} {status} checkpoints"
+    st = s.stats
+    if (st.num_state_slots, st.num_state_slots_used) != (total, total - len(h.free_slots)):
+        yield (
+            f"stats count {st.num_state_slots_used}/{st.num_state_slots} state slots used, "
+            f"the pool has {total - len(h.free_slots)}/{total}"
+        )

@@ -15,7 +15,7 @@ from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
 from .state import CacheState
 
-__all__ = ["Inspectable", "PrefixCache"]
+__all__ = ["HybridPrefixCache", "Inspectable", "PrefixCache"]
 
 
 @runtime_checkable
@@ -117,3 +117,41 @@ class Inspectable(Protocol):
     """A cache that can render an implementation-neutral snapshot of itself."""
 
     def snapshot(self) -> CacheState: ...
+
+
+@runtime_checkable
+class HybridPrefixCache(PrefixCache, Protocol):
+    """A prefix cache for hybrid (attention + recurrent) models: checkpoints and routed
+    experts (choices 7 and 11). An optional capability: see docs/checkpoints.md.
+
+    ``match``/``admit`` hit only at a boundary with a Ready checkpoint, and report the slot
+    to restore (``restore_slot``) and the runtime slot (``state_slot``).
+    """
+
+    def commit(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int] = (),
+        routed_experts: Sequence[bytes] | None = None,
+    ) -> None:
+        """As :meth:`PrefixCache.commit`; ``routed_experts`` has one entry per block this
+        commit completes. A reserved checkpoint whose boundary the commit covers becomes
+        Ready."""
+        ...
+
+    def restore_issued(self, seq_id: SeqId) -> None:
+        """The engine copied the pending restore's checkpoint; unpin it."""
+        ...
+
+    def pending_restore(self, seq_id: SeqId) -> int | None:
+        """The checkpoint slot to restore before the first forward, if one is pending."""
+        ...
+
+    def state_slot(self, seq_id: SeqId) -> int:
+        """The sequence's runtime recurrent-state slot."""
+        ...
+
+    def checkpoint_reservation(self, seq_id: SeqId) -> tuple[int, int] | None:
+        """``(slot, position)``: where this step must save the state, if anywhere."""
+        ...

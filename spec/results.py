@@ -26,8 +26,10 @@ class LostReuse:
       (tracked by their hash in a bounded record of evictions, so a weak hash can
       misclassify here; it never affects what is reused).
     * ``never_cached``: the rest, including the partial last block.
+    * ``checkpoint`` (hybrid models only): blocks the KV chain could serve, past the deepest
+      boundary with a Ready recurrent-state checkpoint (choice 7). Always 0 otherwise.
 
-    ``cached + window + span + cap + evicted + never_cached == len(prompt)``.
+    ``cached + window + span + cap + evicted + never_cached + checkpoint == len(prompt)``.
     """
 
     window: int = 0
@@ -35,10 +37,13 @@ class LostReuse:
     cap: int = 0
     evicted: int = 0
     never_cached: int = 0
+    checkpoint: int = 0
 
     @property
     def total(self) -> int:
-        return self.window + self.span + self.cap + self.evicted + self.never_cached
+        return (
+            self.window + self.span + self.cap + self.evicted + self.never_cached + self.checkpoint
+        )
 
 
 @attrs.frozen
@@ -58,6 +63,10 @@ class Match:
     lost: LostReuse = LostReuse()
     num_window_blocks: int = 0
     """Matched blocks after ``block_ids`` that will be recomputed into private blocks."""
+    restore_slot: int | None = None
+    """Hybrid models: the state slot of the Ready checkpoint at the hit's boundary."""
+    routed_experts: tuple[bytes, ...] | None = None
+    """Routed-expert data of every hit block, or None unless every hit block carries it."""
 
     @property
     def num_blocks(self) -> int:
@@ -80,6 +89,12 @@ class Admission:
     num_evicted: int
     lost: LostReuse = LostReuse()
     num_window_blocks: int = 0
+    restore_slot: int | None = None
+    """Hybrid models: the checkpoint to restore, pinned until ``restore_issued``."""
+    state_slot: int | None = None
+    """Hybrid models: the sequence's runtime recurrent-state slot."""
+    routed_experts: tuple[bytes, ...] | None = None
+    """Routed-expert data to replay for the hit blocks (see :class:`Match`)."""
 
 
 @attrs.frozen
@@ -111,6 +126,22 @@ class CacheStats:
     lost_cap: int = 0
     lost_evicted: int = 0
     lost_never_cached: int = 0
+    lost_checkpoint: int = 0
+    # Hybrid models only (choice 7); 0 otherwise. A checkpoint's fate is one of saved (it
+    # became Ready), discarded (reserved, never Ready), then restored (any number of times),
+    # released stale (its node was evicted) or evicted (its slot was taken back).
+    checkpoints_saved: int = 0
+    checkpoints_discarded: int = 0
+    checkpoints_restored: int = 0
+    checkpoints_released_stale: int = 0
+    checkpoints_evicted: int = 0
+    num_state_slots: int = 0
+    num_state_slots_used: int = 0
+
+    @property
+    def state_slot_utilization(self) -> float:
+        """Fraction of the recurrent-state slots (runtime and checkpoint) in use."""
+        return self.num_state_slots_used / self.num_state_slots if self.num_state_slots else 0.0
 
     @property
     def hit_rate(self) -> float:

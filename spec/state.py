@@ -14,7 +14,7 @@ from .events import KVEvent
 from .request import SeqId
 from .results import CacheStats
 
-__all__ = ["BlockView", "CacheState", "SeqView"]
+__all__ = ["BlockView", "CacheState", "CheckpointView", "SeqView", "StateSlotsView"]
 
 
 @attrs.frozen
@@ -37,6 +37,8 @@ class BlockView:
     block_hash: int | None = None
     depth: int = 0
     last_use: int = 0
+    routed_experts: bytes | None = None
+    """Routed-expert data riding on a published block (never part of its identity)."""
 
 
 @attrs.frozen
@@ -69,6 +71,45 @@ class SeqView:
 
 
 @attrs.frozen
+class CheckpointView:
+    """One recurrent-state checkpoint (hybrid models, choice 7).
+
+    ``status`` is ``"reserved"`` (``owner`` will save into it), ``"ready"`` (restorable,
+    ``node`` is the published block whose boundary it is at), or ``"pinned"`` (Ready, and a
+    restore by ``owner`` is pending). ``order`` ranks Ready checkpoints by when they were
+    saved: slot pressure evicts the oldest unpinned one first.
+    """
+
+    slot: int
+    status: str
+    boundary: int
+    owner: SeqId | None = None
+    node: int | None = None
+    order: int = 0
+
+
+@attrs.frozen
+class StateSlotsView:
+    """The recurrent-state slot pool of a hybrid cache.
+
+    ::
+
+        slots   [ 0 .............................................. R + B - 1 ]
+                  each one free, a runtime slot (one per live sequence, at most R),
+                  or a checkpoint slot (idle runtime slots are lent to checkpoints)
+    """
+
+    num_runtime_slots: int
+    state_budget: int
+    decode_state_interval: int
+    free_slots: tuple[int, ...]
+    runtime: tuple[tuple[SeqId, int], ...]
+    """(sequence, runtime slot) in admission order."""
+    checkpoints: tuple[CheckpointView, ...]
+    """Sorted by slot."""
+
+
+@attrs.frozen
 class CacheState:
     num_blocks: int
     block_size: int
@@ -80,3 +121,5 @@ class CacheState:
     """Live sequences in admission order."""
     stats: CacheStats
     pending_events: tuple[KVEvent, ...]
+    state_slots: StateSlotsView | None = None
+    """Hybrid caches only."""

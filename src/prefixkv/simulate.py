@@ -30,6 +30,8 @@ import attrs
 
 from prefixkv.spec import (
     HASHERS,
+    HybridPrefixCache,
+    HybridSpecCache,
     Inspectable,
     Namespace,
     OutOfBlocks,
@@ -46,6 +48,7 @@ __all__ = [
     "SPEC_PRESET",
     "WORKLOADS",
     "Drive",
+    "HybridModel",
     "Preset",
     "SimulationResult",
     "make_cache",
@@ -79,6 +82,20 @@ class Drive:
 
 
 @attrs.frozen
+class HybridModel:
+    """A hybrid (attention + recurrent) model: its recurrent-state slot pool (choice 7).
+
+    ``max_num_seqs`` runtime slots (live sequences, finished ones kept live included),
+    ``state_budget`` checkpoint slots beyond them, and a decode checkpoint every
+    ``decode_state_interval`` tokens.
+    """
+
+    max_num_seqs: int
+    state_budget: int
+    decode_state_interval: int
+
+
+@attrs.frozen
 class Preset:
     """Defaults for one cache kind: the workload shape, the pool and how it is driven."""
 
@@ -87,6 +104,7 @@ class Preset:
     block_size: int
     live: int
     drive: Drive = Drive()
+    hybrid: HybridModel | None = None
 
 
 #: The impl runs the benchmark's chat workload on a pool small enough to evict.
@@ -131,12 +149,41 @@ WORKLOADS: dict[str, tuple[Preset, Preset]] = {
         attrs.evolve(IMPL_PRESET, drive=_SPECULATIVE),
         attrs.evolve(SPEC_PRESET, drive=_SPECULATIVE),
     ),
+    # A hybrid model: hits only where a recurrent-state checkpoint was saved (each prefill
+    # chunk's last full block, every 4 blocks of decode); chunked prefill, 2 drafts a step.
+    "hybrid": (
+        attrs.evolve(
+            IMPL_PRESET,
+            drive=Drive(kv_token_limit=256, draft_tokens=2),
+            hybrid=HybridModel(max_num_seqs=40, state_budget=256, decode_state_interval=64),
+        ),
+        attrs.evolve(
+            SPEC_PRESET,
+            drive=Drive(kv_token_limit=16, draft_tokens=2),
+            hybrid=HybridModel(max_num_seqs=6, state_budget=8, decode_state_interval=16),
+        ),
+    ),
 }
 
 
-def make_cache(kind: str, num_blocks: int, block_size: int, hash_name: str = "fast") -> PrefixCache:
-    """A fresh ``"impl"`` (:class:`~prefixkv.impl.PrefixCacheManager`) or ``"spec"`` cache."""
+def make_cache(
+    kind: str,
+    num_blocks: int,
+    block_size: int,
+    hash_name: str = "fast",
+    hybrid: HybridModel | None = None,
+) -> PrefixCache:
+    """A fresh ``"impl"`` (:class:`~prefixkv.impl.PrefixCacheManager`) or ``"spec"`` cache;
+    their hybrid-model variants when ``hybrid`` is given."""
     hasher = HASHERS[hash_name]
+    if hybrid is not None:
+        kwargs = attrs.asdict(hybrid)
+        if kind == "spec":
+            return HybridSpecCache(num_blocks, block_size, hasher=hasher, **kwargs)
+        if kind == "impl":
+            from prefixkv.impl import HybridPrefixCacheManager
+
+            return HybridPrefixCacheManager(num_blocks, block_size, hasher=hasher, **kwargs)
     if kind == "spec":
         return SpecCache(num_blocks, block_size, hasher=hasher)
     if kind == "impl":
@@ -175,6 +222,17 @@ class SimulationResult:
     prefill_chunks: int = 0
     drafts_proposed: int = 0
     drafts_accepted: int = 0
+    #: Hybrid models: the hit rate the KV alone would give (hits plus hits lost for want of a
+    #: Ready checkpoint) next to the checkpoint-backed hit rate (``hit_rate``).
+    hybrid: bool = False
+    kv_hit_rate: float = 0.0
+    lost_checkpoint: int = 0
+    checkpoints_saved: int = 0
+    checkpoints_discarded: int = 0
+    checkpoints_restored: int = 0
+    checkpoints_released_stale: int = 0
+    checkpoints_evicted: int = 0
+    peak_state_slot_utilization: float = 0.0
 
 
 class _Driver:
@@ -201,6 +259,8 @@ class _Driver:
         self.checks = 0
         self.early_frees = 0
         self.peak_used = 0
+        self.peak_slots = 0.0
+        self.hybrid = cache if isinstance(cache, HybridPrefixCache) else None
 
     def _tick(self) -> None:
         self.ops += 1
@@ -215,9 +275,11 @@ class _Driver:
         self.checks += 1
 
     def _sample_used(self) -> None:
-        used = self.cache.stats().num_used_blocks
-        if used > self.peak_used:
-            self.peak_used = used
+        stats = self.cache.stats()
+        if stats.num_used_blocks > self.peak_used:
+            self.peak_used = stats.num_used_blocks
+        if stats.state_slot_utilization > self.peak_slots:
+            self.peak_slots = stats.state_slot_utilization
 
     def _free(self, seq_ids: list[SeqId]) -> None:
         if seq_ids:
@@ -248,6 +310,10 @@ class _Driver:
         adm = self._with_room(lambda: cache.admit(req))
         self._tick()
         self._sample_used()
+        if self.hybrid is not None and adm.restore_slot is not None:
+            # the engine copies the checkpoint into the runtime slot before the first forward
+            self.hybrid.restore_issued(seq_id)
+            self._tick()
         n = len(turn.prompt)
         done = adm.num_cached_tokens + adm.num_scheduled_tokens
         cache.commit(seq_id, adm.num_scheduled_tokens, turn.reply[:1] if done == n else ())
@@ -358,6 +424,15 @@ def replay(
         prefill_chunks=driver.chunks,
         drafts_proposed=driver.proposed,
         drafts_accepted=driver.accepted,
+        hybrid=driver.hybrid is not None,
+        kv_hit_rate=(stats.hits + stats.lost_checkpoint) / stats.queries if stats.queries else 0.0,
+        lost_checkpoint=stats.lost_checkpoint,
+        checkpoints_saved=stats.checkpoints_saved,
+        checkpoints_discarded=stats.checkpoints_discarded,
+        checkpoints_restored=stats.checkpoints_restored,
+        checkpoints_released_stale=stats.checkpoints_released_stale,
+        checkpoints_evicted=stats.checkpoints_evicted,
+        peak_state_slot_utilization=driver.peak_slots,
     )
 
 
@@ -400,7 +475,8 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
         default="chat",
         help="chat (default): the benchmark's multi-turn chat; multimodal: images in half "
         "the user turns, shared across conversations, prefilled in chunks of 512 tokens; "
-        "speculative: 3 draft tokens a step and a one-block recompute window",
+        "speculative: 3 draft tokens a step and a one-block recompute window; hybrid: a "
+        "hybrid (attention + recurrent) model that hits only at saved state checkpoints",
     )
     parser.add_argument(
         "--hash",
@@ -471,7 +547,14 @@ def _run(args: argparse.Namespace) -> int:
     live = preset.live if args.live is None else args.live
 
     workload = chat_workload(config)
-    cache = make_cache(kind, num_blocks, block_size, args.hash)
+    hybrid = preset.hybrid
+    if hybrid is not None and hybrid.decode_state_interval % block_size:
+        # --block-size changed: keep the interval a whole number of blocks
+        interval = max(1, hybrid.decode_state_interval // block_size) * block_size
+        hybrid = attrs.evolve(hybrid, decode_state_interval=interval)
+    if hybrid is not None and hybrid.max_num_seqs <= live:
+        hybrid = attrs.evolve(hybrid, max_num_seqs=live + 8)
+    cache = make_cache(kind, num_blocks, block_size, args.hash, hybrid)
     result = _replay_with_progress(
         cache, workload, live, args.check_invariants, args.json, preset.drive
     )
@@ -486,6 +569,7 @@ def _run(args: argparse.Namespace) -> int:
         "live": live,
         "workload": attrs.asdict(config),
         "drive": attrs.asdict(preset.drive),
+        "hybrid_model": None if hybrid is None else attrs.asdict(hybrid),
         **attrs.asdict(result),
     }
     if args.json:
@@ -557,6 +641,21 @@ def _print_report(r: dict[str, object]) -> None:
         ("requests", f"{r['requests']:,}"),
         ("prompt / reply tokens", f"{r['prompt_tokens']:,} / {r['reply_tokens']:,}"),
         ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
+        *(
+            [
+                ("  checkpoint hit rate", f"{r['hit_rate']:.1%}  (hits restore a saved state)"),
+                ("  KV hit rate", f"{r['kv_hit_rate']:.1%}  (what the KV alone would hit)"),
+                (
+                    "checkpoints",
+                    f"saved {r['checkpoints_saved']:,} / restored {r['checkpoints_restored']:,}"
+                    f" / released stale {r['checkpoints_released_stale']:,} / evicted "
+                    f"{r['checkpoints_evicted']:,} / discarded {r['checkpoints_discarded']:,}",
+                ),
+                ("peak state-slot utilization", f"{r['peak_state_slot_utilization']:.1%}"),
+            ]
+            if r["hybrid"]
+            else []
+        ),
         ("lost reuse (tokens)", _lost_split(r)),
         ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
         ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
@@ -584,6 +683,6 @@ def _print_report(r: dict[str, object]) -> None:
 
 def _lost_split(r: dict[str, object]) -> str:
     """The lost-reuse split: ``window 1,234 / span 0 / ...`` (causes with no tokens omitted)."""
-    causes = ("window", "span", "cap", "evicted", "never_cached")
+    causes = ("window", "span", "cap", "evicted", "never_cached", "checkpoint")
     parts = [f"{c.replace('_', ' ')} {r['lost_' + c]:,}" for c in causes if r["lost_" + c]]
     return " / ".join(parts) or "none"

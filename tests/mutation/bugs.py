@@ -23,6 +23,9 @@ class Bug:
     name: str
     description: str
     patches: tuple[Patch, ...]
+    #: Which machines hunt it: ``"text"`` (the differential stages) or ``"hybrid"`` (the
+    #: hybrid-model stages; for bugs in the checkpoint and routed-expert code).
+    machine: str = "text"
 
 
 #: The exact check of a single-entry index hit in ``impl/cache.py``'s lookup.
@@ -541,5 +544,142 @@ BUGS: tuple[Bug, ...] = (
                 "        return need < self._pool.num_free + self._num_reclaimable\n",
             ),
         ),
+    ),
+    # -- recurrent-state checkpoints and routed experts (impl/hybrid.py) ---------------------
+    Bug(
+        "release_pinned_checkpoint",
+        "slot pressure evicts the oldest saved checkpoint even while a restore has it pinned: "
+        "the engine then restores from a slot that was handed to someone else",
+        (
+            (
+                "hybrid.py",
+                "                if ck.status == READY:\n",
+                "                if ck.status != RESERVED:\n",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "restore_non_ready_checkpoint",
+        "a hybrid hit takes any checkpoint on its node, also one pinned by another pending "
+        "restore (not Ready), and re-pins it under a second owner",
+        (
+            (
+                "hybrid.py",
+                "                and ck.status == READY\n",
+                "",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "restore_off_boundary_checkpoint",
+        "off by one block: the hit ends at a boundary whose parent block has a checkpoint, so "
+        "the restored state is one block short of the reused KV",
+        (
+            (
+                "hybrid.py",
+                "            ck = node_ckpt.get(blocks[c - 1])",
+                "            ck = node_ckpt.get(blocks[max(c - 2, 0)])",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "publish_rejected_draft_state",
+        "a decode checkpoint is published once its slots are reserved and the draft step ran, "
+        "not once the tokens up to it are accepted: rejected drafts reach a saved state",
+        (
+            (
+                "hybrid.py",
+                "        if ck is not None and ck.boundary <= seq.num_computed:",
+                "        if ck is not None and ck.boundary <= seq.num_reserved:",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "stale_checkpoint_kept",
+        "evicting a KV node leaves its checkpoint behind: when the block is reused, a hit "
+        "restores a state of another prefix",
+        (
+            (
+                "hybrid.py",
+                '{ck.status} checkpoint"\n'
+                "            self._drop_saved(ck)\n"
+                "            self._released_stale += 1\n",
+                '{ck.status} checkpoint"\n',
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "aborted_restore_stays_pinned",
+        "a restore owner that aborts before issuing its restore leaves the checkpoint pinned "
+        "forever: never restorable, never evictable",
+        (
+            (
+                "hybrid.py",
+                """            ck = self._pinned.pop(seq_id, None)
+            if ck is not None:  # an aborted restore: the checkpoint is Ready again
+                ck.status, ck.owner = READY, None
+                self._num_ready_unpinned += 1
+""",
+                "",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "reservation_survives_rollback",
+        "rolling back draft slots keeps a checkpoint reservation past the new tail (the engine "
+        "is told to save a state at a position it will not compute)",
+        (
+            (
+                "hybrid.py",
+                "            if current.boundary == target:",
+                "            if current.boundary >= target:",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "routed_experts_overwritten",
+        "a later equal computation overwrites routed-expert data instead of only enriching "
+        "blocks that have none",
+        (
+            (
+                "hybrid.py",
+                "                if node >= 0 and node not in self._experts:",
+                "                if node >= 0:",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "routed_experts_partial_replay",
+        "a hit replays routed-expert data for the blocks that have it, skipping the others, "
+        "instead of replaying nothing unless every hit block has it",
+        (
+            (
+                "hybrid.py",
+                "            if data is None:\n                return None",
+                "            if data is None:\n                continue",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "can_admit_counts_restore_source",
+        "the state-slot check of can_admit counts the checkpoint the admission is about to pin "
+        "as evictable, so it promises a runtime slot that admission cannot get",
+        (
+            (
+                "hybrid.py",
+                " + self._num_ready_unpinned - (1 if plan[0] else 0)",
+                " + self._num_ready_unpinned",
+            ),
+        ),
+        machine="hybrid",
     ),
 )

@@ -39,6 +39,12 @@ from tests.mutation.bugs import BUGS, Bug  # noqa: E402
 
 IMPL = ROOT / "impl"
 CONTROL = "(control: no bug)"
+#: The hybrid machines' control: a separate run (and time limit) from the text one.
+CONTROL_HYBRID = "(control: no bug, hybrid)"
+CONTROLS = (CONTROL, CONTROL_HYBRID)
+_HYBRID_CONTROL = Bug(
+    CONTROL_HYBRID, "the unpatched impl must pass every hybrid stage", (), machine="hybrid"
+)
 
 
 class PatchError(Exception):
@@ -82,6 +88,8 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
         except PatchError as exc:
             return {**row, "applies": False, "caught": False, "check": None, "error": str(exc)}
     cmd = [sys.executable, "-m", "tests.mutation.worker", "--impl", str(directory)]
+    # a bug is hunted by its own machines; each control must survive its machines' stages
+    cmd += ["--machine", "text" if bug is None else bug.machine]
     if shrink:
         cmd.append("--shrink")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -110,7 +118,7 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
 def ok(row: dict[str, Any]) -> bool:
     if not row["applies"] or row.get("error"):
         return False
-    return not row["caught"] if row["bug"] == CONTROL else bool(row["caught"])
+    return not row["caught"] if row["bug"] in CONTROLS else bool(row["caught"])
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown bug(s): {', '.join(unknown)}; see --list")
     bugs: list[Bug | None] = [known[name] for name in args.bug] if args.bug else list(BUGS)
     if not args.no_control and not args.bug:
-        bugs.insert(0, None)
+        bugs[:0] = [None, _HYBRID_CONTROL]
 
     start = time.perf_counter()
     with (
@@ -176,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": rows, "wall": round(wall, 1), "failed": failed}, indent=2))
     else:
         print(format_table(rows))
-        caught = sum(1 for row in rows if row["bug"] != CONTROL and ok(row))
-        total = sum(1 for row in rows if row["bug"] != CONTROL)
+        caught = sum(1 for row in rows if row["bug"] not in CONTROLS and ok(row))
+        total = sum(1 for row in rows if row["bug"] not in CONTROLS)
         print(f"\n{caught}/{total} bugs caught in {wall:.0f} s ({args.jobs} jobs)")
         if args.shrink:
             for row in rows:

@@ -2,7 +2,7 @@
 
 Used by :mod:`tests.mutation.run`, one subprocess per bug::
 
-    python -m tests.mutation.worker --impl DIR [--shrink]
+    python -m tests.mutation.worker --impl DIR [--shrink] [--machine text|hybrid|all]
 
 ``DIR`` is a copy of ``impl/`` (with a bug patched in). It is loaded as ``prefixkv.impl``
 before anything imports the real one. The machines then run stage by stage (each with a fixed seed,
@@ -57,6 +57,24 @@ STAGES: tuple[Stage, ...] = tuple(
     )
 )
 
+#: The hybrid-model machines (checkpoints, routed experts): config -> (hash, max_num_seqs,
+#: state_budget ranges, steps per example).
+HYBRID_CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
+    "hybrid": ("fast", (1, 4), (0, 3), 50),
+    "hybrid_weak": ("weak", (1, 2), (0, 0), 50),
+}
+
+HYBRID_STAGES: tuple[Stage, ...] = tuple(
+    stage for r in range(3) for stage in (Stage("hybrid", r, 10), Stage("hybrid_weak", r, 5))
+)
+
+#: ``--machine`` -> the stages a worker runs.
+MACHINES: dict[str, tuple[Stage, ...]] = {
+    "text": STAGES,
+    "hybrid": HYBRID_STAGES,
+    "all": STAGES + HYBRID_STAGES,
+}
+
 
 def install_impl(directory: Path) -> ModuleType:
     """Load ``directory`` as the package ``prefixkv.impl`` (and its submodules)."""
@@ -87,8 +105,10 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
 
     from prefixkv.conformance.machines import (
         CheckFailed,
+        build_hybrid_machine,
         build_machine,
         failure_listeners,
+        hybrid_spec_vs_impl,
         spec_vs_impl,
     )
 
@@ -98,14 +118,24 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
     rules = 0
     for stage in stages:
-        hasher, blocks, sizes, steps = CONFIGS[stage.config]
-        machine = build_machine(
-            f"Mutant_{stage.config}",
-            # the long runs rebuild the eviction heap often (see spec_vs_impl)
-            spec_vs_impl(hasher, heap_slack=-8 if stage.config == "long" else None),
-            num_blocks=blocks,
-            block_sizes=sizes,
-        )
+        machine: Any
+        if stage.config in HYBRID_CONFIGS:
+            hasher, seqs_max, budgets, steps = HYBRID_CONFIGS[stage.config]
+            machine = build_hybrid_machine(
+                f"Mutant_{stage.config}",
+                hybrid_spec_vs_impl(hasher),
+                max_num_seqs=seqs_max,
+                state_budgets=budgets,
+            )
+        else:
+            hasher, blocks, sizes, steps = CONFIGS[stage.config]
+            machine = build_machine(
+                f"Mutant_{stage.config}",
+                # the long runs rebuild the eviction heap often (see spec_vs_impl)
+                spec_vs_impl(hasher, heap_slack=-8 if stage.config == "long" else None),
+                num_blocks=blocks,
+                block_sizes=sizes,
+            )
         test = get_state_machine_test(
             machine,
             settings=settings(
@@ -153,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impl", type=Path, required=True, help="a copy of impl/ to test")
     parser.add_argument("--shrink", action="store_true", help="shrink to a minimal replay")
+    parser.add_argument(
+        "--machine", choices=sorted(MACHINES), default="text", help="which stages to run"
+    )
     args = parser.parse_args(argv)
-    result = run(args.impl, shrink=args.shrink)
+    result = run(args.impl, shrink=args.shrink, stages=MACHINES[args.machine])
     print(json.dumps(result))
     return 0
 

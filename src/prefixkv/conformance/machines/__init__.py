@@ -23,6 +23,14 @@ from .differential import (
 )
 from .factories import PairFactory, PoolConfig, candidate_class, spec_pair, spec_vs_impl
 from .features import BAD_FEATURE_KINDS, BAD_SPANS, FeatureRules, build_request
+from .hybrid import (
+    BAD_HYBRID_KINDS,
+    HybridMachine,
+    HybridPoolConfig,
+    build_hybrid_machine,
+    hybrid_candidate_class,
+    hybrid_spec_vs_impl,
+)
 from .strategies import (
     BAD_ACCEPTED,
     BAD_COUNTS,
@@ -37,6 +45,7 @@ __all__ = [
     "BAD_ARGUMENT_KINDS",
     "BAD_COUNTS",
     "BAD_FEATURE_KINDS",
+    "BAD_HYBRID_KINDS",
     "BAD_REQUEST_ARGS",
     "BAD_REQUEST_KINDS",
     "BAD_SEQUENCE_KINDS",
@@ -48,15 +57,20 @@ __all__ = [
     "CoverageReport",
     "DifferentialMachine",
     "FeatureRules",
+    "HybridMachine",
+    "HybridPoolConfig",
     "Outcome",
     "PairFactory",
     "PoolConfig",
     "RuleCoverage",
     "all_rule_names",
+    "build_hybrid_machine",
     "build_machine",
     "build_request",
     "candidate_class",
     "failure_listeners",
+    "hybrid_candidate_class",
+    "hybrid_spec_vs_impl",
     "spec_pair",
     "spec_vs_impl",
 ]

@@ -1,0 +1,443 @@
+"""The hybrid-model differential machine: checkpoints and routed experts (choices 7, 11).
+
+:class:`HybridMachine` is the whole :class:`~machines.differential.DifferentialMachine`
+(every text, span, window, chunk, eviction, reset and bad-input rule) run on a pair of
+hybrid caches, :class:`~prefixkv.spec.HybridSpecCache` against
+:class:`~prefixkv.impl.HybridPrefixCacheManager`, with small state-slot pools so that slot
+pressure is the common case. It adds:
+
+* rules for the checkpoint lifecycle: issuing restores, aborting them, saving and
+  restoring in the same step, eviction while restores are pending, hybrid queries, and
+  bad hybrid inputs;
+* routed-expert data on commits (named after the committing sequence, so an overwrite
+  instead of an enrichment shows in the state);
+* the check ``HYBRID-HIT`` on every admission: it hits tokens only with a restore, and the
+  restore is the checkpoint pinned by it at exactly the hit's boundary; its state slot is
+  its runtime slot;
+* INV-CKPT after every step (``invariants.check`` evaluates it on every hybrid snapshot),
+  and counters of every lifecycle transition and checkpoint fate it saw
+  (``coverage.variants``, keys ``ckpt:<from>-><to>`` and ``fate:<fate>@<operation>``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, multiple, precondition, rule
+
+from prefixkv.spec import (
+    HASHERS,
+    Admission,
+    BlockHasher,
+    CacheState,
+    HybridSpecCache,
+    InvalidOperation,
+    InvalidRequest,
+    Request,
+    SeqId,
+    UnknownSequence,
+    fast_hash,
+)
+
+from .checks import CheckFailed, bad_inputs_due, counted
+from .coverage import RuleCoverage
+from .differential import DifferentialMachine
+from .factories import PairFactory, PoolConfig
+from .strategies import NAMESPACES, budgets, namespace_ids, prompts, sampled_tokens
+
+__all__ = [
+    "BAD_HYBRID_KINDS",
+    "HybridMachine",
+    "HybridPoolConfig",
+    "build_hybrid_machine",
+    "hybrid_candidate_class",
+    "hybrid_spec_vs_impl",
+]
+
+#: Malformed hybrid inputs driven by ``bad_hybrid_input``.
+BAD_HYBRID_KINDS = (
+    "restore_unknown",
+    "restore_not_pending",
+    "state_slot_unknown",
+    "pending_restore_unknown",
+    "reservation_unknown",
+    "experts_count",
+    "experts_type",
+)
+
+_FATES = ("saved", "discarded", "restored", "released_stale", "evicted")
+
+
+@attrs.frozen
+class HybridPoolConfig(PoolConfig):
+    """A pool plus the hybrid knobs both caches of the pair are built with."""
+
+    max_num_seqs: int = 4
+    state_budget: int = 2
+    decode_state_interval: int = 0
+
+
+def hybrid_candidate_class() -> type[Any]:
+    """``prefixkv.impl.HybridPrefixCacheManager``, resolved on every call (so that the
+    mutation harness can install a patched ``prefixkv.impl`` first)."""
+    cls: type[Any] = importlib.import_module("prefixkv.impl").HybridPrefixCacheManager
+    return cls
+
+
+def hybrid_spec_vs_impl(hasher: BlockHasher | str = fast_hash) -> PairFactory:
+    """HybridSpecCache (reference) against the impl's hybrid manager (candidate)."""
+    h = HASHERS[hasher] if isinstance(hasher, str) else hasher
+
+    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+        assert isinstance(cfg, HybridPoolConfig)
+        kwargs: dict[str, Any] = {
+            "max_num_seqs": cfg.max_num_seqs,
+            "state_budget": cfg.state_budget,
+            "decode_state_interval": cfg.decode_state_interval,
+            "hasher": h,
+            "record_events": cfg.record_events,
+        }
+        ref = HybridSpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
+        cand = hybrid_candidate_class()(cfg.num_blocks, cfg.block_size, **kwargs)
+        return ref, cand
+
+    make_pair.__name__ = f"hybrid_spec_vs_impl_{getattr(h, '__name__', 'hash')}"
+    return make_pair
+
+
+def _statuses(snap: CacheState | None) -> dict[int, Any]:
+    if snap is None or snap.state_slots is None:
+        return {}
+    return {ck.slot: ck for ck in snap.state_slots.checkpoints}
+
+
+class HybridMachine(DifferentialMachine):
+    """The differential rules plus the hybrid ones; see the module doc.
+
+    Build a runnable class with :func:`build_hybrid_machine`.
+    """
+
+    coverage: ClassVar[RuleCoverage] = RuleCoverage()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._experts_on = False
+
+    # -- plumbing: counters of transitions and fates ---------------------------------------
+
+    def _op(
+        self,
+        name: str,
+        fn: Callable[[Any], Any],
+        *,
+        pure: bool = False,
+        must_raise: type[Exception] | None = None,
+    ) -> Any:
+        before = self._snap_r
+        out = super()._op(name, fn, pure=pure, must_raise=must_raise)
+        after = self._snap_r
+        if before is not None and after is not None and before is not after:
+            self._count_transitions(name, before, after)
+        return out
+
+    def _count_transitions(self, name: str, before: CacheState, after: CacheState) -> None:
+        variants = type(self).coverage.variants
+        old, new = _statuses(before), _statuses(after)
+        seqs = {v.seq_id: v for v in before.sequences}
+        for slot in old.keys() | new.keys():
+            a = old[slot].status if slot in old else "free"
+            b = new[slot].status if slot in new else "free"
+            if a != b:
+                variants[f"ckpt:{a}->{b}"] += 1
+            if a == "reserved" and b == "ready":
+                owner = seqs.get(old[slot].owner)
+                if owner is not None and new[slot].boundary > owner.num_prompt_tokens:
+                    variants["decode_save"] += 1
+        for fate in _FATES:
+            delta = getattr(after.stats, f"checkpoints_{fate}") - getattr(
+                before.stats, f"checkpoints_{fate}"
+            )
+            if delta > 0:
+                variants[f"fate:{fate}@{name}"] += 1
+        h = after.state_slots
+        if h is not None and h.state_budget == 0 and h.checkpoints:
+            variants["borrowed_runtime_slot"] += 1
+
+    # -- hybrid checks on the composite steps ----------------------------------------------
+
+    def _admit(
+        self, req: Request, budget: int | None, *, only_if_possible: bool
+    ) -> Admission | None:
+        adm = super()._admit(req, budget, only_if_possible=only_if_possible)
+        if adm is None:
+            return None
+        snap = self._snap_r if self._snap_r is not None else self._snap_c
+        assert snap is not None and snap.state_slots is not None
+        hit = adm.num_cached_tokens > 0
+        if hit != (adm.restore_slot is not None):
+            raise CheckFailed(
+                "HYBRID-HIT", f"{adm.num_cached_tokens} tokens hit, restore {adm.restore_slot}"
+            )
+        if adm.restore_slot is not None:
+            ck = _statuses(snap).get(adm.restore_slot)
+            if ck is None or (ck.status, ck.owner, ck.boundary) != (
+                "pinned",
+                req.seq_id,
+                adm.num_cached_tokens,
+            ):
+                raise CheckFailed(
+                    "HYBRID-HIT",
+                    f"{req.seq_id!r} restores slot {adm.restore_slot} at "
+                    f"{adm.num_cached_tokens}, which holds {ck!r}",
+                )
+        if dict(snap.state_slots.runtime).get(req.seq_id) != adm.state_slot:
+            raise CheckFailed("HYBRID-HIT", f"state slot {adm.state_slot} is not the runtime one")
+        return adm
+
+    def _commit(self, seq_id: SeqId, n: int, accepted: tuple[int, ...]) -> bool:
+        """Commit, with routed-expert data for each completed block while it is on."""
+        view = self._view(seq_id)
+        if view is None or not self._experts_on:
+            return super()._commit(seq_id, n, accepted)
+        bs = self.block_size
+        experts = [
+            f"{seq_id}:{j}".encode()
+            for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
+        ]
+        return not self._op(
+            "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
+        ).raised
+
+    def _restore(self, seq_id: SeqId) -> bool:
+        """pending_restore, then restore_issued if one is pending."""
+        out = self._op("pending_restore", lambda c: c.pending_restore(seq_id), pure=True)
+        if out.raised or out.value is None:
+            return False
+        return not self._op("restore_issued", lambda c: c.restore_issued(seq_id)).raised
+
+    def _hybrid_history(self, pick: int) -> tuple[int, tuple[int, ...]]:
+        if not self._history:
+            self._history.append((0, (7, 7, 7, 7, 7), ()))
+        ns, tokens, _ = self._history[pick % len(self._history)]
+        return ns, tokens
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(seq=DifferentialMachine.seqs)
+    @counted
+    def issue_restore(self, seq: SeqId) -> None:
+        """The engine copied a pending restore's checkpoint into the runtime slot."""
+        self._restore(seq)
+
+    @rule(seq=DifferentialMachine.seqs)
+    @counted
+    def inspect_state(self, seq: SeqId) -> None:
+        """state_slot, pending_restore and checkpoint_reservation of a live sequence."""
+        for name in ("state_slot", "pending_restore", "checkpoint_reservation"):
+            self._op(name, lambda c, n=name: getattr(c, n)(seq), pure=True)
+
+    @rule()
+    @counted
+    def toggle_experts(self) -> None:
+        """Commits carry routed-expert data, or stop carrying it."""
+        self._experts_on = not self._experts_on
+
+    @rule(
+        target=DifferentialMachine.seqs,
+        pick=st.integers(0, 15),
+        extra=sampled_tokens(),
+        window=st.integers(0, 2),
+        budget=budgets(),
+        issue=st.booleans(),
+        decode=st.integers(0, 3),
+    )
+    @counted
+    def resume(
+        self,
+        pick: int,
+        extra: tuple[int, ...],
+        window: int,
+        budget: int | None,
+        issue: bool,
+        decode: int,
+    ) -> Any:
+        """Multi-turn on a hybrid model: a remembered history plus new tokens (a hit
+        restores a checkpoint), with a recompute window; issue the restore or not, prefill
+        by chunks, then decode a few tokens (saving every interval)."""
+        ns, tokens = self._hybrid_history(pick)
+        req = Request(self._new_id(), tokens + extra, self._ns(ns), recompute_blocks=window)
+        adm = self._admit(req, budget, only_if_possible=True)
+        if adm is None:
+            return multiple()
+        if issue:
+            self._restore(req.seq_id)
+        for _ in range(4):
+            if not self._prefill_step(req.seq_id, budget, extra):
+                break
+        for i in range(decode):
+            self._advance(req.seq_id, i % 3, i % 2, extra)
+        return req.seq_id if req.seq_id in self._views else multiple()
+
+    @rule(ns=namespace_ids(), tokens=prompts(), extra=sampled_tokens(), issue=st.booleans())
+    @counted
+    def save_and_restore_same_step(
+        self, ns: int, tokens: tuple[int, ...], extra: tuple[int, ...], issue: bool
+    ) -> None:
+        """One sequence saves a checkpoint as its prefill commits; in the same step another
+        with the same prefix is admitted and restores it, while the first decodes on."""
+        first = Request(self._new_id(), tokens, self._ns(ns))
+        adm = self._admit(first, None, only_if_possible=True)
+        if adm is None:
+            return
+        self._commit_prefill(first.seq_id, adm, extra)
+        second = Request(self._new_id(), tokens + extra, self._ns(ns))
+        if self._admit(second, None, only_if_possible=True) is not None:
+            if issue:
+                self._restore(second.seq_id)
+            self._remember([second.seq_id])
+            self._free([second.seq_id])
+        self._advance(first.seq_id, 1, 1, extra)
+        self._remember([first.seq_id])
+        self._free([first.seq_id])
+
+    @rule(ns=namespace_ids(), tokens=prompts(), extra=sampled_tokens(), evict=st.integers(0, 40))
+    @counted
+    def abort_restore(
+        self, ns: int, tokens: tuple[int, ...], extra: tuple[int, ...], evict: int
+    ) -> None:
+        """A prompt runs and saves; a longer one with its prefix is admitted (its restore
+        pins the checkpoint); eviction runs while the restore is pending (the node is held,
+        so it cannot go stale); then the owner aborts: the checkpoint is Ready again."""
+        if evict >= 30:  # start from an empty cache: the pinned checkpoint is the oldest
+            self._op("evict", lambda c: c.evict(evict))
+        first = Request(self._new_id(), tokens, self._ns(ns))
+        adm = self._admit(first, None, only_if_possible=True)
+        if adm is not None:
+            self._commit_prefill(first.seq_id, adm, extra)
+            self._remember([first.seq_id])
+            self._free([first.seq_id])
+        req = Request(self._new_id(), tokens + extra, self._ns(ns))
+        adm = self._admit(req, None, only_if_possible=True)
+        if adm is None:
+            return
+        probe = attrs.evolve(req, seq_id="probe")
+        if adm.restore_slot is not None:
+            type(self).coverage.variants["evict_while_pinned"] += 1
+            # while pinned: the same prompt must not restore it (it is not Ready), and a
+            # newcomer's runtime slot must not be taken from it (slot pressure skips pins)
+            self._op("match", lambda c: c.match(probe), pure=True)
+            others = []
+            for i in range(3):
+                other = Request(self._new_id(), (*tokens, *extra, i), self._ns(ns + 1))
+                got = self._admit(other, None, only_if_possible=False)
+                if got is not None:  # its prefill saves a checkpoint newer than the pinned
+                    self._commit_prefill(other.seq_id, got, extra)
+                    others.append(other.seq_id)
+            if others:
+                self._free(others)
+        self._op("evict", lambda c: c.evict(evict))
+        self._free([req.seq_id])
+        self._op("match", lambda c: c.match(probe), pure=True)
+
+    @precondition(bad_inputs_due)
+    @rule(kind=st.sampled_from(BAD_HYBRID_KINDS), seq=DifferentialMachine.seqs)
+    @counted
+    def bad_hybrid_input(self, kind: str, seq: SeqId) -> None:
+        """Unknown ids, a restore with none pending, malformed routed-expert data."""
+        self._since_bad = 0
+        self._rule_raised = True
+        type(self).coverage.variants[f"bad_hybrid_input:{kind}"] += 1
+        ghost = self._ghost()
+        if kind == "restore_not_pending":
+            pending = self._op("pending_restore", lambda c: c.pending_restore(seq), pure=True)
+            if pending.raised or pending.value is not None:
+                return
+            self._op("restore_issued", lambda c: c.restore_issued(seq), must_raise=InvalidOperation)
+            return
+        if kind.startswith("experts"):
+            # three entries for a commit that completes no block, or not a list at all
+            bad: Any = [b"x"] * 3 if kind == "experts_count" else "not a list"
+            self._op(
+                "commit",
+                lambda c: c.commit(seq, 0, (), routed_experts=bad),
+                must_raise=InvalidRequest,
+            )
+            return
+        name = {
+            "restore_unknown": "restore_issued",
+            "state_slot_unknown": "state_slot",
+            "pending_restore_unknown": "pending_restore",
+            "reservation_unknown": "checkpoint_reservation",
+        }[kind]
+        self._op(
+            name,
+            lambda c: getattr(c, name)(ghost),
+            pure=name != "restore_issued",
+            must_raise=UnknownSequence,
+        )
+
+
+def build_hybrid_machine(
+    name: str,
+    make_pair: PairFactory,
+    *,
+    num_blocks: tuple[int, int] = (4, 24),
+    block_sizes: tuple[int, int] = (1, 4),
+    max_num_seqs: tuple[int, int] = (1, 4),
+    state_budgets: tuple[int, int] = (0, 3),
+) -> type[HybridMachine]:
+    """A runnable hybrid machine class (``cls.TestCase``) with its own coverage counters.
+
+    Each run draws the pool, ``max_num_seqs``, ``state_budget`` and a decode interval of
+    0 to 3 blocks.
+    """
+
+    class Machine(HybridMachine):
+        coverage = RuleCoverage()
+        namespaces = NAMESPACES
+
+        @initialize(
+            num_blocks=st.integers(*num_blocks),
+            block_size=st.integers(*block_sizes),
+            record_events=st.booleans(),
+            seqs_max=st.integers(*max_num_seqs),
+            # a budget of 0 (checkpoints only in borrowed runtime slots) twice as often
+            budget=st.integers(state_budgets[0] - 1, state_budgets[1]).map(
+                lambda b: max(b, state_budgets[0])
+            ),
+            interval=st.integers(0, 3),
+            experts=st.booleans(),
+        )
+        @counted
+        def init(
+            self,
+            num_blocks: int,
+            block_size: int,
+            record_events: bool,
+            seqs_max: int,
+            budget: int,
+            interval: int,
+            experts: bool,
+        ) -> None:
+            """Build the pair on a freshly drawn pool and state-slot pool."""
+            cfg = HybridPoolConfig(
+                num_blocks, block_size, record_events, seqs_max, budget, interval * block_size
+            )
+            self._experts_on = experts
+            self._start(cfg)
+            type(self).last_calls[1] = (
+                f"cache = make(num_blocks={num_blocks}, block_size={block_size}, "
+                f"record_events={record_events}, max_num_seqs={seqs_max}, "
+                f"state_budget={budget}, decode_state_interval={interval * block_size})"
+            )
+            variants = type(self).coverage.variants
+            variants[f"state_budget={budget}"] += 1
+            variants[f"decode_state_interval={'on' if interval else 'off'}"] += 1
+
+    Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
+    Machine.__name__ = Machine.__qualname__ = name
+    return Machine
