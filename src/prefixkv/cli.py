@@ -116,6 +116,11 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
         "prefixkv.bench:setup",
     ),
     (
+        "serve-sim",
+        "serve a chat workload through scheduler, tiny model and cache; check cache on == off",
+        "prefixkv.serve_sim:setup",
+    ),
+    (
         "prove",
         "prove the spec's invariants inductive with Z3 (and the kernels' index arithmetic)",
         "prefixkv.proofs.cli:setup",
