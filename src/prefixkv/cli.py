@@ -121,6 +121,11 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
         "prefixkv.serve_sim:setup",
     ),
     (
+        "bench-engine",
+        "benchmark prefill time against the cached fraction of the prompt (reference engine)",
+        "prefixkv.bench_engine:setup",
+    ),
+    (
         "prove",
         "prove the spec's invariants inductive with Z3 (and the kernels' index arithmetic)",
         "prefixkv.proofs.cli:setup",
