@@ -9,13 +9,13 @@ block tables), recomputed from scratch for every generated token.
 from __future__ import annotations
 
 import torch
+from prefixkv.impl.generation import MultimodalItem
+from prefixkv.impl.policy import SchedulerConfig
 
 from prefixkv.engine import Engine, EngineConfig, Turn, image_item
 from prefixkv.engine.layers import apply_rope
 from prefixkv.engine.model import TinyDecoder
 from prefixkv.engine.multimodal import StubEncoder
-from prefixkv.impl.generation import MultimodalItem
-from prefixkv.impl.policy import SchedulerConfig
 
 
 @torch.no_grad()
