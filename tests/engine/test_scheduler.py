@@ -109,8 +109,18 @@ def run(
         sched.commit_step(runner.forward(plan))
         if check_every_step:
             check(cache.snapshot())
+            assert_settled(sched, cache)
     assert not sched.has_unfinished
     return sched, runner, cache
+
+
+def assert_settled(sched: Scheduler, cache: PrefixCacheManager) -> None:
+    """After a commit (or a cancel) nothing stays reserved: every live sequence holds
+    exactly the blocks its computed tokens need, and the scheduler agrees with the cache."""
+    for view in cache.snapshot().sequences:
+        assert view.num_reserved == view.num_computed, view.seq_id
+        assert len(view.block_ids) == -(-view.num_computed // cache.block_size)
+        assert sched.generation(str(view.seq_id)).num_computed == view.num_computed
 
 
 def shared_prefix_requests(n: int = 6, **kw: object) -> list[GenerationRequest]:
@@ -255,6 +265,7 @@ def test_cancel_step_gives_everything_back() -> None:
         sched.schedule()  # the previous step must be committed or cancelled first
     sched.cancel_step()
     assert cache.seq_ids() == ("r0",) and cache.num_computed_tokens("r0") == 33
+    assert_settled(sched, cache)  # r0's decode slot was given back too
     assert [g.status for g in sched.generations] == [Status.DECODE, Status.WAITING, Status.WAITING]
     while sched.has_unfinished:
         sched.commit_step(runner.forward(sched.schedule()))
