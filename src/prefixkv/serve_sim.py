@@ -83,6 +83,8 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
     parser.add_argument("--draft-tokens", type=int, default=0, metavar="K",
                         help="speculative decoding with K n-gram draft tokens a step "
                         "(default: 0, off)")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="serve the hybrid model (a recurrent layer, then attention)")
     parser.add_argument("--backend", default="auto",
                         choices=("auto", "torch", "interpreter", "fast"),
                         help="auto: Triton kernels on CUDA, torch on the CPU")
@@ -120,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 
     sim = ServeSimConfig(conversations=args.conversations, turns=args.turns,
                          system_tokens=args.system_tokens, seed=args.seed)
-    model = ModelConfig(seed=args.seed)
+    model = ModelConfig(seed=args.seed, hybrid=args.hybrid)
     config = EngineConfig(
         model=model, num_blocks=args.num_blocks, block_size=args.block_size,
         scheduler=SchedulerConfig(max_num_batched_tokens=args.budget,

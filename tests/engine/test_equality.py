@@ -105,6 +105,17 @@ def test_speculative_decoding_changes_no_token() -> None:
     assert saved == spec.scheduler.drafts_accepted > 0
 
 
+def test_hybrid_model() -> None:
+    """Recurrent state rebuilt over each cached prefix (no checkpoints yet), KV reused."""
+    cfg = attrs.evolve(SPEC, model=ModelConfig(hybrid=True), scheduler=SchedulerConfig(
+        num_draft_tokens=2, max_num_batched_tokens=32, min_prefill_tokens=8))
+    turns = [*spec_turns()[:3], Turn("h", [5, 6, 7], 6, follows="s0"),
+             Turn("k", [*SYSTEM, *range(60, 90)], 4, kv_token_limit=12, arrival_step=3)]
+    engine_report = check_equality(turns, cfg)
+    assert reused(engine_report) > 0
+    assert engine_report.on.scheduler.drafts_accepted > 0
+
+
 def test_long_prompts_in_chunks() -> None:
     long = tuple(range(40, 120))  # 80 tokens
     cfg = attrs.evolve(CONFIG, scheduler=SchedulerConfig(max_num_batched_tokens=24,

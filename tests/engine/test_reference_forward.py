@@ -8,11 +8,12 @@ block tables), recomputed from scratch for every generated token.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from prefixkv.impl.generation import MultimodalItem
 from prefixkv.impl.policy import SchedulerConfig
 
-from prefixkv.engine import Engine, EngineConfig, Turn, image_item
+from prefixkv.engine import Engine, EngineConfig, ModelConfig, Turn, image_item
 from prefixkv.engine.layers import apply_rope
 from prefixkv.engine.model import TinyDecoder
 from prefixkv.engine.multimodal import StubEncoder
@@ -24,6 +25,8 @@ def dense_logits(model: TinyDecoder, embeds: torch.Tensor) -> torch.Tensor:
     n = embeds.shape[0]
     pos = torch.arange(n)
     x = embeds
+    if model.recurrent is not None:
+        x, _ = model.recurrent(x, None)  # the whole sequence in one scan, from a zero state
     for layer in model.layers:
         h = layer.attn_norm(x)
         qkv = layer.attn.qkv(h)
@@ -59,7 +62,8 @@ def dense_generate(
     return tokens[len(prompt) :], logits
 
 
-def test_engine_matches_the_dense_forward() -> None:
+@pytest.mark.parametrize("hybrid", [False, True], ids=["attention", "hybrid"])
+def test_engine_matches_the_dense_forward(hybrid: bool) -> None:
     system = list(range(20, 45))
     img = image_item(10, 6, b"kitten")
     turns = [
@@ -71,9 +75,12 @@ def test_engine_matches_the_dense_forward() -> None:
     for sched in (SchedulerConfig(), SchedulerConfig(num_draft_tokens=2,
                                                       max_num_batched_tokens=24,
                                                       min_prefill_tokens=8)):
-        engine = Engine(EngineConfig(num_blocks=64, scheduler=sched, record_logits=True))
+        engine = Engine(EngineConfig(model=ModelConfig(hybrid=hybrid), num_blocks=64,
+                                     scheduler=sched, record_logits=True))
         result = engine.run(turns)
         assert result.cache.prefill_tokens_skipped > 0
+        if hybrid:  # every hit and every rejected draft made the runner rebuild the state
+            assert engine.runner.states.recomputes > 0
         for rid in "abcd":
             g = engine.scheduler.generation(rid)
             want, want_logits = dense_generate(

@@ -26,7 +26,7 @@ def test_serve_sim_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 
 def test_serve_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([*SMALL, "--draft-tokens", "2"]) == 0
+    assert cli.main([*SMALL, "--draft-tokens", "2", "--hybrid"]) == 0
     out = capsys.readouterr().out
     assert "TTFT p50" in out and "cache on == cache off" in out and "yes" in out
 

@@ -38,6 +38,9 @@ class ModelConfig:
     seed: int = 0
     dtype: str = attrs.field(default="float32", validator=attrs.validators.in_(DTYPES))
     name: str = "tiny-decoder"
+    hybrid: bool = False
+    """Layer 0 becomes a recurrent layer (causal conv + linear recurrence, see ``hybrid``)."""
+    conv_width: int = attrs.field(default=4, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -47,12 +50,19 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise InvalidRequest(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.hybrid and self.num_layers < 2:
+            raise InvalidRequest("a hybrid model needs a recurrent and an attention layer")
+
+    @property
+    def num_attention_layers(self) -> int:
+        return self.num_layers - 1 if self.hybrid else self.num_layers
 
     @property
     def version(self) -> str:
         return (
             f"{self.name}@v{self.vocab_size}.h{self.hidden_size}.l{self.num_layers}."
             f"q{self.num_heads}.kv{self.num_kv_heads}.d{self.head_dim}.s{self.seed}.{self.dtype}"
+            + (f".hybrid-w{self.conv_width}" if self.hybrid else "")
         )
 
 

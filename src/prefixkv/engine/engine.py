@@ -29,6 +29,7 @@ from prefixkv.impl.step import StepPlan
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace
+from prefixkv.spec.request import SeqId
 from prefixkv.spec.results import CacheStats
 
 from .backend import resolve_device, select_backend
@@ -109,17 +110,23 @@ class Engine:
         self.model = TinyDecoder(cfg.model).to(device=self.device, dtype=dtype).eval()
         self.pool = KVPool(cfg.model, cfg.num_blocks, cfg.block_size, self.device, dtype)
         self.encoder = StubEncoder(cfg.model.hidden_size, cfg.model.seed)
-        self.runner = ModelRunner(self.model, self.pool, self.backend, self.encoder, self.device)
         self.cache = PrefixCacheManager(cfg.num_blocks, cfg.block_size)
         self.speculative = cfg.scheduler.num_draft_tokens > 0
         drafter = NgramDrafter(cfg.ngram) if self.speculative else None
         self.scheduler = Scheduler(
             self.cache, cfg.scheduler, cache_enabled=cfg.cache_enabled, drafter=drafter
         )
+        self.runner = ModelRunner(
+            self.model, self.pool, self.backend, self.encoder, self.device, self._context
+        )
         self.namespace = Namespace(cfg.model.version)
         self.logits: dict[str, list[torch.Tensor]] = {}
         self._added_at: dict[str, float] = {}
         self._first_token_at: dict[str, float] = {}
+
+    def _context(self, seq_id: SeqId) -> tuple[Sequence[int], Sequence[MultimodalItem]]:
+        g = self.scheduler.generation(str(seq_id))
+        return g.tokens, g.request.multimodal
 
     def request(
         self, request_id: str, prompt: Sequence[int], max_new_tokens: int, *,
@@ -147,7 +154,8 @@ class Engine:
             self.scheduler.cancel_step()
             raise
         before = {s.seq_id: len(self.scheduler.generation(str(s.seq_id)).tokens) for s in plan.seqs}
-        self.scheduler.commit_step(out.output)
+        for g in self.scheduler.commit_step(out.output):
+            self.runner.states.drop(g.request_id)
         now = time.perf_counter()
         for s, logits in zip(plan.seqs, out.logits, strict=True):
             rid = str(s.seq_id)

@@ -14,7 +14,7 @@ __all__ = ["KVPool"]
 
 
 class KVPool:
-    """``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` in one tensor.
+    """``[attention layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``, one tensor.
 
     Views from ``unbind`` (explicit strides) are what the kernels receive.
     """
@@ -29,8 +29,8 @@ class KVPool:
         # never written then gives zeros in both runs, and may slip past an on/off
         # comparison; reads of stale or wrong KV do not, which the corruption test shows.
         self.data = torch.zeros(
-            model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim,
-            device=device, dtype=dtype,
+            model.num_attention_layers, 2, num_blocks, block_size, model.num_kv_heads,
+            model.head_dim, device=device, dtype=dtype,
         )
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (layer[0], layer[1]) for layer in self.data.unbind(0)

@@ -9,6 +9,7 @@ logits and, soon, different tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from prefixkv.kernels.metadata import BatchMetadata
 
 from .backend import Backend
 from .config import ModelConfig
+from .hybrid import RecurrentLayer, RecurrentState
 from .kv_pool import KVPool
 from .layers import DecoderLayer, RmsNorm
 
@@ -34,7 +36,8 @@ class TinyDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.recurrent = RecurrentLayer(cfg) if cfg.hybrid else None
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_attention_layers)])
         self.norm = RmsNorm(cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._init_weights()
@@ -58,11 +61,25 @@ class TinyDecoder(nn.Module):
     def forward(
         self, input_embeds: torch.Tensor, positions: torch.Tensor, pool: KVPool,
         meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...], backend: Backend,
-        sample_rows: torch.Tensor,
-    ) -> torch.Tensor:
-        """Logits ``[len(sample_rows), vocab]`` (float32) of the rows that are sampled."""
+        sample_rows: torch.Tensor, states: Sequence[RecurrentState | None] = (),
+    ) -> tuple[torch.Tensor, list[RecurrentState]]:
+        """Logits ``[len(sample_rows), vocab]`` (float32) of the rows that are sampled, and
+        (hybrid model) each sequence's recurrent state after its last row.
+
+        ``states`` holds each sequence's recurrent state at its first new position (None:
+        the sequence starts at position 0).
+        """
         x = input_embeds
+        new_states: list[RecurrentState] = []
+        if self.recurrent is not None:
+            parts, row = [], 0
+            for (_, new), state in zip(host_lens, states, strict=True):
+                out, after = self.recurrent(x[row : row + new], state)
+                parts.append(out)
+                new_states.append(after)
+                row += new
+            x = torch.cat(parts)
         for layer, kv in zip(self.layers, pool.layers, strict=True):
             x = layer(x, positions, kv, meta, host_lens, backend)
         logits: torch.Tensor = self.lm_head(self.norm(x[sample_rows]))
-        return logits.float()
+        return logits.float(), new_states
