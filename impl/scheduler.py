@@ -126,8 +126,6 @@ class Scheduler:
         """Queue a request; its id must be new to this scheduler."""
         if request.request_id in self._generations:
             raise DuplicateSequence(f"request {request.request_id!r} was already added")
-        if request.namespace is None:  # pragma: no cover - attrs typing guards it
-            raise InvalidOperation("a request needs a namespace")
         gen = Generation(request=request, arrival=self._step)
         self._generations[request.request_id] = gen
         self._waiting.append(gen)

@@ -170,7 +170,8 @@ def test_interpreter_backend_matches_torch() -> None:
     if os.environ.get("TRITON_INTERPRET", "") in ("", "0"):
         pytest.skip("needs TRITON_INTERPRET=1 (set when there is no GPU)")
     turns = [Turn("a", [*SYSTEM[:8], 1, 2], 3), Turn("b", [*SYSTEM[:8], 3], 3, arrival_step=2)]
-    base = attrs.evolve(CONFIG, record_logits=True, num_blocks=16)
+    base = attrs.evolve(CONFIG, record_logits=True, num_blocks=16,
+                        model=ModelConfig(num_layers=1))
     ref = Engine(attrs.evolve(base, backend="torch")).run(turns)
     tri = Engine(attrs.evolve(base, backend="interpreter")).run(turns)
     assert tri.outputs() == ref.outputs()

@@ -137,6 +137,18 @@ ENGINE_BUGS: tuple[EngineBug, ...] = (
         '        slots = meta.slot_mapping[: meta.num_tokens]\n',
         '        slots = meta.slot_mapping[: meta.num_tokens].clone()\n        slots[-1:] = slots[:1]\n',
     ),
+    EngineBug(
+        'hybrid: a stored recurrent state is reused for a different prefix',
+        'src/prefixkv/engine/hybrid.py',
+        '        if entry is None or entry[0] != tuple(prefix):',
+        '        if entry is None or len(entry[0]) != len(prefix):',
+    ),
+    EngineBug(
+        'hybrid: a prefix hit starts the recurrent state from zero',
+        'src/prefixkv/engine/runner.py',
+        '        if s.start == 0:\n            return None',
+        '        if s.start == 0 or self.states.get(s.seq_id, self.context(s.seq_id)[0][: s.start]) is None:\n            return None',
+    ),
 )
 
 
