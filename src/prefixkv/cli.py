@@ -116,6 +116,16 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
         "prefixkv.bench:setup",
     ),
     (
+        "serve-sim",
+        "serve a chat workload through scheduler, tiny model and cache; check cache on == off",
+        "prefixkv.serve_sim:setup",
+    ),
+    (
+        "bench-engine",
+        "benchmark prefill time against the cached fraction of the prompt (reference engine)",
+        "prefixkv.bench_engine:setup",
+    ),
+    (
         "prove",
         "prove the spec's invariants inductive with Z3 (and the kernels' index arithmetic)",
         "prefixkv.proofs.cli:setup",
