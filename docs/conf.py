@@ -21,7 +21,6 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx.ext.viewcode",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
