@@ -4,7 +4,7 @@ Events are queued as the cache changes and drained by ``take_events()``. Hashes 
 cache's configured block hash; with :func:`~prefixkv.spec.identity.weak_hash` two blocks may
 share one, so routers across processes should run with ``sha256``.
 
-NOTE: events are ``NamedTuple``s rather than attrs classes: a busy cache emits one per
+NOTE: events are ``NamedTuple`` classes rather than attrs classes: a busy cache emits one per
 published or evicted block, and a tuple is several times cheaper to build. They are still
 immutable, typed and comparable.
 """
