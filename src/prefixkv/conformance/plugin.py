@@ -99,6 +99,7 @@ class ConformanceItem(pytest.Item):
         self.target = target
 
     def runtest(self) -> None:
+        """Load the factory and run the machines; a load error fails with one line."""
         from .adapter import capabilities_of, load_factory, run_conformance
 
         opt = self.config.getoption
@@ -123,6 +124,7 @@ class ConformanceItem(pytest.Item):
         excinfo: pytest.ExceptionInfo[BaseException],
         style: Any = None,
     ) -> Any:
+        """The failed check and the replay, without a traceback of the machines."""
         from .adapter import ConformanceFailure
 
         if isinstance(excinfo.value, ConformanceFailure):
@@ -132,6 +134,7 @@ class ConformanceItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
+        """Where the test comes from: the adapter target."""
         return self.target, None, f"prefixkv-conformance[{self.target}]"
 
 

@@ -22,7 +22,7 @@ from .errors import EqualityMismatch
 
 __all__ = ["TOLERANCE", "EqualityReport", "check_equality", "compare_runs"]
 
-#: Largest allowed |logit(on) - logit(off)| per dtype. Logits are of order 1..10; fp32
+#: Largest allowed ``abs(logit(on) - logit(off))`` per dtype. Logits are of order 1..10; fp32
 #: reassociation noise is ~1e-6 relative, half precision ~1e-3.
 TOLERANCE = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
 
