@@ -74,6 +74,16 @@ SEQ_OPS = frozenset({"admit", "append", "continue_prefill", "commit", "rollback"
 
 DEFAULT_RLIMIT = 20_000_000
 
+STRENGTHENINGS = {
+    "AUX-HIT": "a live sequence's hit ends at a published node of its depth (what INV-REF and "
+    "INV-PUBLISH give the KV side), its computed tokens cover the hit, and its save point "
+    "is 0 or lies beyond them. CKPT-RESERVED is not inductive over append, "
+    "continue_prefill, commit and rollback without it",
+    "AUX-ORDER": "Ready and Pinned checkpoints carry distinct orders below the clock. No "
+    "other property needs it; it makes 'the oldest Ready checkpoint' one slot, so the "
+    "model's slot-pressure eviction is the spec's (the drift check relies on it)",
+}
+
 
 @dataclass(frozen=True)
 class CkptBounds:

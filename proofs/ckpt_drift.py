@@ -207,6 +207,8 @@ _PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8, 9, 1), (1, 2, 3, 4, 2, 2, 3, 3), (5, 5, 6,
 
 def _request(rng: random.Random, seq_id: str) -> Request:
     base = rng.choice(_PREFIXES)
+    if rng.random() < 0.5:  # the same prompt again: twins and full-boundary hits
+        return Request(seq_id, base, NS)
     n = rng.randint(2, len(base))
     tokens = list(base[:n]) + [rng.randrange(4) for _ in range(rng.randint(0, 2))]
     limit = rng.choice((None, None, 2, 3, 4))
@@ -239,6 +241,8 @@ class _Runner:
         op = rng.choices(_OPS, _WEIGHTS)[0]
         if op == "admit" and not free:
             op = "commit"
+        elif op in ck.SEQ_OPS and not live and rng.random() < 0.9:
+            op = "admit"
         if op in ck.SEQ_OPS and op != "admit":
             pool = live if live and rng.random() < 0.95 else list(SEQ_IDS[: self.S])
             sid = rng.choice(pool)
@@ -292,7 +296,7 @@ class _Runner:
         elif op == "commit":
             seq = cache._s.seqs.get(sid)
             room = seq.num_reserved - seq.num_computed if seq else 1
-            delta = rng.randint(0, max(0, room))
+            delta = room if rng.random() < 0.5 else rng.randint(0, max(0, room))
             need = (seq.num_computed + delta - len(seq.tokens)) if seq else 0
             accepted = [rng.randrange(4) for _ in range(max(0, need))]
 
@@ -397,6 +401,7 @@ class _Runner:
 
 
 CONFIGS = ((CkptBounds(runtime=2, budget=1, seqs=3, nodes=6), 0),
+           (CkptBounds(runtime=2, budget=2, seqs=3, nodes=6), 0),
            (CkptBounds(runtime=2, budget=1, seqs=3, nodes=6), 4),
            (CkptBounds(runtime=1, budget=2, seqs=2, nodes=6), 2))
 """(model bounds, decode_state_interval) of the drift runs; nodes = the pool's blocks."""
