@@ -616,6 +616,10 @@ def _format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
     return ", ".join(parts)
 
 
+def _call(op: str, q: int, args: str) -> str:
+    return f"{op}({', '.join(x for x in (f'q{q}' if op in SEQ_OPS else '', args) if x)})"
+
+
 # -- obligations ----------------------------------------------------------------------------
 
 
@@ -716,7 +720,7 @@ class CkptProver:
                     return mdl.eval(x, model_completion=True)
 
                 detail = (f"pre-state:\n{format_cstate(read_state(pre, ev))}\n"
-                          f"step: {op}(q{q}{', ' if args else ''}{_format_args(args, ev)})\n"
+                          f"step: {_call(op, q, _format_args(args, ev))}\n"
                           f"post-state:\n{format_cstate(read_state(st.post, ev))}")
                 return CkptRow(prop, op, "counterexample", time.perf_counter() - t0, used,
                                detail=detail)
@@ -790,8 +794,8 @@ class CkptProver:
                 def ev(x: Any, mdl: Any = mdl) -> Any:
                     return mdl.eval(x, model_completion=True)
 
-                text = (f"{format_cstate(read_state(pre, ev))}\n  step: {op}(q0"
-                        f"{', ' if args else ''}{_format_args(args, ev)})")
+                text = (f"{format_cstate(read_state(pre, ev))}\n"
+                        f"  step: {_call(op, 0, _format_args(args, ev))}")
             out[op] = (name, str(r), text)
         return out
 
