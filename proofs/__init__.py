@@ -4,6 +4,9 @@
 * :mod:`.obligations`: every invariant inductive over every operation, plus non-vacuity.
 * :mod:`.broken`: deliberately broken encodings, each refuted by a printed counterexample.
 * :mod:`.drift`: the model and the Python spec agree step by step on concrete states.
+* :mod:`.checkpoints`: INV-CKPT, the checkpoint lifecycle of ``HybridSpecCache``: its own
+  model, obligations, non-vacuity and broken variants; :mod:`.ckpt_drift` checks it
+  against the spec.
 * :mod:`.kernel_index`: ``prefixkv.kernels.index_math`` in bit-vectors and integers.
 * :mod:`.cli`: ``python -m prefixkv.proofs`` (``add_arguments``/``run`` for the project CLI).
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from . import broken, drift, kernel_index, obligations
+from . import broken, checkpoints, ckpt_drift, drift, kernel_index, obligations
 from .encoding import Bounds, Encoding
 
 __all__ = ["add_arguments", "main", "run", "setup"]
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated operations to prove (default: all)")
     parser.add_argument("--no-kernels", action="store_true",
                         help="skip the kernel index-arithmetic proofs")
+    parser.add_argument("--no-checkpoints", action="store_true",
+                        help="skip the INV-CKPT checkpoint-lifecycle proofs")
     parser.add_argument("--no-witnesses", action="store_true",
                         help="skip the non-vacuity (satisfiability) checks")
     parser.add_argument("--broken", action="store_true",
@@ -69,8 +71,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if bounds.seqs < 2 or bounds.table < 1:
         print("--seqs must be >= 2 and --table >= 1", file=sys.stderr)
         return 2
-    invs = _csv(args.invariants, obligations.PROPERTY_IDS, "invariant")
-    ops = _csv(args.operations, list(obligations.OPERATIONS), "operation")
+    all_ops = list(dict.fromkeys([*obligations.OPERATIONS, *checkpoints.CKPT_OPERATIONS]))
+    picked = _csv(args.invariants, [*obligations.PROPERTY_IDS, "INV-CKPT"], "invariant")
+    asked = _csv(args.operations, all_ops, "operation")
+    invs = [i for i in picked if i != "INV-CKPT"]
+    ops = [o for o in asked if o in obligations.OPERATIONS] if invs else []
+    ckpt_ops = [o for o in asked if o in checkpoints.CKPT_OPERATIONS]
+    do_ckpt = not args.no_checkpoints and "INV-CKPT" in picked and bool(ckpt_ops)
     enc = Encoding(bounds)
     prover = obligations.Prover(enc, rlimit=args.rlimit, seed=args.seed)
     text = not args.json
@@ -85,18 +92,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if text:
         print(f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}",
               file=out)
-        print(f"{'invariant':<15}{'operation':<42}{'result':<16}{'time':>8}  via", file=out)
+        print(f"{'invariant':<24}{'operation':<42}{'result':<16}{'time':>8}  via", file=out)
 
     def show(inv: str, op: str, status: str, seconds: float, via: str) -> None:
         if text:
-            print(f"{inv:<15}{op:<42}{status:<16}{seconds:>7.2f}s  {via}", file=out, flush=True)
+            print(f"{inv:<24}{op:<42}{status:<16}{seconds:>7.2f}s  {via}", file=out, flush=True)
 
     rows = prover.rows(
         invs, ops,
         progress=lambda r: show(r.invariant, r.operation, r.status, r.seconds,
                                 " ; ".join(r.steps)),
     )
-    witnesses = {} if args.no_witnesses else prover.witnesses(ops)
+    witnesses = {} if args.no_witnesses or not ops else prover.witnesses(ops)
     for r in rows:
         if r.operation in witnesses:
             r.non_vacuous = witnesses[r.operation].status == "sat"
@@ -108,6 +115,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
              **({"witness": w.state} if args.verbose else {})}
         for op, w in witnesses.items()
     }
+    ckpt_rows: list[checkpoints.CkptRow] = []
+    ckpt_prover = checkpoints.CkptProver(rlimit=args.rlimit, seed=args.seed)
+    if do_ckpt:
+        ckpt_rows = ckpt_prover.rows(
+            ops=ckpt_ops,
+            progress=lambda r: show(f"INV-CKPT:{r.invariant}", r.operation, r.status,
+                                    r.seconds, "checkpoints"),
+        )
+        cw = {} if args.no_witnesses else ckpt_prover.witnesses(ckpt_ops)
+        for r in ckpt_rows:
+            if r.operation in cw:
+                r.non_vacuous = cw[r.operation][1] == "sat"
+        ok &= all(r.status == "proved" for r in ckpt_rows)
+        ok &= all(w[1] == "sat" for w in cw.values())
+        doc["checkpoints"] = {
+            "bounds": ckpt_prover.model.b.describe(),
+            "obligations": [r.as_dict() for r in ckpt_rows],
+            "non_vacuity": {op: {"scenario": w[0], "status": w[1],
+                                 **({"witness": w[2]} if args.verbose else {})}
+                            for op, w in cw.items()},
+            "strengthenings": checkpoints.STRENGTHENINGS,
+        }
     kernels: list[kernel_index.KernelResult] = []
     if not args.no_kernels:
         for kob in kernel_index.KERNEL_OBLIGATIONS:
@@ -123,7 +152,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"\n{proved}/{len(rows)} state obligations proved; "
               f"{sum(k.status == 'proved' for k in kernels)}/{len(kernels)} kernel "
               "obligations proved", file=out)
-        for r in rows:
+        if do_ckpt:
+            print(f"{sum(r.status == 'proved' for r in ckpt_rows)}/{len(ckpt_rows)} INV-CKPT "
+                  f"obligations proved ({ckpt_prover.model.b.describe()})", file=out)
+        for r in [*rows, *ckpt_rows]:
             if r.status != "proved":
                 print(f"\n{r.invariant} / {r.operation}: {r.status}\n{r.detail}", file=out)
         if witnesses:
@@ -156,10 +188,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                         print(str(cex) + "\n", file=out)
 
     if args.broken:
-        results = [broken.check_variant(v, bounds) for v in broken.VARIANTS]
-        kv = [kernel_index.check_kernel_variant(v, args.rlimit)
-              for v in kernel_index.KERNEL_VARIANTS]
+        # NOTE: '--invariants INV-CKPT --broken' checks the checkpoint variants only
+        results = [broken.check_variant(v, bounds) for v in broken.VARIANTS] if invs else []
+        kvariants = kernel_index.KERNEL_VARIANTS if invs else ()
+        kv = [kernel_index.check_kernel_variant(v, args.rlimit) for v in kvariants]
+        cv = [checkpoints.check_ckpt_variant(v, rlimit=args.rlimit)
+              for v in checkpoints.CKPT_VARIANTS] if do_ckpt else []
         ok &= all(r.caught for r in results) and all(k.status != "proved" for k in kv)
+        ok &= all(r.caught for r in cv)
         doc["broken"] = [
             {"name": r.variant.name, "invariant": r.variant.invariant, "step": r.variant.step,
              "kind": r.variant.kind, "description": r.variant.description,
@@ -170,13 +206,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             {"name": v.name, "invariant": "KERNEL", "step": v.function, "kind": "kernel",
              "description": v.description, "caught": k.status != "proved",
              "seconds": round(k.seconds, 3), "counterexample": k.detail}
-            for v, k in zip(kernel_index.KERNEL_VARIANTS, kv, strict=True)
+            for v, k in zip(kvariants, kv, strict=True)
+        ] + [
+            {"name": r.variant.name, "invariant": f"INV-CKPT:{r.variant.invariant}",
+             "step": r.variant.step, "kind": r.variant.kind,
+             "description": r.variant.description, "caught": r.caught,
+             "seconds": round(r.row.seconds, 3),
+             "counterexample": r.row.detail if r.caught else None}
+            for r in cv
         ]
         if text:
-            print(f"\n{'broken variant':<34}{'invariant':<15}{'kind':<18}result", file=out)
+            print(f"\n{'broken variant':<34}{'invariant':<24}{'kind':<18}result", file=out)
             for item in doc["broken"]:
                 verdict = "counterexample" if item["caught"] else "NOT CAUGHT"
-                print(f"{item['name']:<34}{item['invariant']:<15}{item['kind']:<18}{verdict}",
+                print(f"{item['name']:<34}{item['invariant']:<24}{item['kind']:<18}{verdict}",
                       file=out)
                 if args.verbose and item["counterexample"]:
                     print(item["counterexample"] + "\n", file=out)
@@ -201,6 +244,30 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                   f"{report.window_states} checks from a state with a window block to write) "
                   f"in {report.seconds:.1f}s, no drift", file=out)
             for s in seeded:
+                print(f"  seeded drift {s.name:<24} "
+                      f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
+                      file=out)
+
+    if args.drift and do_ckpt:
+        n_ck = max(1000, args.drift // 5)
+        crep = ckpt_drift.run_ckpt_drift(n_ck, seed=args.seed)
+        cseeded = [ckpt_drift.check_seeded_ckpt(n, d, m, seed=args.seed)
+                   for n, d, m in ckpt_drift.SEEDED_CKPT_DRIFTS]
+        ok &= all(s.caught for s in cseeded)
+        doc["checkpoint_drift"] = {
+            "checks": crep.checks, "spec_successes": crep.successes,
+            "spec_rejections": crep.rejections, "kv_rejections": crep.kv_rejections,
+            "invariant_checks": crep.invariant_checks, "seconds": round(crep.seconds, 3),
+            "by_operation": crep.by_op, "checkpoint_fates": crep.fates,
+            "seeded": [{"name": s.name, "description": s.description, "caught": s.caught,
+                        "after_checks": s.checks} for s in cseeded],
+        }
+        if text:
+            print(f"\ncheckpoint drift: {crep.checks} checks against HybridSpecCache "
+                  f"({crep.successes} successful steps, {crep.rejections} rejections, "
+                  f"{crep.kv_rejections} KV-side rejections not modelled; fates {crep.fates}) "
+                  f"in {crep.seconds:.1f}s, no drift", file=out)
+            for s in cseeded:
                 print(f"  seeded drift {s.name:<24} "
                       f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
                       file=out)
