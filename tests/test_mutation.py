@@ -26,7 +26,7 @@ def test_every_injected_bug_is_caught() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1500,
         check=False,
     )
     assert proc.stdout, proc.stderr
