@@ -184,7 +184,10 @@ def main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             proc = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-x", "-n", "2", "-p",
-                 "no:cacheprovider", "tests/engine"],
+                 "no:cacheprovider", "tests/engine",
+                 # NOTE: that file checks each patch's text is present, which an applied
+                 # patch removes: with it every bug would count as caught.
+                 "--ignore=tests/engine/test_engine_bugs.py"],
                 cwd=ROOT, capture_output=True, text=True, check=False,
                 env={**__import__("os").environ, "CI": "true"},
             )
