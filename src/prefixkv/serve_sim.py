@@ -181,7 +181,7 @@ def _report(on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool,
         prompt = max(stats.prefill_tokens, 1)
         hybrid = {
             "checkpoint_hit_rate": (
-                stats.checkpoints_restored / stats.queries if stats.queries else 0.0
+                stats.checkpoints_restored / stats.admissions if stats.admissions else 0.0
             ),
             "checkpoints_saved": stats.checkpoints_saved,
             "checkpoints_restored": stats.checkpoints_restored,
