@@ -174,6 +174,23 @@ def _report(on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool,
         return [r.ttft_s * 1e3 for r in run.requests.values()]
 
     stats = on.cache
+    hybrid: dict[str, Any] = {}
+    if config.model.hybrid:
+        # A hybrid hit needs a Ready checkpoint at its boundary: every hit is a restore,
+        # and the KV past the deepest checkpoint is lost reuse of kind "checkpoint".
+        prompt = max(stats.prefill_tokens, 1)
+        hybrid = {
+            "checkpoint_hit_rate": (
+                stats.checkpoints_restored / stats.admissions if stats.admissions else 0.0
+            ),
+            "checkpoints_saved": stats.checkpoints_saved,
+            "checkpoints_restored": stats.checkpoints_restored,
+            "checkpoints_evicted": stats.checkpoints_evicted,
+            "lost_checkpoint_tokens": stats.lost_checkpoint,
+            "kv_only_skipped_fraction": (
+                (stats.prefill_tokens_skipped + stats.lost_checkpoint) / prompt
+            ),
+        }
     return {
         "command": "serve-sim",
         "ok": equal,
@@ -203,6 +220,7 @@ def _report(on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool,
         "steps_off": off.steps,
         "wall_s_on": on.wall_s,
         "wall_s_off": off.wall_s,
+        **hybrid,
     }
 
 
@@ -241,6 +259,13 @@ def _print(r: dict[str, Any]) -> None:
         ("cache on == cache off", "yes: identical tokens, max |logit diff| "
          f"{r['max_logit_diff']:.2g}" if r["cache_on_equals_cache_off"] else "NO"),
     ]
+    if "checkpoint_hit_rate" in r:
+        rows[6:6] = [
+            ("checkpoint hit rate (admissions)", f"{r['checkpoint_hit_rate']:.1%}  "
+             f"({r['checkpoints_restored']} restored of {r['checkpoints_saved']} saved)"),
+            ("prompt tokens KV alone would skip", f"{r['kv_only_skipped_fraction']:.1%}  "
+             f"({r['lost_checkpoint_tokens']:,} lost for want of a checkpoint)"),
+        ]
     if "plot" in r:
         rows.append(("plot", r["plot"]))
     for k, v in rows:

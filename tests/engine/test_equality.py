@@ -105,15 +105,55 @@ def test_speculative_decoding_changes_no_token() -> None:
     assert saved == spec.scheduler.drafts_accepted > 0
 
 
+HYBRID = attrs.evolve(SPEC, model=ModelConfig(hybrid=True), scheduler=SchedulerConfig(
+    num_draft_tokens=2, max_num_batched_tokens=32, min_prefill_tokens=8))
+
+
+def hybrid_turns() -> list[Turn]:
+    return [*spec_turns()[:3], Turn("h", [5, 6, 7], 6, follows="s0"),
+            Turn("k", [*SYSTEM, *range(60, 90)], 4, kv_token_limit=12, arrival_step=3)]
+
+
 def test_hybrid_model() -> None:
-    """Recurrent state rebuilt over each cached prefix (no checkpoints yet), KV reused."""
-    cfg = attrs.evolve(SPEC, model=ModelConfig(hybrid=True), scheduler=SchedulerConfig(
-        num_draft_tokens=2, max_num_batched_tokens=32, min_prefill_tokens=8))
-    turns = [*spec_turns()[:3], Turn("h", [5, 6, 7], 6, follows="s0"),
-             Turn("k", [*SYSTEM, *range(60, 90)], 4, kv_token_limit=12, arrival_step=3)]
-    engine_report = check_equality(turns, cfg)
-    assert reused(engine_report) > 0
-    assert engine_report.on.scheduler.drafts_accepted > 0
+    """KV reused, and the recurrent state restored from checkpoints at the hits."""
+    report = check_equality(hybrid_turns(), HYBRID)
+    assert reused(report) > 0
+    assert report.on.scheduler.drafts_accepted > 0
+
+
+def test_hybrid_hits_restore_checkpoints() -> None:
+    """Every hybrid hit restored a saved checkpoint (no rescan of the cached prefix): the
+    cache counted the restores, and the off run computed the skipped tokens instead."""
+    engine = Engine(attrs.evolve(HYBRID, decode_state_interval=8))
+    on = engine.run(hybrid_turns())
+    off = Engine(attrs.evolve(HYBRID, decode_state_interval=8, cache_enabled=False)).run(
+        hybrid_turns())
+    assert on.outputs() == off.outputs()
+    hits = sum(1 for r in on.requests.values() if r.cached_tokens)
+    assert on.cache.checkpoints_saved > 0
+    assert on.cache.checkpoints_restored >= hits > 0
+    assert engine.states is not None and engine.states.restores == on.cache.checkpoints_restored
+    assert off.cache.checkpoints_restored == 0
+    skipped = on.cache.prefill_tokens_skipped
+    assert on.tokens_computed + skipped <= off.tokens_computed
+    assert engine.cache.stats().num_state_slots_used >= 1  # Ready checkpoints kept
+
+
+def test_a_corrupted_checkpoint_breaks_equality() -> None:
+    check_equality(hybrid_turns(), HYBRID)  # clean: equal
+    corrupted: set[int] = set()
+
+    def corrupt_ready_checkpoints(engine: Engine, _: StepPlan) -> None:
+        view = engine.cache.snapshot().state_slots
+        assert view is not None and engine.states is not None
+        for ck in view.checkpoints:
+            if ck.status == "ready" and ck.slot not in corrupted:
+                engine.states.corrupt(ck.slot, amount=0.5)
+                corrupted.add(ck.slot)
+
+    with pytest.raises(EqualityMismatch):
+        check_equality(hybrid_turns(), HYBRID, on_step=corrupt_ready_checkpoints)
+    assert corrupted
 
 
 def test_long_prompts_in_chunks() -> None:

@@ -29,6 +29,7 @@ def test_serve_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*SMALL, "--draft-tokens", "2", "--hybrid"]) == 0
     out = capsys.readouterr().out
     assert "TTFT p50" in out and "cache on == cache off" in out and "yes" in out
+    assert "checkpoint hit rate" in out and "restored of" in out
 
 
 def test_serve_sim_fails_when_the_cache_serves_wrong_kv(

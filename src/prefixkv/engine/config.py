@@ -14,6 +14,11 @@ BACKENDS = ("auto", "torch", "interpreter", "fast")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
+def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequest(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
 def _positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidRequest(f"{attribute.name} must be an int >= 1, got {value!r}")
@@ -72,6 +77,11 @@ class EngineConfig:
 
     ``num_draft_tokens`` > 0 turns on speculative decoding with the n-gram drafter; its
     requests are admitted with ``recompute_blocks`` (the private recompute window, choice 6).
+
+    A hybrid model gets a :class:`~prefixkv.impl.HybridPrefixCacheManager`: one runtime
+    state slot per ``scheduler.max_num_seqs``, ``state_budget`` checkpoint slots beyond
+    them, and a decode checkpoint every ``decode_state_interval`` tokens (0: prefill
+    checkpoints only; else a multiple of ``block_size``). Ignored for attention-only models.
     """
 
     model: ModelConfig = attrs.field(factory=ModelConfig)
@@ -83,6 +93,8 @@ class EngineConfig:
     cache_enabled: bool = True
     ngram: int = attrs.field(default=3, validator=_positive)
     record_logits: bool = False
+    state_budget: int = attrs.field(default=32, validator=_count)
+    decode_state_interval: int = attrs.field(default=0, validator=_count)
     cpu_threads: int | None = 1
     """NOTE: torch's intra-op threads on the CPU. Tiny matmuls gain nothing from them, and on
     a loaded two-core machine their spin-waits made a workload ~70x slower (0.12 s with one

@@ -24,17 +24,18 @@ import torch
 
 from prefixkv.impl.cache import PrefixCacheManager
 from prefixkv.impl.generation import GenerationRequest, MultimodalItem
+from prefixkv.impl.hybrid import HybridPrefixCacheManager
 from prefixkv.impl.scheduler import Scheduler, SchedulerStats
-from prefixkv.impl.step import StepPlan
+from prefixkv.impl.step import Kind, StepPlan
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace
-from prefixkv.spec.request import SeqId
 from prefixkv.spec.results import CacheStats
 
 from .backend import resolve_device, select_backend
 from .config import EngineConfig
 from .draft import RECOMPUTE_BLOCKS, NgramDrafter
+from .hybrid import RecurrentState, RecurrentStatePool
 from .kv_pool import KVPool
 from .model import TinyDecoder, torch_dtype
 from .multimodal import StubEncoder
@@ -110,23 +111,31 @@ class Engine:
         self.model = TinyDecoder(cfg.model).to(device=self.device, dtype=dtype).eval()
         self.pool = KVPool(cfg.model, cfg.num_blocks, cfg.block_size, self.device, dtype)
         self.encoder = StubEncoder(cfg.model.hidden_size, cfg.model.seed)
-        self.cache = PrefixCacheManager(cfg.num_blocks, cfg.block_size)
+        self.hybrid: HybridPrefixCacheManager | None = None
+        self.states: RecurrentStatePool | None = None
+        if cfg.model.hybrid:
+            self.hybrid = HybridPrefixCacheManager(
+                cfg.num_blocks, cfg.block_size, max_num_seqs=cfg.scheduler.max_num_seqs,
+                state_budget=cfg.state_budget, decode_state_interval=cfg.decode_state_interval,
+            )
+            self.states = RecurrentStatePool(
+                cfg.scheduler.max_num_seqs + cfg.state_budget, cfg.model.conv_width,
+                cfg.model.hidden_size, self.device,
+            )
+        self.cache: PrefixCacheManager = (
+            self.hybrid if self.hybrid is not None
+            else PrefixCacheManager(cfg.num_blocks, cfg.block_size)
+        )
         self.speculative = cfg.scheduler.num_draft_tokens > 0
         drafter = NgramDrafter(cfg.ngram) if self.speculative else None
         self.scheduler = Scheduler(
             self.cache, cfg.scheduler, cache_enabled=cfg.cache_enabled, drafter=drafter
         )
-        self.runner = ModelRunner(
-            self.model, self.pool, self.backend, self.encoder, self.device, self._context
-        )
+        self.runner = ModelRunner(self.model, self.pool, self.backend, self.encoder, self.device)
         self.namespace = Namespace(cfg.model.version)
         self.logits: dict[str, list[torch.Tensor]] = {}
         self._added_at: dict[str, float] = {}
         self._first_token_at: dict[str, float] = {}
-
-    def _context(self, seq_id: SeqId) -> tuple[Sequence[int], Sequence[MultimodalItem]]:
-        g = self.scheduler.generation(str(seq_id))
-        return g.tokens, g.request.multimodal
 
     def request(
         self, request_id: str, prompt: Sequence[int], max_new_tokens: int, *,
@@ -146,16 +155,72 @@ class Engine:
         self.scheduler.add(request)
         self._added_at[request.request_id] = time.perf_counter()
 
+    def _prepare_states(
+        self, plan: StepPlan
+    ) -> tuple[list[RecurrentState | None], list[list[int]], list[tuple[int, int, int]]]:
+        """The hybrid model's side of a planned step, before its forward.
+
+        For each sequence: issue its pending restore (copy the pinned checkpoint into its
+        runtime slot, then ``restore_issued``), read its state at ``start`` from the runtime
+        slot, and ask for the states the step must keep: the one at the checkpoint
+        reservation (saved into the reserved slot after the forward), and in a decode step
+        the one after every token, since the verification decides only at the commit how
+        many drafts survive. Returns the states, the positions to capture and the saves
+        ``(row in plan, slot, position)``.
+
+        ::
+
+            chunk        start                 boundary             end
+            tokens  .... | s s s s s s s s s s s | s s s s s s s s s s |
+            states       ^ read (runtime slot)   ^ save (reserved)    ^ runtime slot
+        """
+        hybrid, pool = self.hybrid, self.states
+        assert hybrid is not None and pool is not None
+        states: list[RecurrentState | None] = []
+        capture: list[list[int]] = []
+        saves: list[tuple[int, int, int]] = []
+        for row, s in enumerate(plan.seqs):
+            slot = hybrid.state_slot(s.seq_id)
+            source = hybrid.pending_restore(s.seq_id)
+            if source is not None:
+                pool.copy(source, slot)
+                hybrid.restore_issued(s.seq_id)
+                pool.restores += 1
+            states.append(None if s.start == 0 else pool.read(slot, s.start))
+            want = list(range(s.start + 1, s.end)) if s.kind is Kind.DECODE else []
+            reservation = hybrid.checkpoint_reservation(s.seq_id)
+            if reservation is not None:
+                saves.append((row, *reservation))
+                want.append(reservation[1])
+            capture.append(want)
+        return states, capture, saves
+
     def step(self) -> tuple[StepPlan, RunnerOutput]:
         plan = self.scheduler.schedule()
+        pool = self.states
         try:
-            out = self.runner.forward(plan)
+            if pool is not None and not plan.is_idle:
+                states, capture, saves = self._prepare_states(plan)
+                out = self.runner.forward(plan, states, capture)
+                for row, slot, position in saves:
+                    pool.write(slot, position, out.states[row][position])
+                    pool.saves += 1
+            else:
+                out = self.runner.forward(plan)
         except BaseException:
             self.scheduler.cancel_step()
             raise
         before = {s.seq_id: len(self.scheduler.generation(str(s.seq_id)).tokens) for s in plan.seqs}
-        for g in self.scheduler.commit_step(out.output):
-            self.runner.states.drop(g.request_id)
+        self.scheduler.commit_step(out.output)
+        if pool is not None:
+            assert self.hybrid is not None
+            # The runtime slot keeps the state after the committed tokens: a rejected
+            # draft's state is never kept, so the next step starts from accepted tokens only.
+            for row, s in enumerate(plan.seqs):
+                g = self.scheduler.generation(str(s.seq_id))
+                if not g.finished:
+                    slot = self.hybrid.state_slot(s.seq_id)
+                    pool.write(slot, g.num_computed, out.states[row][g.num_computed])
         now = time.perf_counter()
         for s, logits in zip(plan.seqs, out.logits, strict=True):
             rid = str(s.seq_id)

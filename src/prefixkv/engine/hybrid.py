@@ -3,21 +3,20 @@
 A tiny Mamba/Griffin-style block. Unlike attention KV, its state is not per position: after
 position ``p`` a sequence has one conv window (the last ``width - 1`` inputs) and one
 recurrent vector ``h``, summarising everything before ``p``. A prefix hit therefore gives
-the attention layers their KV but not this state.
+the attention layers their KV but not this state: the engine restores it from a
+checkpoint that the cache manager (:class:`~prefixkv.impl.HybridPrefixCacheManager`,
+choice 7) kept at exactly the hit's boundary.
 
-NOTE: the cache manager's checkpoint lifecycle (choice 7: save a Ready checkpoint at block
-boundaries, restore it on a hit at exactly that boundary) is not wired here yet. The runner
-recomputes the state from scratch over the cached prefix instead
-(:class:`RecurrentStateStore`): correct, it only forgoes the saving for this one layer.
-When the checkpoint API lands, the store's "recompute" path becomes "restore the Ready
-checkpoint at the matched boundary", with the same validation.
+The states live in a :class:`RecurrentStatePool`, one row per cache state slot: a live
+sequence's runtime slot holds its state after its computed tokens; a checkpoint slot holds
+the state at the checkpoint's boundary.
 
 ::
 
     positions   0 ............ start-1 | start ... end-1
     attention   KV from the cache      | computed, written
-    recurrent   state(start): restored from the store when it was left exactly at
-                ``start`` by the same tokens, else recomputed by a scan over 0..start-1
+    recurrent   state(start): copied from the checkpoint slot into the runtime slot at
+                admission (restore), then read from the runtime slot every step
 """
 
 from __future__ import annotations
@@ -29,9 +28,10 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .errors import EngineError
 from .layers import Mlp, RmsNorm
 
-__all__ = ["RecurrentLayer", "RecurrentState", "RecurrentStateStore"]
+__all__ = ["RecurrentLayer", "RecurrentState", "RecurrentStatePool", "StaleRecurrentState"]
 
 
 @attrs.frozen
@@ -61,10 +61,11 @@ class RecurrentLayer(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, state: RecurrentState | None
-    ) -> tuple[torch.Tensor, RecurrentState]:
+        self, x: torch.Tensor, state: RecurrentState | None, capture: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, dict[int, RecurrentState]]:
         """One sequence's rows ``x`` ``[L, hidden]`` continuing from ``state`` (None: the
-        sequence starts here). Returns the layer output and the state after the last row."""
+        sequence starts here). Returns the layer output and the states after ``k`` rows for
+        every ``k`` in ``capture`` and for ``k = L``, keyed by ``k``."""
         if state is None:
             state = self.initial_state(x)
         u, gate = self.in_proj(self.norm(x)).float().chunk(2, dim=-1)
@@ -81,34 +82,63 @@ class RecurrentLayer(nn.Module):
         y = self.out_proj((hs * nn.functional.silu(gate)).to(x.dtype))
         out = x + y
         mlp: torch.Tensor = self.mlp(self.mlp_norm(out))
-        new_state = RecurrentState(conv=window[window.shape[0] - (self.width - 1) :], h=h)
-        return out + mlp, new_state
+        n = conv.shape[0]
+        states: dict[int, RecurrentState] = {}
+        for k in {*capture, n}:
+            if not 0 < k <= n:
+                raise IndexError(f"capture after {k} rows of a {n}-row input")
+            # after k rows the conv window holds rows k .. k + width - 2 of ``window``
+            states[k] = RecurrentState(conv=window[k : k + self.width - 1], h=outs[k - 1])
+        return out + mlp, states
 
 
-class RecurrentStateStore:
-    """Each live sequence's recurrent state, and the tokens it summarises.
+class StaleRecurrentState(EngineError, RuntimeError):
+    """A state slot does not hold the state at the position the engine asked for: the
+    engine's save/restore bookkeeping is wrong (never a user error)."""
 
-    A stored state is reused only for the exact same token prefix: after a speculative
-    step with rejected drafts, or a preemption, the prefix differs and the state is
-    recomputed instead of being trusted.
+
+class RecurrentStatePool:
+    """The recurrent states of the hybrid model, one row per cache state slot.
+
+    Each slot is tagged with the position its state was taken at (-1: nothing); a read
+    at another position raises :class:`StaleRecurrentState` instead of silently feeding
+    the model a state from the wrong place. Which slot is whose, and when a checkpoint is
+    Ready, is the cache manager's business; this only holds the tensors.
     """
 
-    def __init__(self) -> None:
-        self._states: dict[object, tuple[tuple[int, ...], RecurrentState]] = {}
-        self.recomputes = 0
-        self.recomputed_tokens = 0
+    def __init__(self, num_slots: int, width: int, dim: int, device: torch.device) -> None:
+        self.conv = torch.zeros(num_slots, width - 1, dim, dtype=torch.float32, device=device)
+        self.h = torch.zeros(num_slots, dim, dtype=torch.float32, device=device)
+        self.positions = [-1] * num_slots
+        self.saves = 0
+        self.restores = 0
 
-    def get(self, seq_id: object, prefix: Sequence[int]) -> RecurrentState | None:
-        entry = self._states.get(seq_id)
-        if entry is None or entry[0] != tuple(prefix):
-            return None
-        return entry[1]
+    @property
+    def num_slots(self) -> int:
+        return len(self.positions)
 
-    def put(self, seq_id: object, prefix: Sequence[int], state: RecurrentState) -> None:
-        self._states[seq_id] = (tuple(prefix), state)
+    def write(self, slot: int, position: int, state: RecurrentState) -> None:
+        self.conv[slot] = state.conv
+        self.h[slot] = state.h
+        self.positions[slot] = position
 
-    def drop(self, seq_id: object) -> None:
-        self._states.pop(seq_id, None)
+    def read(self, slot: int, position: int) -> RecurrentState:
+        if self.positions[slot] != position:
+            raise StaleRecurrentState(
+                f"state slot {slot} holds the state at position {self.positions[slot]}, "
+                f"not {position}"
+            )
+        return RecurrentState(conv=self.conv[slot].clone(), h=self.h[slot].clone())
 
-    def __len__(self) -> int:
-        return len(self._states)
+    def copy(self, src: int, dst: int) -> int:
+        """Copy slot ``src`` into ``dst`` (a restore); returns the position it holds."""
+        self.conv[dst] = self.conv[src]
+        self.h[dst] = self.h[src]
+        self.positions[dst] = self.positions[src]
+        return self.positions[dst]
+
+    def corrupt(self, slot: int, *, amount: float = 1.0) -> None:
+        """Add ``amount`` to the state in ``slot`` (for tests that show a wrong checkpoint
+        breaks cache-on == cache-off)."""
+        self.conv[slot] += amount
+        self.h[slot] += amount

@@ -62,19 +62,22 @@ class TinyDecoder(nn.Module):
         self, input_embeds: torch.Tensor, positions: torch.Tensor, pool: KVPool,
         meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...], backend: Backend,
         sample_rows: torch.Tensor, states: Sequence[RecurrentState | None] = (),
-    ) -> tuple[torch.Tensor, list[RecurrentState]]:
+        capture: Sequence[Sequence[int]] = (),
+    ) -> tuple[torch.Tensor, list[dict[int, RecurrentState]]]:
         """Logits ``[len(sample_rows), vocab]`` (float32) of the rows that are sampled, and
-        (hybrid model) each sequence's recurrent state after its last row.
+        (hybrid model) each sequence's recurrent states after ``k`` of its new rows, for
+        each ``k`` in its ``capture`` entry and for all of them.
 
         ``states`` holds each sequence's recurrent state at its first new position (None:
         the sequence starts at position 0).
         """
         x = input_embeds
-        new_states: list[RecurrentState] = []
+        new_states: list[dict[int, RecurrentState]] = []
         if self.recurrent is not None:
             parts, row = [], 0
-            for (_, new), state in zip(host_lens, states, strict=True):
-                out, after = self.recurrent(x[row : row + new], state)
+            captures = capture or [()] * len(host_lens)
+            for (_, new), state, want in zip(host_lens, states, captures, strict=True):
+                out, after = self.recurrent(x[row : row + new], state, want)
                 parts.append(out)
                 new_states.append(after)
                 row += new

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch
 
 from prefixkv.impl.generation import MultimodalItem
-from prefixkv.impl.step import ScheduledSeq, StepOutput, StepPlan
-from prefixkv.spec.request import SeqId
+from prefixkv.impl.step import StepOutput, StepPlan
 
 from .backend import Backend
 from .batch import build_step_batch
-from .hybrid import RecurrentState, RecurrentStateStore
+from .hybrid import RecurrentState
 from .kv_pool import KVPool
 from .model import TinyDecoder
 from .multimodal import StubEncoder
-
-#: A sequence's tokens so far and its multimodal items (the hybrid model's state recompute
-#: reads the cached prefix, which the step plan does not carry).
-ContextFn = Callable[[SeqId], tuple[Sequence[int], Sequence[MultimodalItem]]]
 
 __all__ = ["ModelRunner", "RunnerOutput"]
 
@@ -29,20 +24,21 @@ __all__ = ["ModelRunner", "RunnerOutput"]
 class RunnerOutput:
     output: StepOutput
     logits: tuple[torch.Tensor, ...]  # per scheduled sequence: [num_samples, vocab], on CPU
+    #: Hybrid model, per scheduled sequence: its recurrent state after each position asked
+    #: for in ``capture`` and after its last new token, keyed by absolute position.
+    states: tuple[dict[int, RecurrentState], ...] = ()
 
 
 class ModelRunner:
     def __init__(
         self, model: TinyDecoder, pool: KVPool, backend: Backend, encoder: StubEncoder,
-        device: torch.device, context: ContextFn | None = None,
+        device: torch.device,
     ) -> None:
         self.model = model
         self.pool = pool
         self.backend = backend
         self.encoder = encoder
         self.device = device
-        self.context = context
-        self.states = RecurrentStateStore()
         self.tokens_computed = 0
 
     def embed(
@@ -60,24 +56,14 @@ class ModelRunner:
                 embeds[lo - start : hi - start] = rows.to(embeds.device, embeds.dtype)
         return embeds
 
-    def _initial_state(self, s: ScheduledSeq) -> RecurrentState | None:
-        """The hybrid layer's state at ``s.start``: stored, or recomputed from scratch."""
-        if s.start == 0:
-            return None
-        if self.context is None:
-            raise RuntimeError("the hybrid model's runner needs a context function")
-        tokens, items = self.context(s.seq_id)
-        prefix = tokens[: s.start]
-        state = self.states.get(s.seq_id, prefix)
-        if state is None:
-            assert self.model.recurrent is not None
-            _, state = self.model.recurrent(self.embed(prefix, 0, items), None)
-            self.states.recomputes += 1
-            self.states.recomputed_tokens += s.start
-        return state
-
     @torch.inference_mode()
-    def forward(self, plan: StepPlan) -> RunnerOutput:
+    def forward(
+        self, plan: StepPlan, states: Sequence[RecurrentState | None] = (),
+        capture: Sequence[Sequence[int]] = (),
+    ) -> RunnerOutput:
+        """Run ``plan``. Hybrid model: ``states`` holds each sequence's recurrent state at
+        its ``start`` (None at 0), ``capture`` the absolute positions (in ``start + 1 ..
+        end``) whose states to return besides the one after the last new token."""
         if plan.is_idle:
             return RunnerOutput(StepOutput(()), ())
         batch = build_step_batch(plan, self.pool.block_size, self.device)
@@ -86,15 +72,19 @@ class ModelRunner:
             rows = self.encoder.encode(o.item)[o.offset : o.offset + o.length]
             embeds[o.row : o.row + o.length] = rows.to(device=embeds.device, dtype=embeds.dtype)
         hybrid = self.model.recurrent is not None
-        states = [self._initial_state(s) for s in plan.seqs] if hybrid else []
+        if hybrid and len(states) != len(plan.seqs):
+            raise ValueError("the hybrid model needs each sequence's recurrent state")
+        relative = [
+            [p - s.start for p in want] for s, want in zip(plan.seqs, capture, strict=True)
+        ] if capture else []
         logits, after = self.model(
             embeds, batch.positions, self.pool, batch.meta, batch.host_lens, self.backend,
-            batch.sample_rows, states,
+            batch.sample_rows, states, relative,
         )
-        if hybrid and self.context is not None:
-            for s, state in zip(plan.seqs, after, strict=True):
-                history, _ = self.context(s.seq_id)
-                self.states.put(s.seq_id, [*history[: s.start], *s.token_ids], state)
+        absolute = tuple(
+            {s.start + k: state for k, state in by_rows.items()}
+            for s, by_rows in zip(plan.seqs, after, strict=True)
+        ) if hybrid else ()
         self.tokens_computed += batch.meta.num_tokens
         # One host transfer per step: the sampled tokens (and logits) go back to the host.
         tokens = logits.argmax(-1).tolist()
@@ -106,4 +96,4 @@ class ModelRunner:
             sampled.append(tuple(int(t) for t in tokens[row : row + n]))
             per_seq.append(logits_cpu[row : row + n])
             row += n
-        return RunnerOutput(StepOutput(tuple(sampled)), tuple(per_seq))
+        return RunnerOutput(StepOutput(tuple(sampled)), tuple(per_seq), absolute)
