@@ -570,18 +570,25 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, section: str) -> None:
-    """Replace the generated section of ``path``, keeping the hand-written text around it."""
+def splice_generated(path: Path, section: str, *, begin: str, end: str, header: str) -> None:
+    """Replace the section of ``path`` between the markers ``begin`` and ``end``, keeping the
+    hand-written text around it; a file without them gets the section appended (after
+    ``header`` when it is empty or missing)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
         new = head + section.rstrip("\n") + tail
         if not new.endswith("\n"):
             new += "\n"
     else:
-        new = (text.rstrip("\n") + "\n\n" if text.strip() else _HEADER + "\n") + section
+        new = (text.rstrip("\n") + "\n\n" if text.strip() else header) + section
     path.write_text(new, encoding="utf-8")
+
+
+def write_markdown(path: Path, section: str) -> None:
+    """Replace the generated section of ``path``, keeping the hand-written text around it."""
+    splice_generated(path, section, begin=BEGIN, end=END, header=_HEADER + "\n")
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -33,6 +33,8 @@ from typing import Any
 
 import attrs
 
+from .bench import splice_generated
+
 __all__ = ["FRACTIONS", "EngineBenchConfig", "run_engine_bench", "setup"]
 
 FRACTIONS = (0.0, 0.5, 0.9, 0.99)
@@ -160,17 +162,6 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, section: str) -> None:
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Engine\n\n"
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-
-
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -204,7 +195,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
     png_path = bench_dir / "engine_prefill.png"
     plot(result, png_path)
     md_path = out / "engine.md"
-    write_markdown(md_path, render_markdown(result))
+    splice_generated(md_path, render_markdown(result), begin=BEGIN, end=END, header="# Engine\n\n")
     return [md_path, json_path, png_path]
 
 

@@ -77,20 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--prefixkv-steps and --prefixkv-examples must be at least 1")
 
 
-class ConformanceFailureRepr:
-    """Prints the failure message as it is: the check, then the replay program."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def toterminal(self, tw: Any) -> None:
-        for line in self.text.splitlines():
-            tw.line(line)
-
-    def __str__(self) -> str:
-        return self.text
-
-
 class ConformanceItem(pytest.Item):
     """One conformance run against one adapter factory."""
 
@@ -128,9 +114,7 @@ class ConformanceItem(pytest.Item):
         from .adapter import ConformanceFailure
 
         if isinstance(excinfo.value, ConformanceFailure):
-            return ConformanceFailureRepr(
-                f"{self.target} failed {excinfo.value.check}: {excinfo.value}"
-            )
+            return f"{self.target} failed {excinfo.value.check}: {excinfo.value}"
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
