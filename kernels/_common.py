@@ -63,8 +63,9 @@ def check_dtype(t: torch.Tensor, name: str) -> None:
         raise KernelDtypeError(f"{name} has dtype {t.dtype}; expected one of {SUPPORTED_DTYPES}")
 
 
-def check_index_tensor(t: torch.Tensor, name: str, ndim: int,
-                       dtypes: tuple[torch.dtype, ...] = INDEX_DTYPES) -> None:
+def check_index_tensor(
+    t: torch.Tensor, name: str, ndim: int, dtypes: tuple[torch.dtype, ...] = INDEX_DTYPES
+) -> None:
     if t.dtype not in dtypes:
         raise KernelDtypeError(f"{name} has dtype {t.dtype}; expected one of {dtypes}")
     if t.dim() != ndim:
@@ -94,8 +95,9 @@ def cache_geometry(cache: torch.Tensor, layout: Layout, name: str = "cache") -> 
     return CacheGeometry(n, p, h, d, index_math.cache_strides(tuple(cache.stride()), layout))
 
 
-def kv_cache_geometry(key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      layout: Layout) -> tuple[CacheGeometry, CacheGeometry]:
+def kv_cache_geometry(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, layout: Layout
+) -> tuple[CacheGeometry, CacheGeometry]:
     """Geometry of a K/V cache pair; they must agree in shape and dtype (strides may differ)."""
     gk = cache_geometry(key_cache, layout, "key_cache")
     gv = cache_geometry(value_cache, layout, "value_cache")
@@ -118,8 +120,7 @@ def check_page_size(table_page_size: int, geometry: CacheGeometry) -> None:
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """True when some tensor's offsets overflow int32 (see ``index_math.offsets_fit_int32``)."""
-    return not index_math.offsets_fit_int32(*[(tuple(t.shape), tuple(t.stride()))
-                                              for t in tensors])
+    return not index_math.offsets_fit_int32(*[(tuple(t.shape), tuple(t.stride())) for t in tensors])
 
 
 @cache

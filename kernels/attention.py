@@ -33,15 +33,25 @@ MAX_DECODE_SPLITS = 64
 
 @triton.jit
 def _attend_tile(
-    acc, m_i, l_i, q,
+    acc,
+    m_i,
+    l_i,
+    q,
     k_base,  # key cache pointer already offset to the KV head (page, token, dim remain)
     v_base,  # value cache pointer already offset to the KV head
     bt_row_ptr,  # int32 [max_entries]: this sequence's block-table row
     stride_bt_entry,
-    start_n, q_pos, kv_limit,
-    stride_kc_page, stride_kc_tok, stride_kc_dim,
-    stride_vc_page, stride_vc_tok, stride_vc_dim,
-    scale_log2e, head_dim,
+    start_n,
+    q_pos,
+    kv_limit,
+    stride_kc_page,
+    stride_kc_tok,
+    stride_kc_dim,
+    stride_vc_page,
+    stride_vc_tok,
+    stride_vc_dim,
+    scale_log2e,
+    head_dim,
     CAUSAL_MASK: tl.constexpr,
     BOUND_MASK: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -60,9 +70,14 @@ def _attend_tile(
     if USE_INT64:
         page = page.to(tl.int64)
     off = offs_n % PAGE_SIZE
-    k_t = tl.load(k_base + page[None, :] * stride_kc_page + off[None, :] * stride_kc_tok
-                  + offs_d[:, None] * stride_kc_dim,
-                  mask=d_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
+    k_t = tl.load(
+        k_base
+        + page[None, :] * stride_kc_page
+        + off[None, :] * stride_kc_tok
+        + offs_d[:, None] * stride_kc_dim,
+        mask=d_ok[:, None] & n_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_D, BLOCK_N]
     s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2e
     if CAUSAL_MASK:
         # bottom-right: the query at position q_pos sees keys 0 .. q_pos
@@ -73,9 +88,14 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + page[:, None] * stride_vc_page + off[:, None] * stride_vc_tok
-                + offs_d[None, :] * stride_vc_dim,
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+    v = tl.load(
+        v_base
+        + page[:, None] * stride_vc_page
+        + off[:, None] * stride_vc_tok
+        + offs_d[None, :] * stride_vc_dim,
+        mask=n_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_N, BLOCK_D]
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
@@ -96,12 +116,24 @@ def _prefill_attention_kernel(
     seq_lens_ptr,  # int32 [num_seqs]: cached + new
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
     scale_log2e,
-    stride_q_tok, stride_q_head, stride_q_dim,
-    stride_kc_page, stride_kc_tok, stride_kc_head, stride_kc_dim,
-    stride_vc_page, stride_vc_tok, stride_vc_head, stride_vc_dim,
-    stride_bt_seq, stride_bt_entry,
-    stride_o_tok, stride_o_head, stride_o_dim,
-    head_dim, queries_per_kv,
+    stride_q_tok,
+    stride_q_head,
+    stride_q_dim,
+    stride_kc_page,
+    stride_kc_tok,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_page,
+    stride_vc_tok,
+    stride_vc_head,
+    stride_vc_dim,
+    stride_bt_seq,
+    stride_bt_entry,
+    stride_o_tok,
+    stride_o_head,
+    stride_o_dim,
+    head_dim,
+    queries_per_kv,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -129,9 +161,14 @@ def _prefill_attention_kernel(
     if USE_INT64:
         rows = rows.to(tl.int64)
         seq_off = seq.to(tl.int64) * stride_bt_seq
-    q = tl.load(q_ptr + rows[:, None] * stride_q_tok + q_head * stride_q_head
-                + offs_d[None, :] * stride_q_dim,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr
+        + rows[:, None] * stride_q_tok
+        + q_head * stride_q_head
+        + offs_d[None, :] * stride_q_dim,
+        mask=m_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     q_pos = cached + offs_m  # new query i sits at position cached_len + i
     bt_row = block_table_ptr + seq_off
     k_base = key_cache_ptr + kv_head * stride_kc_head
@@ -147,34 +184,90 @@ def _prefill_attention_kernel(
     kv_end = cached + tl.minimum((m_block + 1) * BLOCK_M, q_len)
     for start_n in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt_entry, start_n, q_pos,
-            seq_len, stride_kc_page, stride_kc_tok, stride_kc_dim,
-            stride_vc_page, stride_vc_tok, stride_vc_dim, scale_log2e, head_dim,
-            False, False, PAGE_SIZE, BLOCK_N, BLOCK_D, USE_INT64, DOT_PRECISION)
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            bt_row,
+            stride_bt_entry,
+            start_n,
+            q_pos,
+            seq_len,
+            stride_kc_page,
+            stride_kc_tok,
+            stride_kc_dim,
+            stride_vc_page,
+            stride_vc_tok,
+            stride_vc_dim,
+            scale_log2e,
+            head_dim,
+            False,
+            False,
+            PAGE_SIZE,
+            BLOCK_N,
+            BLOCK_D,
+            USE_INT64,
+            DOT_PRECISION,
+        )
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, k_base, v_base, bt_row, stride_bt_entry, start_n, q_pos,
-            seq_len, stride_kc_page, stride_kc_tok, stride_kc_dim,
-            stride_vc_page, stride_vc_tok, stride_vc_dim, scale_log2e, head_dim,
-            True, True, PAGE_SIZE, BLOCK_N, BLOCK_D, USE_INT64, DOT_PRECISION)
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            bt_row,
+            stride_bt_entry,
+            start_n,
+            q_pos,
+            seq_len,
+            stride_kc_page,
+            stride_kc_tok,
+            stride_kc_dim,
+            stride_vc_page,
+            stride_vc_tok,
+            stride_vc_dim,
+            scale_log2e,
+            head_dim,
+            True,
+            True,
+            PAGE_SIZE,
+            BLOCK_N,
+            BLOCK_D,
+            USE_INT64,
+            DOT_PRECISION,
+        )
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + rows[:, None] * stride_o_tok + q_head * stride_o_head
-             + offs_d[None, :] * stride_o_dim, out.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(
+        out_ptr
+        + rows[:, None] * stride_o_tok
+        + q_head * stride_o_head
+        + offs_d[None, :] * stride_o_dim,
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_ok[:, None] & d_ok[None, :],
+    )
 
 
-def _check_attention_inputs(q: torch.Tensor, key_cache: torch.Tensor,
-                            value_cache: torch.Tensor, block_table: BlockTable,
-                            layout: Layout) -> tuple[C.CacheGeometry, C.CacheGeometry, int]:
+def _check_attention_inputs(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: BlockTable,
+    layout: Layout,
+) -> tuple[C.CacheGeometry, C.CacheGeometry, int]:
     gk, gv = C.kv_cache_geometry(key_cache, value_cache, layout)
     C.check_page_size(block_table.page_size, gk)
     C.check_dtype(q, "q")
     if q.dtype != key_cache.dtype:
         raise KernelInputError(f"q is {q.dtype} but the cache is {key_cache.dtype}")
     if q.dim() != 3 or q.shape[2] != gk.head_dim:
-        raise KernelInputError(f"q must be [tokens, num_q_heads, {gk.head_dim}], "
-                               f"got {tuple(q.shape)}")
+        raise KernelInputError(
+            f"q must be [tokens, num_q_heads, {gk.head_dim}], got {tuple(q.shape)}"
+        )
     num_q_heads = int(q.shape[1])
     if num_q_heads % gk.num_kv_heads != 0:
         raise KernelInputError(
@@ -242,18 +335,32 @@ def prefill_attention(
     if num_seqs == 0 or max_query_len == 0:
         return out
     block_m, block_n, num_warps, num_stages = _prefill_config(gk.head_dim, max_query_len)
-    scale = gk.head_dim ** -0.5 if scale is None else scale
+    scale = gk.head_dim**-0.5 if scale is None else scale
     grid = (C.cdiv(max_query_len, block_m), int(q.shape[1]), num_seqs)
     _prefill_attention_kernel[grid](
-        q, key_cache, value_cache, block_table.table, query_start_loc, seq_lens, out,
+        q,
+        key_cache,
+        value_cache,
+        block_table.table,
+        query_start_loc,
+        seq_lens,
+        out,
         scale * LOG2E,
-        *q.stride(), *gk.strides, *gv.strides, *block_table.table.stride(), *out.stride(),
-        gk.head_dim, qpk,
-        PAGE_SIZE=gk.page_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        *q.stride(),
+        *gk.strides,
+        *gv.strides,
+        *block_table.table.stride(),
+        *out.stride(),
+        gk.head_dim,
+        qpk,
+        PAGE_SIZE=gk.page_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
         BLOCK_D=_block_d(gk.head_dim),
         USE_INT64=C.needs_int64(q, key_cache, value_cache, out, block_table.table),
         DOT_PRECISION=C.dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
@@ -273,13 +380,29 @@ def _decode_split_kernel(
     part_acc_ptr,  # fp32 [num_seqs, num_q_heads, num_splits, head_dim]: normalised partials
     part_lse_ptr,  # fp32 [num_seqs, num_q_heads, num_splits]: log2-sum-exp2 of each split
     scale_log2e,
-    stride_q_seq, stride_q_head, stride_q_dim,
-    stride_kc_page, stride_kc_tok, stride_kc_head, stride_kc_dim,
-    stride_vc_page, stride_vc_tok, stride_vc_head, stride_vc_dim,
-    stride_bt_seq, stride_bt_entry,
-    stride_pa_seq, stride_pa_head, stride_pa_split, stride_pa_dim,
-    stride_pl_seq, stride_pl_head, stride_pl_split,
-    head_dim, queries_per_kv, num_splits,
+    stride_q_seq,
+    stride_q_head,
+    stride_q_dim,
+    stride_kc_page,
+    stride_kc_tok,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_page,
+    stride_vc_tok,
+    stride_vc_head,
+    stride_vc_dim,
+    stride_bt_seq,
+    stride_bt_entry,
+    stride_pa_seq,
+    stride_pa_head,
+    stride_pa_split,
+    stride_pa_dim,
+    stride_pl_seq,
+    stride_pl_head,
+    stride_pl_split,
+    head_dim,
+    queries_per_kv,
+    num_splits,
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -305,8 +428,14 @@ def _decode_split_kernel(
     if USE_INT64:
         seq = seq.to(tl.int64)
     seq_off = seq * stride_bt_seq
-    q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head
-                + offs_d[None, :] * stride_q_dim, mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr
+        + seq * stride_q_seq
+        + heads[:, None] * stride_q_head
+        + offs_d[None, :] * stride_q_dim,
+        mask=h_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -315,18 +444,50 @@ def _decode_split_kernel(
     for start_n in range(start, end, BLOCK_N):
         # decode needs no causal mask (its one query is the last position): q_pos is unused
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, k_base, v_base, block_table_ptr + seq_off, stride_bt_entry,
-            start_n, m_i, end, stride_kc_page, stride_kc_tok, stride_kc_dim,
-            stride_vc_page, stride_vc_tok, stride_vc_dim, scale_log2e, head_dim,
-            False, True, PAGE_SIZE, BLOCK_N, BLOCK_D, USE_INT64, DOT_PRECISION)
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            block_table_ptr + seq_off,
+            stride_bt_entry,
+            start_n,
+            m_i,
+            end,
+            stride_kc_page,
+            stride_kc_tok,
+            stride_kc_dim,
+            stride_vc_page,
+            stride_vc_tok,
+            stride_vc_dim,
+            scale_log2e,
+            head_dim,
+            False,
+            True,
+            PAGE_SIZE,
+            BLOCK_N,
+            BLOCK_D,
+            USE_INT64,
+            DOT_PRECISION,
+        )
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    tl.store(part_acc_ptr + seq * stride_pa_seq + heads[:, None] * stride_pa_head
-             + split * stride_pa_split + offs_d[None, :] * stride_pa_dim, out,
-             mask=h_ok[:, None] & d_ok[None, :])
-    tl.store(part_lse_ptr + seq * stride_pl_seq + heads * stride_pl_head
-             + split * stride_pl_split, lse, mask=h_ok)
+    tl.store(
+        part_acc_ptr
+        + seq * stride_pa_seq
+        + heads[:, None] * stride_pa_head
+        + split * stride_pa_split
+        + offs_d[None, :] * stride_pa_dim,
+        out,
+        mask=h_ok[:, None] & d_ok[None, :],
+    )
+    tl.store(
+        part_lse_ptr + seq * stride_pl_seq + heads * stride_pl_head + split * stride_pl_split,
+        lse,
+        mask=h_ok,
+    )
 
 
 @triton.jit
@@ -334,10 +495,18 @@ def _decode_reduce_kernel(
     part_acc_ptr,  # fp32 [num_seqs, num_q_heads, num_splits, head_dim]
     part_lse_ptr,  # fp32 [num_seqs, num_q_heads, num_splits]
     out_ptr,  # [num_seqs, num_q_heads, head_dim]
-    stride_pa_seq, stride_pa_head, stride_pa_split, stride_pa_dim,
-    stride_pl_seq, stride_pl_head, stride_pl_split,
-    stride_o_seq, stride_o_head, stride_o_dim,
-    head_dim, num_splits,
+    stride_pa_seq,
+    stride_pa_head,
+    stride_pa_split,
+    stride_pa_dim,
+    stride_pl_seq,
+    stride_pl_head,
+    stride_pl_split,
+    stride_o_seq,
+    stride_o_head,
+    stride_o_dim,
+    head_dim,
+    num_splits,
     SPLITS_PAD: tl.constexpr,
     BLOCK_D: tl.constexpr,
     USE_INT64: tl.constexpr,
@@ -350,22 +519,35 @@ def _decode_reduce_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     sp_ok = sp < num_splits
     d_ok = offs_d < head_dim
-    lse = tl.load(part_lse_ptr + seq * stride_pl_seq + head * stride_pl_head
-                  + sp * stride_pl_split, mask=sp_ok, other=float("-inf"))
+    lse = tl.load(
+        part_lse_ptr + seq * stride_pl_seq + head * stride_pl_head + sp * stride_pl_split,
+        mask=sp_ok,
+        other=float("-inf"),
+    )
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: weights 0, output 0
     w = tl.exp2(lse - m)
-    part = tl.load(part_acc_ptr + seq * stride_pa_seq + head * stride_pa_head
-                   + sp[:, None] * stride_pa_split + offs_d[None, :] * stride_pa_dim,
-                   mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
+    part = tl.load(
+        part_acc_ptr
+        + seq * stride_pa_seq
+        + head * stride_pa_head
+        + sp[:, None] * stride_pa_split
+        + offs_d[None, :] * stride_pa_dim,
+        mask=sp_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * part, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d * stride_o_dim,
-             out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d * stride_o_dim,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_ok,
+    )
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      device: torch.device) -> int:
+def decode_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, device: torch.device
+) -> int:
     """Heuristic split count: fill the GPU about twice, but keep >= 4 tiles per split.
 
     Short contexts or big batches get 1 split (no reduce overhead worth paying); a single
@@ -417,31 +599,54 @@ def decode_attention(
     block_n = 16 if C.interpreting() else (64 if head_dim > 64 else 128)
     block_h = C.next_pow2(qpk) if C.interpreting() else max(16, C.next_pow2(qpk))
     if num_splits is None:
-        num_splits = decode_num_splits(num_seqs, gk.num_kv_heads, max_seq_len, block_n,
-                                       q.device)
+        num_splits = decode_num_splits(num_seqs, gk.num_kv_heads, max_seq_len, block_n, q.device)
     if not 1 <= num_splits <= MAX_DECODE_SPLITS:
         raise KernelInputError(f"num_splits={num_splits} outside [1, {MAX_DECODE_SPLITS}]")
-    part_acc = torch.empty(num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32,
-                           device=q.device)
-    part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32,
-                           device=q.device)
-    scale = head_dim ** -0.5 if scale is None else scale
+    part_acc = torch.empty(
+        num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+    )
+    part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    scale = head_dim**-0.5 if scale is None else scale
     block_d = _block_d(head_dim)
     _decode_split_kernel[(num_seqs, gk.num_kv_heads, num_splits)](
-        q, key_cache, value_cache, block_table.table, seq_lens, part_acc, part_lse,
+        q,
+        key_cache,
+        value_cache,
+        block_table.table,
+        seq_lens,
+        part_acc,
+        part_lse,
         scale * LOG2E,
-        *q.stride(), *gk.strides, *gv.strides, *block_table.table.stride(),
-        *part_acc.stride(), *part_lse.stride(),
-        head_dim, qpk, num_splits,
-        PAGE_SIZE=gk.page_size, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+        *q.stride(),
+        *gk.strides,
+        *gv.strides,
+        *block_table.table.stride(),
+        *part_acc.stride(),
+        *part_lse.stride(),
+        head_dim,
+        qpk,
+        num_splits,
+        PAGE_SIZE=gk.page_size,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
         USE_INT64=C.needs_int64(q, key_cache, value_cache, block_table.table, part_acc),
         DOT_PRECISION=C.dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+        num_warps=4,
+        num_stages=2,
     )
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
-        part_acc, part_lse, out, *part_acc.stride(), *part_lse.stride(), *out.stride(),
-        head_dim, num_splits,
-        SPLITS_PAD=C.next_pow2(num_splits), BLOCK_D=block_d,
-        USE_INT64=C.needs_int64(part_acc, out), num_warps=1,
+        part_acc,
+        part_lse,
+        out,
+        *part_acc.stride(),
+        *part_lse.stride(),
+        *out.stride(),
+        head_dim,
+        num_splits,
+        SPLITS_PAD=C.next_pow2(num_splits),
+        BLOCK_D=block_d,
+        USE_INT64=C.needs_int64(part_acc, out),
+        num_warps=1,
     )
     return out

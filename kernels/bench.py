@@ -62,33 +62,64 @@ class BenchSizes:
 
 
 GPU_SIZES = BenchSizes(
-    dtype_name="bfloat16", num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
-    copy_bytes=1 << 30, matmul_n=8192, move_tokens=65536, copy_pairs=4096,
-    state_slots=256, state_numel=32 * 64 * 128,
-    prefill_contexts=(1024, 2048, 4096, 8192, 16384, 32768), prefill_tokens=32768,
+    dtype_name="bfloat16",
+    num_q_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    page_size=16,
+    copy_bytes=1 << 30,
+    matmul_n=8192,
+    move_tokens=65536,
+    copy_pairs=4096,
+    state_slots=256,
+    state_numel=32 * 64 * 128,
+    prefill_contexts=(1024, 2048, 4096, 8192, 16384, 32768),
+    prefill_tokens=32768,
     cached_fracs=(0.0, 0.5, 0.9),
-    decode_batches=(1, 16, 64), decode_contexts=(1024, 4096, 16384, 32768),
+    decode_batches=(1, 16, 64),
+    decode_contexts=(1024, 4096, 16384, 32768),
     decode_max_tokens=1 << 21,
 )
 
 DRY_SIZES = BenchSizes(
-    dtype_name="float16", num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
-    copy_bytes=1 << 16, matmul_n=64, move_tokens=24, copy_pairs=3,
-    state_slots=8, state_numel=64,
-    prefill_contexts=(16, 32), prefill_tokens=32, cached_fracs=(0.0, 0.5, 0.9),
-    decode_batches=(1, 2), decode_contexts=(16, 40), decode_max_tokens=80,
+    dtype_name="float16",
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    page_size=4,
+    copy_bytes=1 << 16,
+    matmul_n=64,
+    move_tokens=24,
+    copy_pairs=3,
+    state_slots=8,
+    state_numel=64,
+    prefill_contexts=(16, 32),
+    prefill_tokens=32,
+    cached_fracs=(0.0, 0.5, 0.9),
+    decode_batches=(1, 2),
+    decode_contexts=(16, 40),
+    decode_max_tokens=80,
 )
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m prefixkv.kernels.bench",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="python -m prefixkv.kernels.bench",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    p.add_argument("--out", type=Path, default=None,
-                   help="write bench/kernels.{json,md} and plots under this folder "
-                        "(default: docs for a GPU run, nothing for --dry-run)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="toy sizes on the CPU under TRITON_INTERPRET=1; checks code paths only")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write bench/kernels.{json,md} and plots under this folder "
+        "(default: docs for a GPU run, nothing for --dry-run)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="toy sizes on the CPU under TRITON_INTERPRET=1; checks code paths only",
+    )
     return p.parse_args(argv)
 
 
@@ -103,12 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         print("error: torch is not installed (pip install 'prefixkv[kernels]')", file=sys.stderr)
         return EXIT_NO_CUDA
     if not args.dry_run and not torch.cuda.is_available():
-        print("error: no CUDA device: the kernel benchmark needs a GPU "
-              "(use --dry-run to exercise the code paths on the CPU)", file=sys.stderr)
+        print(
+            "error: no CUDA device: the kernel benchmark needs a GPU "
+            "(use --dry-run to exercise the code paths on the CPU)",
+            file=sys.stderr,
+        )
         return EXIT_NO_CUDA
     if args.dry_run and os.environ.get("TRITON_INTERPRET", "") in ("", "0"):
-        print("error: --dry-run needs TRITON_INTERPRET=1 set before triton is imported",
-              file=sys.stderr)
+        print(
+            "error: --dry-run needs TRITON_INTERPRET=1 set before triton is imported",
+            file=sys.stderr,
+        )
         return 1
     device = torch.device("cpu" if args.dry_run else "cuda")
     results = run(device, DRY_SIZES if args.dry_run else GPU_SIZES, dry_run=args.dry_run)
@@ -171,8 +207,12 @@ def run(device: Any, sz: BenchSizes, *, dry_run: bool = False) -> dict[str, Any]
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": sz.dtype_name,
-        "heads": {"q": sz.num_q_heads, "kv": sz.num_kv_heads, "head_dim": sz.head_dim,
-                  "page_size": sz.page_size},
+        "heads": {
+            "q": sz.num_q_heads,
+            "kv": sz.num_kv_heads,
+            "head_dim": sz.head_dim,
+            "page_size": sz.page_size,
+        },
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "ceilings": ceilings,
         "movement": measure_movement(device, sz, timer, ceilings["copy_gbps"]),
@@ -181,8 +221,7 @@ def run(device: Any, sz: BenchSizes, *, dry_run: bool = False) -> dict[str, Any]
     }
 
 
-def measure_ceilings(device: Any, sz: BenchSizes, timer: Callable[..., float]
-                     ) -> dict[str, float]:
+def measure_ceilings(device: Any, sz: BenchSizes, timer: Callable[..., float]) -> dict[str, float]:
     import torch
 
     n = sz.copy_bytes // 2
@@ -208,8 +247,7 @@ def _paged_cache(device: Any, sz: BenchSizes, num_tokens: int, *, slack: int = 1
     return key_cache, value_cache
 
 
-def _batch(device: Any, sz: BenchSizes, cached: list[int], new: list[int], num_pages: int
-           ) -> Any:
+def _batch(device: Any, sz: BenchSizes, cached: list[int], new: list[int], num_pages: int) -> Any:
     """Batch metadata with each sequence's pages drawn at random from the pool."""
     import torch
 
@@ -219,19 +257,26 @@ def _batch(device: Any, sz: BenchSizes, cached: list[int], new: list[int], num_p
     ids, at = [], 0
     for c, q in zip(cached, new, strict=True):
         n = -(-(c + q) // sz.page_size)
-        ids.append(perm[at:at + n])
+        ids.append(perm[at : at + n])
         at += n
     return build_batch_metadata(cached, new, ids, sz.page_size, device=device)
 
 
 def _row(kernel: str, shape: str, nbytes: float, ms: float, ceiling: float) -> dict[str, Any]:
     gbps = nbytes / ms / 1e6
-    return {"kernel": kernel, "shape": shape, "bytes": nbytes, "ms": ms, "gbps": gbps,
-            "frac_of_copy": gbps / ceiling}
+    return {
+        "kernel": kernel,
+        "shape": shape,
+        "bytes": nbytes,
+        "ms": ms,
+        "gbps": gbps,
+        "frac_of_copy": gbps / ceiling,
+    }
 
 
-def measure_movement(device: Any, sz: BenchSizes, timer: Callable[..., float],
-                     copy_gbps: float) -> list[dict[str, Any]]:
+def measure_movement(
+    device: Any, sz: BenchSizes, timer: Callable[..., float], copy_gbps: float
+) -> list[dict[str, Any]]:
     import torch
 
     from .cache_ops import copy_blocks, gather_kv, write_kv
@@ -253,30 +298,54 @@ def measure_movement(device: Any, sz: BenchSizes, timer: Callable[..., float],
     per = n // seqs
     meta = _batch(device, sz, [per] * seqs, [0] * seqs, key_cache.shape[0])
     total = per * seqs
-    out = (torch.empty(total, sz.num_kv_heads, sz.head_dim, dtype=dtype, device=device),
-           torch.empty(total, sz.num_kv_heads, sz.head_dim, dtype=dtype, device=device))
-    ms = timer(lambda: gather_kv(key_cache, value_cache, meta.block_table, meta.seq_lens,
-                                 max_seq_len=meta.max_seq_len, out=out))
-    rows.append(_row("gather_kv", f"{seqs}x{per} tokens", 2 * 2 * total * tok_bytes, ms,
-                     copy_gbps))
+    out = (
+        torch.empty(total, sz.num_kv_heads, sz.head_dim, dtype=dtype, device=device),
+        torch.empty(total, sz.num_kv_heads, sz.head_dim, dtype=dtype, device=device),
+    )
+    ms = timer(
+        lambda: gather_kv(
+            key_cache,
+            value_cache,
+            meta.block_table,
+            meta.seq_lens,
+            max_seq_len=meta.max_seq_len,
+            out=out,
+        )
+    )
+    rows.append(_row("gather_kv", f"{seqs}x{per} tokens", 2 * 2 * total * tok_bytes, ms, copy_gbps))
 
     pairs = min(sz.copy_pairs, key_cache.shape[0] // 2)
     perm = torch.randperm(key_cache.shape[0], device=device)
-    mapping = torch.stack([perm[:pairs], perm[pairs:2 * pairs]], dim=1)
+    mapping = torch.stack([perm[:pairs], perm[pairs : 2 * pairs]], dim=1)
     ms = timer(lambda: copy_blocks([key_cache, value_cache], mapping))
-    rows.append(_row("copy_blocks", f"{pairs} pairs x K,V", 2 * 2 * pairs * sz.page_size
-                     * tok_bytes, ms, copy_gbps))
+    rows.append(
+        _row(
+            "copy_blocks",
+            f"{pairs} pairs x K,V",
+            2 * 2 * pairs * sz.page_size * tok_bytes,
+            ms,
+            copy_gbps,
+        )
+    )
 
     state = torch.randn(sz.state_slots, sz.state_numel, dtype=dtype, device=device)
     ckpt = torch.empty_like(state)
     half = sz.state_slots // 2
-    for label, src in (("runs", list(range(half))),
-                       ("scattered", list(range(0, sz.state_slots, 2)))):
+    for label, src in (
+        ("runs", list(range(half))),
+        ("scattered", list(range(0, sz.state_slots, 2))),
+    ):
         plan = plan_state_copy(src, list(range(len(src))), device=device)
         ms = timer(lambda plan=plan: copy_state_slots(state, ckpt, plan))
-        rows.append(_row(f"copy_state_slots ({label})",
-                         f"{len(src)} slots x {sz.state_numel}",
-                         2 * len(src) * sz.state_numel * elem, ms, copy_gbps))
+        rows.append(
+            _row(
+                f"copy_state_slots ({label})",
+                f"{len(src)} slots x {sz.state_numel}",
+                2 * len(src) * sz.state_numel * elem,
+                ms,
+                copy_gbps,
+            )
+        )
     return rows
 
 
@@ -287,8 +356,9 @@ def causal_prefill_flops(context: int, cached: int, heads: int, head_dim: int) -
     return 4 * head_dim * heads * pairs
 
 
-def _sdpa_runner(backend_name: str, q: Any, k: Any, v: Any, q_len: int, kv_len: int
-                 ) -> Callable[[], object]:
+def _sdpa_runner(
+    backend_name: str, q: Any, k: Any, v: Any, q_len: int, kv_len: int
+) -> Callable[[], object]:
     """Dense SDPA on gathered KV with one backend; GQA natively or by expanding K/V."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -296,7 +366,8 @@ def _sdpa_runner(backend_name: str, q: Any, k: Any, v: Any, q_len: int, kv_len: 
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[
-        backend_name]
+        backend_name
+    ]
     group = q.shape[1] // k.shape[1]
     mask = None if q_len == kv_len else causal_lower_right(q_len, kv_len)
 
@@ -325,8 +396,9 @@ def _sdpa_runner(backend_name: str, q: Any, k: Any, v: Any, q_len: int, kv_len: 
     raise RuntimeError("; ".join(errors))
 
 
-def measure_prefill(device: Any, sz: BenchSizes, timer: Callable[..., float],
-                    matmul_tflops: float) -> list[dict[str, Any]]:
+def measure_prefill(
+    device: Any, sz: BenchSizes, timer: Callable[..., float], matmul_tflops: float
+) -> list[dict[str, Any]]:
     import torch
 
     from .attention import prefill_attention
@@ -341,23 +413,42 @@ def measure_prefill(device: Any, sz: BenchSizes, timer: Callable[..., float],
             cached = int(ctx * frac) // sz.page_size * sz.page_size
             q_len = ctx - cached
             meta = _batch(device, sz, [cached] * batch, [q_len] * batch, key_cache.shape[0])
-            q = torch.randn(batch * q_len, sz.num_q_heads, sz.head_dim, dtype=dtype,
-                            device=device)
+            q = torch.randn(batch * q_len, sz.num_q_heads, sz.head_dim, dtype=dtype, device=device)
             flops = batch * causal_prefill_flops(ctx, cached, sz.num_q_heads, sz.head_dim)
-            base = {"context": ctx, "cached_frac": frac, "cached": cached, "batch": batch,
-                    "q_len": q_len, "flops": flops}
+            base = {
+                "context": ctx,
+                "cached_frac": frac,
+                "cached": cached,
+                "batch": batch,
+                "q_len": q_len,
+                "flops": flops,
+            }
 
-            def ours(meta: Any = meta, q: Any = q, kc: Any = key_cache,
-                     vc: Any = value_cache) -> object:
-                return prefill_attention(q, kc, vc, meta.block_table, meta.query_start_loc,
-                                         meta.seq_lens, max_query_len=meta.max_query_len)
+            def ours(
+                meta: Any = meta, q: Any = q, kc: Any = key_cache, vc: Any = value_cache
+            ) -> object:
+                return prefill_attention(
+                    q,
+                    kc,
+                    vc,
+                    meta.block_table,
+                    meta.query_start_loc,
+                    meta.seq_lens,
+                    max_query_len=meta.max_query_len,
+                )
 
             ms = timer(ours)
-            rows.append({**base, "backend": "prefixkv (paged)", "ms": ms,
-                         "tflops": flops / ms / 1e9, "frac_of_matmul": flops / ms / 1e9
-                         / matmul_tflops, "error": None})
-            gk = torch.empty(batch * ctx, sz.num_kv_heads, sz.head_dim, dtype=dtype,
-                             device=device)
+            rows.append(
+                {
+                    **base,
+                    "backend": "prefixkv (paged)",
+                    "ms": ms,
+                    "tflops": flops / ms / 1e9,
+                    "frac_of_matmul": flops / ms / 1e9 / matmul_tflops,
+                    "error": None,
+                }
+            )
+            gk = torch.empty(batch * ctx, sz.num_kv_heads, sz.head_dim, dtype=dtype, device=device)
             gv = torch.empty_like(gk)
             qd = q.view(batch, q_len, sz.num_q_heads, sz.head_dim).transpose(1, 2)
             kd = gk.view(batch, ctx, sz.num_kv_heads, sz.head_dim).transpose(1, 2)
@@ -367,26 +458,53 @@ def measure_prefill(device: Any, sz: BenchSizes, timer: Callable[..., float],
                 try:
                     attend = _sdpa_runner(backend, qd, kd, vd, q_len, ctx)
                 except RuntimeError as e:
-                    rows.append({**base, "backend": label, "ms": None, "tflops": None,
-                                 "frac_of_matmul": None, "error": str(e)})
+                    rows.append(
+                        {
+                            **base,
+                            "backend": label,
+                            "ms": None,
+                            "tflops": None,
+                            "frac_of_matmul": None,
+                            "error": str(e),
+                        }
+                    )
                     continue
 
-                def naive(meta: Any = meta, attend: Callable[[], object] = attend,
-                          kc: Any = key_cache, vc: Any = value_cache, gk: Any = gk,
-                          gv: Any = gv) -> object:
-                    gather_kv(kc, vc, meta.block_table, meta.seq_lens,
-                              max_seq_len=meta.max_seq_len, out=(gk, gv))
+                def naive(
+                    meta: Any = meta,
+                    attend: Callable[[], object] = attend,
+                    kc: Any = key_cache,
+                    vc: Any = value_cache,
+                    gk: Any = gk,
+                    gv: Any = gv,
+                ) -> object:
+                    gather_kv(
+                        kc,
+                        vc,
+                        meta.block_table,
+                        meta.seq_lens,
+                        max_seq_len=meta.max_seq_len,
+                        out=(gk, gv),
+                    )
                     return attend()
 
                 ms = timer(naive)
-                rows.append({**base, "backend": label, "ms": ms, "tflops": flops / ms / 1e9,
-                             "frac_of_matmul": flops / ms / 1e9 / matmul_tflops,
-                             "error": None})
+                rows.append(
+                    {
+                        **base,
+                        "backend": label,
+                        "ms": ms,
+                        "tflops": flops / ms / 1e9,
+                        "frac_of_matmul": flops / ms / 1e9 / matmul_tflops,
+                        "error": None,
+                    }
+                )
     return rows
 
 
-def measure_decode(device: Any, sz: BenchSizes, timer: Callable[..., float],
-                   copy_gbps: float) -> list[dict[str, Any]]:
+def measure_decode(
+    device: Any, sz: BenchSizes, timer: Callable[..., float], copy_gbps: float
+) -> list[dict[str, Any]]:
     import torch
 
     from .attention import decode_attention, decode_num_splits
@@ -403,12 +521,24 @@ def measure_decode(device: Any, sz: BenchSizes, timer: Callable[..., float],
             q = torch.randn(batch, sz.num_q_heads, sz.head_dim, dtype=dtype, device=device)
             block_n = 16 if device.type != "cuda" else (64 if sz.head_dim > 64 else 128)
             splits = decode_num_splits(batch, sz.num_kv_heads, ctx, block_n, device)
-            ms = timer(lambda meta=meta, q=q, kc=key_cache, vc=value_cache: decode_attention(
-                q, kc, vc, meta.block_table, meta.seq_lens, max_seq_len=meta.max_seq_len))
+            ms = timer(
+                lambda meta=meta, q=q, kc=key_cache, vc=value_cache: decode_attention(
+                    q, kc, vc, meta.block_table, meta.seq_lens, max_seq_len=meta.max_seq_len
+                )
+            )
             nbytes = 2 * batch * ctx * sz.num_kv_heads * sz.head_dim * elem
             gbps = nbytes / ms / 1e6
-            rows.append({"batch": batch, "context": ctx, "splits": splits, "bytes": nbytes,
-                         "ms": ms, "gbps": gbps, "frac_of_copy": gbps / copy_gbps})
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": ctx,
+                    "splits": splits,
+                    "bytes": nbytes,
+                    "ms": ms,
+                    "gbps": gbps,
+                    "frac_of_copy": gbps / copy_gbps,
+                }
+            )
             del key_cache, value_cache
     return rows
 
@@ -440,24 +570,42 @@ def markdown_report(r: dict[str, Any]) -> str:
         "| kernel | shape | ms | GB/s | of copy |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {m['kernel']} | {m['shape']} | {_f(m['ms'], 3)} | {_f(m['gbps'], 1)} | "
-              f"{_f(100 * m['frac_of_copy'], 0)}% |" for m in r["movement"]]
-    lines += ["", "## Prefix-prefill attention (TFLOP/s, causal FLOPs)", "",
-              "| context | cached | batch | backend | ms | TFLOP/s | of matmul |",
-              "| ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines += [
+        f"| {m['kernel']} | {m['shape']} | {_f(m['ms'], 3)} | {_f(m['gbps'], 1)} | "
+        f"{_f(100 * m['frac_of_copy'], 0)}% |"
+        for m in r["movement"]
+    ]
+    lines += [
+        "",
+        "## Prefix-prefill attention (TFLOP/s, causal FLOPs)",
+        "",
+        "| context | cached | batch | backend | ms | TFLOP/s | of matmul |",
+        "| ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
     for p in r["prefill"]:
         if p["error"]:
-            lines.append(f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
-                         f"{p['backend']} | unsupported: {p['error'][:80]} | | |")
+            lines.append(
+                f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
+                f"{p['backend']} | unsupported: {p['error'][:80]} | | |"
+            )
         else:
-            lines.append(f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
-                         f"{p['backend']} | {_f(p['ms'], 3)} | {_f(p['tflops'], 1)} | "
-                         f"{_f(100 * p['frac_of_matmul'], 0)}% |")
-    lines += ["", "## Decode attention (split-K)", "",
-              "| batch | context | splits | ms | GB/s | of copy |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {d['batch']} | {d['context']} | {d['splits']} | {_f(d['ms'], 3)} | "
-              f"{_f(d['gbps'], 1)} | {_f(100 * d['frac_of_copy'], 0)}% |" for d in r["decode"]]
+            lines.append(
+                f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
+                f"{p['backend']} | {_f(p['ms'], 3)} | {_f(p['tflops'], 1)} | "
+                f"{_f(100 * p['frac_of_matmul'], 0)}% |"
+            )
+    lines += [
+        "",
+        "## Decode attention (split-K)",
+        "",
+        "| batch | context | splits | ms | GB/s | of copy |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {d['batch']} | {d['context']} | {d['splits']} | {_f(d['ms'], 3)} | "
+        f"{_f(d['gbps'], 1)} | {_f(100 * d['frac_of_copy'], 0)}% |"
+        for d in r["decode"]
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -482,8 +630,11 @@ def plot(r: dict[str, Any], folder: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(fracs), figsize=(5 * len(fracs), 4), squeeze=False)
     for ax, frac in zip(axes[0], fracs, strict=True):
         for backend in sorted({p["backend"] for p in r["prefill"]}):
-            pts = [(p["context"], p["tflops"]) for p in r["prefill"]
-                   if p["cached_frac"] == frac and p["backend"] == backend and p["tflops"]]
+            pts = [
+                (p["context"], p["tflops"])
+                for p in r["prefill"]
+                if p["cached_frac"] == frac and p["backend"] == backend and p["tflops"]
+            ]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=backend)
         ax.axhline(r["ceilings"]["bf16_matmul_tflops"], ls="--", c="grey", label="bf16 matmul")
@@ -500,9 +651,11 @@ def plot(r: dict[str, Any], folder: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [m["kernel"] for m in r["movement"]] + [
-        f"decode b{d['batch']} {d['context']}" for d in r["decode"]]
+        f"decode b{d['batch']} {d['context']}" for d in r["decode"]
+    ]
     values = [100 * m["frac_of_copy"] for m in r["movement"]] + [
-        100 * d["frac_of_copy"] for d in r["decode"]]
+        100 * d["frac_of_copy"] for d in r["decode"]
+    ]
     ax.barh(labels, values)
     ax.axvline(100, ls="--", c="grey")
     ax.set_xlabel("% of measured copy bandwidth")

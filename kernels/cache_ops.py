@@ -35,11 +35,22 @@ def _write_kv_kernel(
     key_cache_ptr,  # NHD [num_pages, PAGE_SIZE, num_kv_heads, head_dim] or HND
     value_cache_ptr,  # same shape as key_cache_ptr (strides may differ)
     slot_mapping_ptr,  # int64 [num_tokens]; negative = skip
-    stride_k_tok, stride_k_head, stride_k_dim,
-    stride_v_tok, stride_v_head, stride_v_dim,
-    stride_kc_page, stride_kc_tok, stride_kc_head, stride_kc_dim,
-    stride_vc_page, stride_vc_tok, stride_vc_head, stride_vc_dim,
-    num_kv_heads, head_dim,
+    stride_k_tok,
+    stride_k_head,
+    stride_k_dim,
+    stride_v_tok,
+    stride_v_head,
+    stride_v_dim,
+    stride_kc_page,
+    stride_kc_tok,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_page,
+    stride_vc_tok,
+    stride_vc_head,
+    stride_vc_dim,
+    num_kv_heads,
+    head_dim,
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -61,15 +72,35 @@ def _write_kv_kernel(
     dims = tl.arange(0, BLOCK_D)
     mask = (heads[:, None] < num_kv_heads) & (dims[None, :] < head_dim)
 
-    k = tl.load(key_ptr + tok * stride_k_tok + heads[:, None] * stride_k_head
-                + dims[None, :] * stride_k_dim, mask=mask)
-    v = tl.load(value_ptr + tok * stride_v_tok + heads[:, None] * stride_v_head
-                + dims[None, :] * stride_v_dim, mask=mask)
+    k = tl.load(
+        key_ptr
+        + tok * stride_k_tok
+        + heads[:, None] * stride_k_head
+        + dims[None, :] * stride_k_dim,
+        mask=mask,
+    )
+    v = tl.load(
+        value_ptr
+        + tok * stride_v_tok
+        + heads[:, None] * stride_v_head
+        + dims[None, :] * stride_v_dim,
+        mask=mask,
+    )
     # index_math.cache_element_offset
-    kc = (key_cache_ptr + page * stride_kc_page + off * stride_kc_tok
-          + heads[:, None] * stride_kc_head + dims[None, :] * stride_kc_dim)
-    vc = (value_cache_ptr + page * stride_vc_page + off * stride_vc_tok
-          + heads[:, None] * stride_vc_head + dims[None, :] * stride_vc_dim)
+    kc = (
+        key_cache_ptr
+        + page * stride_kc_page
+        + off * stride_kc_tok
+        + heads[:, None] * stride_kc_head
+        + dims[None, :] * stride_kc_dim
+    )
+    vc = (
+        value_cache_ptr
+        + page * stride_vc_page
+        + off * stride_vc_tok
+        + heads[:, None] * stride_vc_head
+        + dims[None, :] * stride_vc_dim
+    )
     tl.store(kc, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -115,10 +146,20 @@ def write_kv(
     block_h, block_d, num_warps = _write_config(gk.num_kv_heads, gk.head_dim)
     grid = (num_tokens, C.cdiv(gk.num_kv_heads, block_h))
     _write_kv_kernel[grid](
-        key, value, key_cache, value_cache, slot_mapping,
-        *key.stride(), *value.stride(), *gk.strides, *gv.strides,
-        gk.num_kv_heads, gk.head_dim,
-        PAGE_SIZE=gk.page_size, BLOCK_H=block_h, BLOCK_D=block_d,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        *key.stride(),
+        *value.stride(),
+        *gk.strides,
+        *gv.strides,
+        gk.num_kv_heads,
+        gk.head_dim,
+        PAGE_SIZE=gk.page_size,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
         USE_INT64=C.needs_int64(key, value, key_cache, value_cache),
         num_warps=num_warps,
     )
@@ -138,11 +179,22 @@ def _gather_kv_kernel(
     cu_seqlens_ptr,  # int32 [num_seqs + 1]: first output row of each sequence
     out_k_ptr,  # [total_tokens (+ padding), num_kv_heads, head_dim]
     out_v_ptr,  # [total_tokens (+ padding), num_kv_heads, head_dim]
-    stride_kc_page, stride_kc_tok, stride_kc_head, stride_kc_dim,
-    stride_vc_page, stride_vc_tok, stride_vc_head, stride_vc_dim,
-    stride_bt_seq, stride_bt_entry,
-    stride_ok_tok, stride_ok_head, stride_ok_dim,
-    stride_ov_tok, stride_ov_head, stride_ov_dim,
+    stride_kc_page,
+    stride_kc_tok,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_page,
+    stride_vc_tok,
+    stride_vc_head,
+    stride_vc_dim,
+    stride_bt_seq,
+    stride_bt_entry,
+    stride_ok_tok,
+    stride_ok_head,
+    stride_ok_dim,
+    stride_ov_tok,
+    stride_ov_head,
+    stride_ov_dim,
     head_dim,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -159,22 +211,43 @@ def _gather_kv_kernel(
     dims = tl.arange(0, BLOCK_D)
     valid = pos < seq_len
     # index_math.block_index / offset_in_block
-    page = tl.load(block_table_ptr + seq * stride_bt_seq + (pos // PAGE_SIZE) * stride_bt_entry,
-                   mask=valid, other=0)
+    page = tl.load(
+        block_table_ptr + seq * stride_bt_seq + (pos // PAGE_SIZE) * stride_bt_entry,
+        mask=valid,
+        other=0,
+    )
     off = pos % PAGE_SIZE
     row = tl.load(cu_seqlens_ptr + seq) + pos
     if USE_INT64:
         page = page.to(tl.int64)
         row = row.to(tl.int64)
     mask = valid[:, None] & (dims[None, :] < head_dim)
-    src_k = (key_cache_ptr + page[:, None] * stride_kc_page + off[:, None] * stride_kc_tok
-             + head * stride_kc_head + dims[None, :] * stride_kc_dim)
-    src_v = (value_cache_ptr + page[:, None] * stride_vc_page + off[:, None] * stride_vc_tok
-             + head * stride_vc_head + dims[None, :] * stride_vc_dim)
-    dst_k = (out_k_ptr + row[:, None] * stride_ok_tok + head * stride_ok_head
-             + dims[None, :] * stride_ok_dim)
-    dst_v = (out_v_ptr + row[:, None] * stride_ov_tok + head * stride_ov_head
-             + dims[None, :] * stride_ov_dim)
+    src_k = (
+        key_cache_ptr
+        + page[:, None] * stride_kc_page
+        + off[:, None] * stride_kc_tok
+        + head * stride_kc_head
+        + dims[None, :] * stride_kc_dim
+    )
+    src_v = (
+        value_cache_ptr
+        + page[:, None] * stride_vc_page
+        + off[:, None] * stride_vc_tok
+        + head * stride_vc_head
+        + dims[None, :] * stride_vc_dim
+    )
+    dst_k = (
+        out_k_ptr
+        + row[:, None] * stride_ok_tok
+        + head * stride_ok_head
+        + dims[None, :] * stride_ok_dim
+    )
+    dst_v = (
+        out_v_ptr
+        + row[:, None] * stride_ov_tok
+        + head * stride_ov_head
+        + dims[None, :] * stride_ov_dim
+    )
     tl.store(dst_k, tl.load(src_k, mask=mask), mask=mask)
     tl.store(dst_v, tl.load(src_v, mask=mask), mask=mask)
 
@@ -223,8 +296,7 @@ def gather_kv(
         if t.dim() != 3 or tuple(t.shape[1:]) != (gk.num_kv_heads, gk.head_dim):
             raise KernelInputError(f"{name} must be [rows, {gk.num_kv_heads}, {gk.head_dim}]")
         C.check_dtype(t, name)
-    C.check_device(key_cache, value_cache, block_table.table, seq_lens, cu_seqlens_k,
-                   out_k, out_v)
+    C.check_device(key_cache, value_cache, block_table.table, seq_lens, cu_seqlens_k, out_k, out_v)
     num_seqs = int(seq_lens.shape[0])
     if C.debug_enabled(debug):
         lens = D.check_seq_lens(seq_lens, max_seq_len)
@@ -238,10 +310,22 @@ def gather_kv(
     block_n, block_d, num_warps = _gather_config(gk.head_dim)
     grid = (C.cdiv(max_seq_len, block_n), num_seqs, gk.num_kv_heads)
     _gather_kv_kernel[grid](
-        key_cache, value_cache, block_table.table, seq_lens, cu_seqlens_k, out_k, out_v,
-        *gk.strides, *gv.strides, *block_table.table.stride(), *out_k.stride(), *out_v.stride(),
+        key_cache,
+        value_cache,
+        block_table.table,
+        seq_lens,
+        cu_seqlens_k,
+        out_k,
+        out_v,
+        *gk.strides,
+        *gv.strides,
+        *block_table.table.stride(),
+        *out_k.stride(),
+        *out_v.stride(),
         gk.head_dim,
-        PAGE_SIZE=gk.page_size, BLOCK_N=block_n, BLOCK_D=block_d,
+        PAGE_SIZE=gk.page_size,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
         USE_INT64=C.needs_int64(key_cache, value_cache, out_k, out_v),
         num_warps=num_warps,
     )
@@ -257,8 +341,12 @@ def gather_kv(
 def _copy_blocks_kernel(
     cache_ptr,  # NHD [num_pages, PAGE_SIZE, num_kv_heads, head_dim] or HND
     block_mapping_ptr,  # int32/int64 [num_pairs, 2]: (src page, dst page); negative = skip
-    stride_page, stride_tok, stride_head, stride_dim,
-    stride_map_pair, stride_map_col,
+    stride_page,
+    stride_tok,
+    stride_head,
+    stride_dim,
+    stride_map_pair,
+    stride_map_col,
     head_dim,
     PAGE_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -302,8 +390,9 @@ def copy_blocks(
     """
     C.check_index_tensor(block_mapping, "block_mapping", 2)
     if block_mapping.shape[-1] != 2:
-        raise KernelInputError(f"block_mapping must be [num_pairs, 2], got "
-                               f"{tuple(block_mapping.shape)}")
+        raise KernelInputError(
+            f"block_mapping must be [num_pairs, 2], got {tuple(block_mapping.shape)}"
+        )
     geoms = [C.cache_geometry(c, layout, f"caches[{i}]") for i, c in enumerate(caches)]
     if not caches:
         return
@@ -318,7 +407,14 @@ def copy_blocks(
         block_t = min(C.next_pow2(g.page_size), max(1, 4096 // block_d))
         grid = (num_pairs, g.num_kv_heads, C.cdiv(g.page_size, block_t))
         _copy_blocks_kernel[grid](
-            cache, block_mapping, *g.strides, *block_mapping.stride(), g.head_dim,
-            PAGE_SIZE=g.page_size, BLOCK_T=block_t, BLOCK_D=block_d,
-            USE_INT64=C.needs_int64(cache), num_warps=4,
+            cache,
+            block_mapping,
+            *g.strides,
+            *block_mapping.stride(),
+            g.head_dim,
+            PAGE_SIZE=g.page_size,
+            BLOCK_T=block_t,
+            BLOCK_D=block_d,
+            USE_INT64=C.needs_int64(cache),
+            num_warps=4,
         )

@@ -145,7 +145,8 @@ def slot_for_position(
     gather or a Z3 array select).
     """
     return slot_from_block(
-        lookup(block_index(pos, block_size, ops)), offset_in_block(pos, block_size, ops),
+        lookup(block_index(pos, block_size, ops)),
+        offset_in_block(pos, block_size, ops),
         block_size,
     )
 
@@ -248,7 +249,11 @@ def cache_element_offset(
 
 
 def slot_element_offset(
-    slot: Any, head: Any, dim: Any, page_size: Any, strides: tuple[Any, Any, Any, Any],
+    slot: Any,
+    head: Any,
+    dim: Any,
+    page_size: Any,
+    strides: tuple[Any, Any, Any, Any],
     ops: IndexOps = PY_OPS,
 ) -> Any:
     """Element offset of head ``head``, lane ``dim`` of cache slot ``slot`` (write kernel)."""
@@ -267,9 +272,7 @@ def max_element_offset(shape: Sequence[int], strides: Sequence[int]) -> int:
     return sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
 
 
-def offsets_fit_int32(
-    *views: tuple[Sequence[int], Sequence[int]], limit: int = INT32_MAX
-) -> bool:
+def offsets_fit_int32(*views: tuple[Sequence[int], Sequence[int]], limit: int = INT32_MAX) -> bool:
     """Whether int32 offset math is safe for every ``(shape, strides)`` view given.
 
     The kernels form ``index * stride`` sums for each tensor they touch. When the largest
@@ -285,8 +288,9 @@ def offsets_fit_int32(
 # ---------------------------------------------------------------------------------------
 
 
-def run_element(run_start: Any, elem: Any, slot_numel: Any, slot_stride: Any,
-                ops: IndexOps = PY_OPS) -> Any:
+def run_element(
+    run_start: Any, elem: Any, slot_numel: Any, slot_stride: Any, ops: IndexOps = PY_OPS
+) -> Any:
     """Offset of element ``elem`` of a run of consecutive slots starting at ``run_start``.
 
     A run of ``n`` slots is ``n * slot_numel`` elements; element ``e`` lives in slot
@@ -296,8 +300,9 @@ def run_element(run_start: Any, elem: Any, slot_numel: Any, slot_stride: Any,
     return (run_start + ops.div(elem, slot_numel)) * slot_stride + ops.mod(elem, slot_numel)
 
 
-def conv_state_source(j: Any, new_len: Any, width: Any, ops: IndexOps = PY_OPS
-                      ) -> tuple[Any, Any, Any]:
+def conv_state_source(
+    j: Any, new_len: Any, width: Any, ops: IndexOps = PY_OPS
+) -> tuple[Any, Any, Any]:
     """Where entry ``j`` of the updated causal-conv state comes from.
 
     The conv state keeps the last ``width - 1`` inputs of a sequence. After ``new_len``

@@ -131,7 +131,9 @@ def _owner_of(rows: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
 
 
 def compute_slot_mapping(
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: BlockTable,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: BlockTable,
     num_tokens: int,
 ) -> torch.Tensor:
     """Slots of the new tokens, int64 ``[num_tokens]``, computed on the device without sync.

@@ -26,8 +26,13 @@ def _token_view(cache: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def write_kv_ref(
-    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor, *, layout: Layout = "NHD",
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    layout: Layout = "NHD",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Caches after storing row ``t`` of key/value at slot ``slot_mapping[t]`` (skip < 0)."""
     kc, vc = key_cache.clone(), value_cache.clone()
@@ -45,12 +50,15 @@ def write_kv_ref(
 def seq_slots(block_table: BlockTable, seq: int, length: int) -> list[int]:
     """Slots of positions ``0 .. length - 1`` of sequence ``seq``."""
     row = _ints(block_table.table[seq])
-    return [index_math.slot_for_position(pos, row.__getitem__, block_table.page_size, PY_OPS)
-            for pos in range(length)]
+    return [
+        index_math.slot_for_position(pos, row.__getitem__, block_table.page_size, PY_OPS)
+        for pos in range(length)
+    ]
 
 
-def gather_seq_ref(cache: torch.Tensor, block_table: BlockTable, seq: int, length: int,
-                   *, layout: Layout = "NHD") -> torch.Tensor:
+def gather_seq_ref(
+    cache: torch.Tensor, block_table: BlockTable, seq: int, length: int, *, layout: Layout = "NHD"
+) -> torch.Tensor:
     """``[length, num_kv_heads, head_dim]``: positions ``0 .. length - 1`` of one sequence."""
     tv = _token_view(cache, layout)
     page_size = tv.shape[1]
@@ -64,8 +72,12 @@ def gather_seq_ref(cache: torch.Tensor, block_table: BlockTable, seq: int, lengt
 
 
 def gather_kv_ref(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: BlockTable,
-    seq_lens: torch.Tensor, *, layout: Layout = "NHD",
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: BlockTable,
+    seq_lens: torch.Tensor,
+    *,
+    layout: Layout = "NHD",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The varlen concatenation of every sequence's first ``seq_lens[i]`` tokens."""
     ks, vs = [], []
@@ -85,8 +97,12 @@ def copy_blocks_ref(cache: torch.Tensor, block_mapping: torch.Tensor) -> torch.T
     return out
 
 
-def copy_state_ref(src_state: torch.Tensor, dst_state: torch.Tensor,
-                   src_slots: Sequence[int], dst_slots: Sequence[int]) -> torch.Tensor:
+def copy_state_ref(
+    src_state: torch.Tensor,
+    dst_state: torch.Tensor,
+    src_slots: Sequence[int],
+    dst_slots: Sequence[int],
+) -> torch.Tensor:
     """``dst_state`` after ``dst[dst_slots[i]] = src[src_slots[i]]`` for every ``i``."""
     out = dst_state.clone()
     for s, d in zip(src_slots, dst_slots, strict=True):
@@ -95,8 +111,11 @@ def copy_state_ref(src_state: torch.Tensor, dst_state: torch.Tensor,
 
 
 def update_conv_state_ref(
-    conv_state: torch.Tensor, x: torch.Tensor, query_start_loc: torch.Tensor,
-    src_slots: torch.Tensor, dst_slots: torch.Tensor | None = None,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor | None = None,
     out_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out_state`` after each sequence's state becomes the last ``width - 1`` columns of
@@ -109,15 +128,21 @@ def update_conv_state_ref(
         if d < 0:
             continue
         old = conv_state[s] if s >= 0 else torch.zeros_like(conv_state[0])
-        window = torch.cat([old.float(), x[qsl[i]:qsl[i + 1]].T.float()], dim=1)
-        out[d] = window[:, window.shape[1] - keep:].to(out.dtype)
+        window = torch.cat([old.float(), x[qsl[i] : qsl[i + 1]].T.float()], dim=1)
+        out[d] = window[:, window.shape[1] - keep :].to(out.dtype)
     return out
 
 
 def attention_ref(
-    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    block_table: BlockTable, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-    *, scale: float | None = None, layout: Layout = "NHD",
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: BlockTable,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    layout: Layout = "NHD",
     compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """Paged attention with bottom-right causal masking, one sequence at a time.
@@ -129,7 +154,7 @@ def attention_ref(
     to no sequence are returned as zeros.
     """
     head_dim = q.shape[-1]
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     qpk = q.shape[1] // _token_view(key_cache, layout).shape[2]
     out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     qsl, lens = _ints(query_start_loc), _ints(seq_lens)
@@ -153,14 +178,28 @@ def attention_ref(
 
 
 def decode_attention_ref(
-    q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    block_table: BlockTable, seq_lens: torch.Tensor, *, scale: float | None = None,
-    layout: Layout = "NHD", compute_dtype: torch.dtype = torch.float64,
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: BlockTable,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    layout: Layout = "NHD",
+    compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """Decode: one query per sequence, sitting at the last position (zeros if empty)."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    out = attention_ref(q, key_cache, value_cache, block_table, qsl,
-                        torch.clamp(seq_lens, min=1), scale=scale, layout=layout,
-                        compute_dtype=compute_dtype)
+    out = attention_ref(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        qsl,
+        torch.clamp(seq_lens, min=1),
+        scale=scale,
+        layout=layout,
+        compute_dtype=compute_dtype,
+    )
     out[seq_lens == 0] = 0
     return out

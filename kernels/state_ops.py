@@ -58,8 +58,9 @@ class StateCopyPlan:
         return sum(n for _, _, n in self.runs)
 
 
-def coalesce_slot_runs(src_slots: Sequence[int], dst_slots: Sequence[int]
-                       ) -> list[tuple[int, int, int]]:
+def coalesce_slot_runs(
+    src_slots: Sequence[int], dst_slots: Sequence[int]
+) -> list[tuple[int, int, int]]:
     """Group ``(src, dst)`` slot pairs into maximal runs ``(src0, dst0, length)``.
 
     Pairs are sorted by destination, then a pair extends the current run when both its
@@ -68,8 +69,10 @@ def coalesce_slot_runs(src_slots: Sequence[int], dst_slots: Sequence[int]
     """
     if len(src_slots) != len(dst_slots):
         raise KernelInputError("src_slots and dst_slots must have equal lengths")
-    pairs = sorted(zip((int(s) for s in src_slots), (int(d) for d in dst_slots), strict=True),
-                   key=lambda p: p[1])
+    pairs = sorted(
+        zip((int(s) for s in src_slots), (int(d) for d in dst_slots), strict=True),
+        key=lambda p: p[1],
+    )
     runs: list[tuple[int, int, int]] = []
     for s, d in pairs:
         if s < 0 or d < 0:
@@ -85,16 +88,18 @@ def coalesce_slot_runs(src_slots: Sequence[int], dst_slots: Sequence[int]
     return runs
 
 
-def plan_state_copy(src_slots: Sequence[int], dst_slots: Sequence[int], *,
-                    device: torch.device | str = "cpu") -> StateCopyPlan:
+def plan_state_copy(
+    src_slots: Sequence[int], dst_slots: Sequence[int], *, device: torch.device | str = "cpu"
+) -> StateCopyPlan:
     """Host-side plan for copying state slot ``src_slots[i]`` to ``dst_slots[i]``."""
     runs = coalesce_slot_runs(src_slots, dst_slots)
 
     def col(i: int) -> torch.Tensor:
         return torch.tensor([r[i] for r in runs], dtype=torch.int64, device=device)
 
-    return StateCopyPlan(col(0), col(1), col(2), tuple(runs),
-                         max((n for _, _, n in runs), default=0))
+    return StateCopyPlan(
+        col(0), col(1), col(2), tuple(runs), max((n for _, _, n in runs), default=0)
+    )
 
 
 @triton.jit
@@ -104,7 +109,8 @@ def _copy_slot_runs_kernel(
     src_starts_ptr,  # int64 [num_runs]
     dst_starts_ptr,  # int64 [num_runs]
     run_lens_ptr,  # int64 [num_runs]
-    stride_src_slot, stride_dst_slot,
+    stride_src_slot,
+    stride_dst_slot,
     slot_numel,
     NUM_TILE_PROGRAMS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -125,8 +131,11 @@ def _copy_slot_runs_kernel(
         slot_off = e // slot_numel
         inner = e % slot_numel
         x = tl.load(src_ptr + (src0 + slot_off) * stride_src_slot + inner, mask=mask)
-        tl.store(dst_ptr + (dst0 + slot_off) * stride_dst_slot + inner,
-                 x.to(dst_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            dst_ptr + (dst0 + slot_off) * stride_dst_slot + inner,
+            x.to(dst_ptr.dtype.element_ty),
+            mask=mask,
+        )
 
 
 def _slot_view_stride(t: torch.Tensor, name: str) -> tuple[int, int]:
@@ -178,15 +187,28 @@ def copy_state_slots(
     tiles = C.cdiv(plan.max_run_len * numel, block)
     programs = max(1, min(tiles, 1024))
     _copy_slot_runs_kernel[(plan.num_runs, programs)](
-        src_state, dst_state, plan.src_starts, plan.dst_starts, plan.run_lens,
-        s_stride, d_stride, numel,
-        NUM_TILE_PROGRAMS=programs, BLOCK=block, num_warps=4,
+        src_state,
+        dst_state,
+        plan.src_starts,
+        plan.dst_starts,
+        plan.run_lens,
+        s_stride,
+        d_stride,
+        numel,
+        NUM_TILE_PROGRAMS=programs,
+        BLOCK=block,
+        num_warps=4,
     )
 
 
-def save_state_checkpoints(state: torch.Tensor, checkpoints: torch.Tensor,
-                           state_slots: Sequence[int], checkpoint_slots: Sequence[int], *,
-                           debug: bool | None = None) -> StateCopyPlan:
+def save_state_checkpoints(
+    state: torch.Tensor,
+    checkpoints: torch.Tensor,
+    state_slots: Sequence[int],
+    checkpoint_slots: Sequence[int],
+    *,
+    debug: bool | None = None,
+) -> StateCopyPlan:
     """Copy ``state[state_slots[i]]`` into ``checkpoints[checkpoint_slots[i]]``.
 
     Builds the plan from the host lists (the coalescing step) and returns it."""
@@ -195,9 +217,14 @@ def save_state_checkpoints(state: torch.Tensor, checkpoints: torch.Tensor,
     return plan
 
 
-def restore_state_checkpoints(checkpoints: torch.Tensor, state: torch.Tensor,
-                              checkpoint_slots: Sequence[int], state_slots: Sequence[int], *,
-                              debug: bool | None = None) -> StateCopyPlan:
+def restore_state_checkpoints(
+    checkpoints: torch.Tensor,
+    state: torch.Tensor,
+    checkpoint_slots: Sequence[int],
+    state_slots: Sequence[int],
+    *,
+    debug: bool | None = None,
+) -> StateCopyPlan:
     """Copy ``checkpoints[checkpoint_slots[i]]`` into ``state[state_slots[i]]``."""
     plan = plan_state_copy(checkpoint_slots, state_slots, device=state.device)
     copy_state_slots(checkpoints, state, plan, debug=debug)
@@ -217,9 +244,14 @@ def _conv_state_update_kernel(
     query_start_loc_ptr,  # int32 [num_seqs + 1]
     src_slots_ptr,  # int32/int64 [num_seqs]; negative = no initial state (zeros)
     dst_slots_ptr,  # int32/int64 [num_seqs]; negative = skip the sequence
-    stride_src_slot, stride_src_dim, stride_src_k,
-    stride_dst_slot, stride_dst_dim, stride_dst_k,
-    stride_x_tok, stride_x_dim,
+    stride_src_slot,
+    stride_src_dim,
+    stride_src_k,
+    stride_dst_slot,
+    stride_dst_dim,
+    stride_dst_k,
+    stride_x_tok,
+    stride_x_dim,
     dim,
     KEEP: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -245,16 +277,32 @@ def _conv_state_update_kernel(
     m_old = ch_ok[:, None] & (j_ok & from_old & (src_slot >= 0))[None, :]
     m_new = ch_ok[:, None] & (j_ok & (c >= KEEP))[None, :]
     safe_src = tl.maximum(src_slot, 0)
-    old = tl.load(src_state_ptr + safe_src * stride_src_slot + ch[:, None] * stride_src_dim
-                  + old_idx[None, :] * stride_src_k, mask=m_old, other=0.0)
-    new = tl.load(x_ptr + (q_start + new_idx[None, :]).to(tl.int64) * stride_x_tok
-                  + ch[:, None] * stride_x_dim, mask=m_new, other=0.0)
+    old = tl.load(
+        src_state_ptr
+        + safe_src * stride_src_slot
+        + ch[:, None] * stride_src_dim
+        + old_idx[None, :] * stride_src_k,
+        mask=m_old,
+        other=0.0,
+    )
+    new = tl.load(
+        x_ptr
+        + (q_start + new_idx[None, :]).to(tl.int64) * stride_x_tok
+        + ch[:, None] * stride_x_dim,
+        mask=m_new,
+        other=0.0,
+    )
     out = tl.where(from_old[None, :], old.to(tl.float32), new.to(tl.float32))
     # The whole tile is loaded before it is stored, so an in-place update (src == dst
     # slot) is safe: programs own disjoint channels.
-    tl.store(dst_state_ptr + dst_slot * stride_dst_slot + ch[:, None] * stride_dst_dim
-             + j[None, :] * stride_dst_k, out.to(dst_state_ptr.dtype.element_ty),
-             mask=ch_ok[:, None] & j_ok[None, :])
+    tl.store(
+        dst_state_ptr
+        + dst_slot * stride_dst_slot
+        + ch[:, None] * stride_dst_dim
+        + j[None, :] * stride_dst_k,
+        out.to(dst_state_ptr.dtype.element_ty),
+        mask=ch_ok[:, None] & j_ok[None, :],
+    )
 
 
 def update_conv_state(
@@ -306,18 +354,29 @@ def update_conv_state(
         if out_state.untyped_storage().data_ptr() == conv_state.untyped_storage().data_ptr():
             for i, (s, _) in enumerate(live):
                 if any(s == d for k, (_, d) in enumerate(live) if k != i):
-                    raise KernelIndexError(f"conv slot {s} is read by one sequence and "
-                                           "written by another (race)")
+                    raise KernelIndexError(
+                        f"conv slot {s} is read by one sequence and written by another (race)"
+                    )
         qsl = D._host(query_start_loc)
-        if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) \
-                or qsl[-1] > x.shape[0]:
+        if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > x.shape[0]:
             raise KernelIndexError("query_start_loc must rise from 0 to at most num_tokens")
     if num_seqs == 0 or dim == 0:
         return
     block_k = C.next_pow2(keep)
     block_c = min(C.next_pow2(dim), max(1, 2048 // block_k), 64 if C.interpreting() else 256)
     _conv_state_update_kernel[(num_seqs, C.cdiv(dim, block_c))](
-        conv_state, out_state, x, query_start_loc, src_slots, dst_slots,
-        *conv_state.stride(), *out_state.stride(), *x.stride(), dim,
-        KEEP=keep, BLOCK_C=block_c, BLOCK_K=block_k, num_warps=4,
+        conv_state,
+        out_state,
+        x,
+        query_start_loc,
+        src_slots,
+        dst_slots,
+        *conv_state.stride(),
+        *out_state.stride(),
+        *x.stride(),
+        dim,
+        KEEP=keep,
+        BLOCK_C=block_c,
+        BLOCK_K=block_k,
+        num_warps=4,
     )

@@ -159,8 +159,9 @@ class ResetKeepsIndex(Encoding):
     def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset forgets the blocks but not the index
-        return Step(step.op, step.enabled, step.bounded, step.choice,
-                    step.post.replace(idx=st.idx), a)
+        return Step(
+            step.op, step.enabled, step.bounded, step.choice, step.post.replace(idx=st.idx), a
+        )
 
 
 # -- INV-ANCESTOR ----------------------------------------------------------------------------
@@ -187,15 +188,13 @@ class PublishWithoutParent(Encoding):
 
 
 class PublishAtSchedule(Encoding):
-    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
-                        ntok: Term) -> Term:
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term, ntok: Term) -> Term:
         # BUG: publish before commit: every full *reserved* block is published
         return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= sq.nr)
 
 
 class PublishOneSlotEarly(Encoding):
-    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
-                        ntok: Term) -> Term:
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term, ntok: Term) -> Term:
         # BUG: off by one: a block with one unwritten slot counts as committed
         return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= new_nc + 1)
 
@@ -222,8 +221,7 @@ class WithoutChainStrengthening(Encoding):
 
 
 class PublishAcceptedUnwritten(Encoding):
-    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
-                        ntok: Term) -> Term:
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term, ntok: Term) -> Term:
         # BUG: blocks of accepted tokens are published before their KV is written
         return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= ntok)
 
@@ -245,8 +243,7 @@ class WindowAttachedShared(Encoding):
         post, sq, M = step.post, step.post.seqs[s], self.bounds.table
         # BUG: the window's matched blocks are pinned and attached (shared) instead of fresh
         # private blocks; the sequence recomputes their KV in place, into published blocks
-        window = [z3.And(matched[j], z3.Not(self.attached(matched[j], j, m, w)))
-                  for j in range(M)]
+        window = [z3.And(matched[j], z3.Not(self.attached(matched[j], j, m, w))) for j in range(M)]
         rc = post.rc
         for j in range(M):
             rc = cstore(rc, chain[j], window[j], rc[chain[j]] + 1)
@@ -310,8 +307,9 @@ class GrowIgnoresLimit(Encoding):
 class GrowLimitOffByOne(Encoding):
     def grow_room(self, sq: SeqState, nr: Term) -> Term:
         # BUG: off by one: a chunk may hold limit + 1 uncommitted prompt tokens
-        return z3.Implies(z3.And(sq.lim > 0, sq.nc < sq.np),
-                          z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim + 1)
+        return z3.Implies(
+            z3.And(sq.lim > 0, sq.nc < sq.np), z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim + 1
+        )
 
 
 class WithoutChunkStrengthening(Encoding):
@@ -328,8 +326,10 @@ class WithoutChunkStrengthening(Encoding):
 class HitsCountWholePrompt(Encoding):
     def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
         # BUG: every prompt token of a hit counts as a hit
-        return super().count_admission(st, ntok, cached, remaining).count(
-            "hits", z3.If(cached > 0, ntok - cached, 0)
+        return (
+            super()
+            .count_admission(st, ntok, cached, remaining)
+            .count("hits", z3.If(cached > 0, ntok - cached, 0))
         )
 
 
@@ -367,102 +367,303 @@ class MatchIgnoresPrefix(Encoding):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("free-once-per-block", "INV-REF", "free", "transition",
-            "a batched free that lists a block in two tables decrements it once",
-            FreeOncePerBlock),
-    Variant("rollback-releases-one-more", "INV-REF", "rollback", "off-by-one",
-            "rollback releases from block keep-1 but the table keeps it",
-            RollbackReleasesOneMore),
-    Variant("admit-live-sequence", "INV-REF", "attach", "dropped conjunct",
-            "admit without 'sequence not live': a re-admission overwrites a held table",
-            AdmitLiveSequence),
-    Variant("allocate-one-more", "INV-REF", "grow", "off-by-one",
-            "allocation marks need+1 blocks as held but installs need",
-            AllocateOneMore),
-    Variant("evict-leaks-victim", "INV-PARTITION", "evict", "transition",
-            "an evicted block never joins the free queue", EvictLeaksVictim),
-    Variant("queue-head-one-too-far", "INV-PARTITION", "grow", "off-by-one",
-            "allocation moves the queue head one past the blocks it takes",
-            QueueHeadOneTooFar),
-    Variant("release-frees-published", "INV-PARTITION", "free", "dropped conjunct",
-            "release queues a published block at refcount 0 (drops 'private')",
-            ReleaseFreesPublished),
-    Variant("queue-without-ghost", "INV-PARTITION", "grow", "dropped conjunct",
-            "INV-PARTITION without the queue's position map: a block queued twice",
-            QueueWithoutGhost),
-    Variant("evict-keeps-index-entry", "INV-INDEX", "evict", "transition",
-            "eviction leaves a stale index entry behind", EvictKeepsIndexEntry),
-    Variant("publish-duplicate", "INV-INDEX", "commit", "dropped conjunct",
-            "commit publishes an identity that is already published", PublishDuplicate),
-    Variant("reset-keeps-index", "INV-INDEX", "reset_full", "transition",
-            "a full reset keeps the index", ResetKeepsIndex),
-    Variant("evict-non-leaf", "INV-ANCESTOR", "evict", "dropped conjunct",
-            "eviction of a block with published children", EvictNonLeaf),
-    Variant("depth-off-by-one", "INV-ANCESTOR", "commit", "off-by-one",
-            "published block j gets depth j instead of j+1", DepthOffByOne),
-    Variant("publish-without-parent", "INV-ANCESTOR", "commit", "dropped conjunct",
-            "commit publishes a block whose parent identity is not published",
-            PublishWithoutParent),
-    Variant("publish-at-schedule", "INV-WRITE", "commit", "transition",
-            "publish before commit: every full reserved block is published",
-            PublishAtSchedule),
-    Variant("publish-one-slot-early", "INV-WRITE", "commit", "off-by-one",
-            "a block with one unwritten slot is published", PublishOneSlotEarly),
-    Variant("attach-computes-one-block-less", "INV-WRITE", "attach", "off-by-one",
-            "admission marks one hit block too few as computed (a shared block to write)",
-            AttachComputesOneBlockLess),
-    Variant("without-aux-chain", "INV-PUBLISH", "commit", "dropped conjunct",
-            "the strengthening AUX-CHAIN is dropped: INV-PUBLISH is not inductive alone",
-            WithoutChainStrengthening),
-    Variant("publish-accepted-unwritten", "INV-PUBLISH", "commit", "transition",
-            "blocks of accepted tokens are published before their KV is computed",
-            PublishAcceptedUnwritten),
-    Variant("publish-stale-tokens", "INV-PUBLISH", "commit", "transition",
-            "blocks are published with the tokens known before the accepted ones",
-            PublishStaleTokens),
-    Variant("window-attached-shared", "INV-WINDOW", "attach", "transition",
-            "the window's matched blocks are attached shared, not fresh private blocks",
-            WindowAttachedShared),
-    Variant("cached-counts-window-block", "INV-WINDOW", "attach", "off-by-one",
-            "num_cached counts the first window block as cached (not yet computed)",
-            CachedCountsWindowBlock),
-    Variant("window-without-computed-exemption", "INV-WINDOW", "commit", "dropped conjunct",
-            "INV-WINDOW without 'not yet fully computed': a committed window block whose twin "
-            "was evicted is published", WindowWithoutComputedExemption),
-    Variant("table-floor", "INV-LIMIT", "grow", "off-by-one",
-            "a table holds floor(reserved / block size) blocks", TableFloor),
-    Variant("rollback-keeps-table", "INV-LIMIT", "rollback", "transition",
-            "rollback shrinks the reservation but not the table", RollbackKeepsTable),
-    Variant("commit-beyond-reserved", "INV-LIMIT", "commit", "dropped conjunct",
-            "commit without 'computed <= reserved'", CommitBeyondReserved),
-    Variant("commit-unknown-tokens", "INV-LIMIT", "commit", "off-by-one",
-            "commit allows KV for one token beyond the known ones", CommitUnknownTokens),
-    Variant("grow-ignores-limit", "INV-LIMIT", "grow", "dropped conjunct",
-            "growth without 'within kv_token_limit': a chunk larger than the limit",
-            GrowIgnoresLimit),
-    Variant("grow-limit-off-by-one", "INV-LIMIT", "grow", "off-by-one",
-            "a chunk may hold kv_token_limit + 1 uncommitted prompt tokens", GrowLimitOffByOne),
-    Variant("without-aux-chunk", "INV-LIMIT", "rollback", "dropped conjunct",
-            "the strengthening AUX-CHUNK is dropped: INV-LIMIT's chunk form is not inductive "
-            "over rollback", WithoutChunkStrengthening),
-    Variant("full-prompt-hit", "INV-MATCH", "attach", "off-by-one",
-            "the match is not capped: nothing is left to compute", FullPromptHit),
-    Variant("match-stops-after-one-block", "INV-MATCH", "attach", "transition",
-            "the match is not the longest cached prefix", MatchStopsAfterOneBlock),
-    Variant("match-ignores-prefix", "INV-MATCH", "attach", "transition",
-            "a block hits on its own tokens, whatever its prefix", MatchIgnoresPrefix),
-    Variant("hits-count-whole-prompt", "INV-STATS", "attach", "transition",
-            "a hit counts every prompt token as a hit", HitsCountWholePrompt),
-    Variant("computed-off-by-one", "INV-STATS", "attach", "off-by-one",
-            "admission counts one computed prompt token too few", ComputedOffByOne),
-    Variant("reset-clears-skipped", "INV-STATS", "reset_full", "transition",
-            "a full reset zeroes the skipped-token counter only", ResetClearsSkipped),
+    Variant(
+        "free-once-per-block",
+        "INV-REF",
+        "free",
+        "transition",
+        "a batched free that lists a block in two tables decrements it once",
+        FreeOncePerBlock,
+    ),
+    Variant(
+        "rollback-releases-one-more",
+        "INV-REF",
+        "rollback",
+        "off-by-one",
+        "rollback releases from block keep-1 but the table keeps it",
+        RollbackReleasesOneMore,
+    ),
+    Variant(
+        "admit-live-sequence",
+        "INV-REF",
+        "attach",
+        "dropped conjunct",
+        "admit without 'sequence not live': a re-admission overwrites a held table",
+        AdmitLiveSequence,
+    ),
+    Variant(
+        "allocate-one-more",
+        "INV-REF",
+        "grow",
+        "off-by-one",
+        "allocation marks need+1 blocks as held but installs need",
+        AllocateOneMore,
+    ),
+    Variant(
+        "evict-leaks-victim",
+        "INV-PARTITION",
+        "evict",
+        "transition",
+        "an evicted block never joins the free queue",
+        EvictLeaksVictim,
+    ),
+    Variant(
+        "queue-head-one-too-far",
+        "INV-PARTITION",
+        "grow",
+        "off-by-one",
+        "allocation moves the queue head one past the blocks it takes",
+        QueueHeadOneTooFar,
+    ),
+    Variant(
+        "release-frees-published",
+        "INV-PARTITION",
+        "free",
+        "dropped conjunct",
+        "release queues a published block at refcount 0 (drops 'private')",
+        ReleaseFreesPublished,
+    ),
+    Variant(
+        "queue-without-ghost",
+        "INV-PARTITION",
+        "grow",
+        "dropped conjunct",
+        "INV-PARTITION without the queue's position map: a block queued twice",
+        QueueWithoutGhost,
+    ),
+    Variant(
+        "evict-keeps-index-entry",
+        "INV-INDEX",
+        "evict",
+        "transition",
+        "eviction leaves a stale index entry behind",
+        EvictKeepsIndexEntry,
+    ),
+    Variant(
+        "publish-duplicate",
+        "INV-INDEX",
+        "commit",
+        "dropped conjunct",
+        "commit publishes an identity that is already published",
+        PublishDuplicate,
+    ),
+    Variant(
+        "reset-keeps-index",
+        "INV-INDEX",
+        "reset_full",
+        "transition",
+        "a full reset keeps the index",
+        ResetKeepsIndex,
+    ),
+    Variant(
+        "evict-non-leaf",
+        "INV-ANCESTOR",
+        "evict",
+        "dropped conjunct",
+        "eviction of a block with published children",
+        EvictNonLeaf,
+    ),
+    Variant(
+        "depth-off-by-one",
+        "INV-ANCESTOR",
+        "commit",
+        "off-by-one",
+        "published block j gets depth j instead of j+1",
+        DepthOffByOne,
+    ),
+    Variant(
+        "publish-without-parent",
+        "INV-ANCESTOR",
+        "commit",
+        "dropped conjunct",
+        "commit publishes a block whose parent identity is not published",
+        PublishWithoutParent,
+    ),
+    Variant(
+        "publish-at-schedule",
+        "INV-WRITE",
+        "commit",
+        "transition",
+        "publish before commit: every full reserved block is published",
+        PublishAtSchedule,
+    ),
+    Variant(
+        "publish-one-slot-early",
+        "INV-WRITE",
+        "commit",
+        "off-by-one",
+        "a block with one unwritten slot is published",
+        PublishOneSlotEarly,
+    ),
+    Variant(
+        "attach-computes-one-block-less",
+        "INV-WRITE",
+        "attach",
+        "off-by-one",
+        "admission marks one hit block too few as computed (a shared block to write)",
+        AttachComputesOneBlockLess,
+    ),
+    Variant(
+        "without-aux-chain",
+        "INV-PUBLISH",
+        "commit",
+        "dropped conjunct",
+        "the strengthening AUX-CHAIN is dropped: INV-PUBLISH is not inductive alone",
+        WithoutChainStrengthening,
+    ),
+    Variant(
+        "publish-accepted-unwritten",
+        "INV-PUBLISH",
+        "commit",
+        "transition",
+        "blocks of accepted tokens are published before their KV is computed",
+        PublishAcceptedUnwritten,
+    ),
+    Variant(
+        "publish-stale-tokens",
+        "INV-PUBLISH",
+        "commit",
+        "transition",
+        "blocks are published with the tokens known before the accepted ones",
+        PublishStaleTokens,
+    ),
+    Variant(
+        "window-attached-shared",
+        "INV-WINDOW",
+        "attach",
+        "transition",
+        "the window's matched blocks are attached shared, not fresh private blocks",
+        WindowAttachedShared,
+    ),
+    Variant(
+        "cached-counts-window-block",
+        "INV-WINDOW",
+        "attach",
+        "off-by-one",
+        "num_cached counts the first window block as cached (not yet computed)",
+        CachedCountsWindowBlock,
+    ),
+    Variant(
+        "window-without-computed-exemption",
+        "INV-WINDOW",
+        "commit",
+        "dropped conjunct",
+        "INV-WINDOW without 'not yet fully computed': a committed window block whose twin "
+        "was evicted is published",
+        WindowWithoutComputedExemption,
+    ),
+    Variant(
+        "table-floor",
+        "INV-LIMIT",
+        "grow",
+        "off-by-one",
+        "a table holds floor(reserved / block size) blocks",
+        TableFloor,
+    ),
+    Variant(
+        "rollback-keeps-table",
+        "INV-LIMIT",
+        "rollback",
+        "transition",
+        "rollback shrinks the reservation but not the table",
+        RollbackKeepsTable,
+    ),
+    Variant(
+        "commit-beyond-reserved",
+        "INV-LIMIT",
+        "commit",
+        "dropped conjunct",
+        "commit without 'computed <= reserved'",
+        CommitBeyondReserved,
+    ),
+    Variant(
+        "commit-unknown-tokens",
+        "INV-LIMIT",
+        "commit",
+        "off-by-one",
+        "commit allows KV for one token beyond the known ones",
+        CommitUnknownTokens,
+    ),
+    Variant(
+        "grow-ignores-limit",
+        "INV-LIMIT",
+        "grow",
+        "dropped conjunct",
+        "growth without 'within kv_token_limit': a chunk larger than the limit",
+        GrowIgnoresLimit,
+    ),
+    Variant(
+        "grow-limit-off-by-one",
+        "INV-LIMIT",
+        "grow",
+        "off-by-one",
+        "a chunk may hold kv_token_limit + 1 uncommitted prompt tokens",
+        GrowLimitOffByOne,
+    ),
+    Variant(
+        "without-aux-chunk",
+        "INV-LIMIT",
+        "rollback",
+        "dropped conjunct",
+        "the strengthening AUX-CHUNK is dropped: INV-LIMIT's chunk form is not inductive "
+        "over rollback",
+        WithoutChunkStrengthening,
+    ),
+    Variant(
+        "full-prompt-hit",
+        "INV-MATCH",
+        "attach",
+        "off-by-one",
+        "the match is not capped: nothing is left to compute",
+        FullPromptHit,
+    ),
+    Variant(
+        "match-stops-after-one-block",
+        "INV-MATCH",
+        "attach",
+        "transition",
+        "the match is not the longest cached prefix",
+        MatchStopsAfterOneBlock,
+    ),
+    Variant(
+        "match-ignores-prefix",
+        "INV-MATCH",
+        "attach",
+        "transition",
+        "a block hits on its own tokens, whatever its prefix",
+        MatchIgnoresPrefix,
+    ),
+    Variant(
+        "hits-count-whole-prompt",
+        "INV-STATS",
+        "attach",
+        "transition",
+        "a hit counts every prompt token as a hit",
+        HitsCountWholePrompt,
+    ),
+    Variant(
+        "computed-off-by-one",
+        "INV-STATS",
+        "attach",
+        "off-by-one",
+        "admission counts one computed prompt token too few",
+        ComputedOffByOne,
+    ),
+    Variant(
+        "reset-clears-skipped",
+        "INV-STATS",
+        "reset_full",
+        "transition",
+        "a full reset zeroes the skipped-token counter only",
+        ResetClearsSkipped,
+    ),
 )
 
 
 def check_variant(v: Variant, bounds: Bounds | None = None, max_pool: int = 5) -> VariantResult:
     """Search a counterexample to the variant's obligation."""
     t0 = time.perf_counter()
-    cex = find_counterexample(v.encoding(bounds or Bounds()), v.invariant, v.step,
-                              max_pool=max_pool)
+    cex = find_counterexample(
+        v.encoding(bounds or Bounds()), v.invariant, v.step, max_pool=max_pool
+    )
     return VariantResult(v, cex, time.perf_counter() - t0)

@@ -66,11 +66,21 @@ STATE_IDS = CKPT_IDS[:6]
 TRANSITION_IDS = {"PIN-KEEP": None, "RESTORE-EXACT": "admit", "ACCEPTED": "commit"}
 
 CKPT_OPERATIONS = (
-    "init", "admit", "append", "continue_prefill", "commit", "rollback", "restore_issued",
-    "free", "evict", "reset_keep", "reset_full",
+    "init",
+    "admit",
+    "append",
+    "continue_prefill",
+    "commit",
+    "rollback",
+    "restore_issued",
+    "free",
+    "evict",
+    "reset_keep",
+    "reset_full",
 )
-SEQ_OPS = frozenset({"admit", "append", "continue_prefill", "commit", "rollback",
-                     "restore_issued", "free"})
+SEQ_OPS = frozenset(
+    {"admit", "append", "continue_prefill", "commit", "rollback", "restore_issued", "free"}
+)
 
 DEFAULT_RLIMIT = 20_000_000
 
@@ -99,8 +109,10 @@ class CkptBounds:
         return self.runtime + self.budget
 
     def describe(self) -> str:
-        return (f"{self.slots} state slots (max_num_seqs {self.runtime}, state_budget "
-                f"{self.budget}), {self.seqs} sequence slots, {self.nodes} nodes")
+        return (
+            f"{self.slots} state slots (max_num_seqs {self.runtime}, state_budget "
+            f"{self.budget}), {self.seqs} sequence slots, {self.nodes} nodes"
+        )
 
 
 @dataclass
@@ -124,16 +136,28 @@ class CState:
     ctr: dict[str, Any]
 
     def copy(self) -> CState:
-        return CState(*(list(getattr(self, f)) for f in _LIST_FIELDS), self.clock,
-                      dict(self.ctr))
+        return CState(*(list(getattr(self, f)) for f in _LIST_FIELDS), self.clock, dict(self.ctr))
 
     def leaves(self) -> list[Any]:
         out = [x for f in _LIST_FIELDS for x in getattr(self, f)]
         return [*out, self.clock, *(self.ctr[k] for k in COUNTERS)]
 
 
-_LIST_FIELDS = ("kind", "owner", "node", "bnd", "order", "live", "rt", "cached", "hit", "comp",
-                "sp", "pub", "depth")
+_LIST_FIELDS = (
+    "kind",
+    "owner",
+    "node",
+    "bnd",
+    "order",
+    "live",
+    "rt",
+    "cached",
+    "hit",
+    "comp",
+    "sp",
+    "pub",
+    "depth",
+)
 _BOOL_FIELDS = frozenset({"live", "pub"})
 
 
@@ -141,8 +165,7 @@ def merge(c: Any, a: CState, b: CState) -> CState:
     """``If(c, a, b)`` field by field."""
     out = a.copy()
     for f in _LIST_FIELDS:
-        setattr(out, f, [z3.If(c, x, y) for x, y in zip(getattr(a, f), getattr(b, f),
-                                                        strict=True)])
+        setattr(out, f, [z3.If(c, x, y) for x, y in zip(getattr(a, f), getattr(b, f), strict=True)])
     out.clock = z3.If(c, a.clock, b.clock)
     out.ctr = {k: z3.If(c, a.ctr[k], b.ctr[k]) for k in COUNTERS}
     return out
@@ -171,38 +194,76 @@ class CkptModel:
 
     def fresh(self, prefix: str) -> CState:
         K, S, M = self.K, self.S, self.M
-        sizes = {"kind": K, "owner": K, "node": K, "bnd": K, "order": K, "live": S, "rt": S,
-                 "cached": S, "hit": S, "comp": S, "sp": S, "pub": M, "depth": M}
+        sizes = {
+            "kind": K,
+            "owner": K,
+            "node": K,
+            "bnd": K,
+            "order": K,
+            "live": S,
+            "rt": S,
+            "cached": S,
+            "hit": S,
+            "comp": S,
+            "sp": S,
+            "pub": M,
+            "depth": M,
+        }
         lists = [
-            [(z3.Bool if f in _BOOL_FIELDS else z3.Int)(f"{prefix}{f}[{i}]")
-             for i in range(sizes[f])]
+            [
+                (z3.Bool if f in _BOOL_FIELDS else z3.Int)(f"{prefix}{f}[{i}]")
+                for i in range(sizes[f])
+            ]
             for f in _LIST_FIELDS
         ]
-        return CState(*lists, z3.Int(prefix + "clock"),
-                      {k: z3.Int(f"{prefix}{k}") for k in COUNTERS})
+        return CState(
+            *lists, z3.Int(prefix + "clock"), {k: z3.Int(f"{prefix}{k}") for k in COUNTERS}
+        )
 
     def init_state(self) -> CState:
         K, S, M = self.K, self.S, self.M
         z, n1, f = z3.IntVal(0), z3.IntVal(-1), z3.BoolVal(False)
-        return CState([z3.IntVal(FREE)] * K, [n1] * K, [n1] * K, [z] * K, [z] * K, [f] * S,
-                      [n1] * S, [z] * S, [n1] * S, [z] * S, [z] * S, [f] * M, [z] * M, z,
-                      dict.fromkeys(COUNTERS, z))
+        return CState(
+            [z3.IntVal(FREE)] * K,
+            [n1] * K,
+            [n1] * K,
+            [z] * K,
+            [z] * K,
+            [f] * S,
+            [n1] * S,
+            [z] * S,
+            [n1] * S,
+            [z] * S,
+            [z] * S,
+            [f] * M,
+            [z] * M,
+            z,
+            dict.fromkeys(COUNTERS, z),
+        )
 
     def fresh_args(self, op: str, prefix: str = "a.") -> dict[str, Any]:
         M = self.M
         victims = [z3.Bool(f"{prefix}victim[{n}]") for n in range(M)]
         if op == "admit":
-            return {"c": z3.Int(prefix + "c"), "h": z3.Int(prefix + "h"),
-                    "r": z3.Int(prefix + "r"), "victim": victims, "sp": z3.Int(prefix + "sp")}
+            return {
+                "c": z3.Int(prefix + "c"),
+                "h": z3.Int(prefix + "h"),
+                "r": z3.Int(prefix + "r"),
+                "victim": victims,
+                "sp": z3.Int(prefix + "sp"),
+            }
         if op in ("append", "continue_prefill"):
             return {"victim": victims, "sp": z3.Int(prefix + "sp")}
         if op == "rollback":
             return {"sp": z3.Int(prefix + "sp")}
         if op == "commit":
-            return {"comp": z3.Int(prefix + "comp"), "t": z3.Int(prefix + "t"),
-                    "sp": z3.Int(prefix + "sp"),
-                    "newpub": [z3.Bool(f"{prefix}newpub[{n}]") for n in range(M)],
-                    "ndepth": [z3.Int(f"{prefix}ndepth[{n}]") for n in range(M)]}
+            return {
+                "comp": z3.Int(prefix + "comp"),
+                "t": z3.Int(prefix + "t"),
+                "sp": z3.Int(prefix + "sp"),
+                "newpub": [z3.Bool(f"{prefix}newpub[{n}]") for n in range(M)],
+                "ndepth": [z3.Int(f"{prefix}ndepth[{n}]") for n in range(M)],
+            }
         if op == "evict":
             return {"victim": victims}
         return {}
@@ -229,75 +290,156 @@ class CkptModel:
         slots = []
         for s in range(K):
             slots.append(z3.And(st.kind[s] >= FREE, st.kind[s] <= PINNED))
-            slots.append(z3.Implies(st.kind[s] == RUNTIME, self.at_seq(
-                st.owner[s], lambda q, s=s: z3.And(st.live[q], st.rt[q] == s))))
+            slots.append(
+                z3.Implies(
+                    st.kind[s] == RUNTIME,
+                    self.at_seq(st.owner[s], lambda q, s=s: z3.And(st.live[q], st.rt[q] == s)),
+                )
+            )
         for q in range(S):
-            slots.append(z3.Implies(st.live[q], self.at_slot(
-                st.rt[q], lambda s, q=q: z3.And(st.kind[s] == RUNTIME, st.owner[s] == q))))
+            slots.append(
+                z3.Implies(
+                    st.live[q],
+                    self.at_slot(
+                        st.rt[q], lambda s, q=q: z3.And(st.kind[s] == RUNTIME, st.owner[s] == q)
+                    ),
+                )
+            )
         slots.append(_count(st.live) <= R)
 
         reserved = []
         for s in range(K):
-            reserved.append(z3.Implies(st.kind[s] == RESERVED, z3.And(
-                st.bnd[s] >= 1,
-                self.at_seq(st.owner[s], lambda q, s=s: z3.And(st.live[q],
-                                                               st.sp[q] == st.bnd[s])))))
+            reserved.append(
+                z3.Implies(
+                    st.kind[s] == RESERVED,
+                    z3.And(
+                        st.bnd[s] >= 1,
+                        self.at_seq(
+                            st.owner[s], lambda q, s=s: z3.And(st.live[q], st.sp[q] == st.bnd[s])
+                        ),
+                    ),
+                )
+            )
             for t in range(s + 1, K):
-                reserved.append(z3.Not(z3.And(st.kind[s] == RESERVED, st.kind[t] == RESERVED,
-                                              st.owner[s] == st.owner[t])))
+                reserved.append(
+                    z3.Not(
+                        z3.And(
+                            st.kind[s] == RESERVED,
+                            st.kind[t] == RESERVED,
+                            st.owner[s] == st.owner[t],
+                        )
+                    )
+                )
 
         node = []
         for s in range(K):
-            node.append(z3.Implies(self.restorable(st, s), z3.And(
-                st.bnd[s] >= 1,
-                self.at_node(st.node[s], lambda n, s=s: z3.And(st.pub[n],
-                                                               st.depth[n] == st.bnd[s])))))
+            node.append(
+                z3.Implies(
+                    self.restorable(st, s),
+                    z3.And(
+                        st.bnd[s] >= 1,
+                        self.at_node(
+                            st.node[s], lambda n, s=s: z3.And(st.pub[n], st.depth[n] == st.bnd[s])
+                        ),
+                    ),
+                )
+            )
             node.append(z3.Implies(st.kind[s] == READY, st.owner[s] == -1))
             for t in range(s + 1, K):
-                node.append(z3.Not(z3.And(self.restorable(st, s), self.restorable(st, t),
-                                          st.node[s] == st.node[t])))
+                node.append(
+                    z3.Not(
+                        z3.And(
+                            self.restorable(st, s), self.restorable(st, t), st.node[s] == st.node[t]
+                        )
+                    )
+                )
 
         pin = []
         for s in range(K):
-            pin.append(z3.Implies(st.kind[s] == PINNED, self.at_seq(
-                st.owner[s], lambda q, s=s: z3.And(st.live[q], st.cached[q] == st.bnd[s],
-                                                   st.hit[q] == st.node[s]))))
+            pin.append(
+                z3.Implies(
+                    st.kind[s] == PINNED,
+                    self.at_seq(
+                        st.owner[s],
+                        lambda q, s=s: z3.And(
+                            st.live[q], st.cached[q] == st.bnd[s], st.hit[q] == st.node[s]
+                        ),
+                    ),
+                )
+            )
             for t in range(s + 1, K):
-                pin.append(z3.Not(z3.And(st.kind[s] == PINNED, st.kind[t] == PINNED,
-                                         st.owner[s] == st.owner[t])))
+                pin.append(
+                    z3.Not(
+                        z3.And(
+                            st.kind[s] == PINNED, st.kind[t] == PINNED, st.owner[s] == st.owner[t]
+                        )
+                    )
+                )
 
         hit = []
         for q in range(S):
-            hit.append(z3.Implies(st.live[q], z3.And(
-                st.comp[q] >= st.cached[q],
-                z3.Or(st.sp[q] == 0, st.sp[q] > st.comp[q]),
-                z3.Or(z3.And(st.cached[q] == 0, st.hit[q] == -1),
-                      z3.And(st.cached[q] >= 1, self.at_node(
-                          st.hit[q], lambda n, q=q: z3.And(st.pub[n],
-                                                           st.depth[n] == st.cached[q])))))))
+            hit.append(
+                z3.Implies(
+                    st.live[q],
+                    z3.And(
+                        st.comp[q] >= st.cached[q],
+                        z3.Or(st.sp[q] == 0, st.sp[q] > st.comp[q]),
+                        z3.Or(
+                            z3.And(st.cached[q] == 0, st.hit[q] == -1),
+                            z3.And(
+                                st.cached[q] >= 1,
+                                self.at_node(
+                                    st.hit[q],
+                                    lambda n, q=q: z3.And(st.pub[n], st.depth[n] == st.cached[q]),
+                                ),
+                            ),
+                        ),
+                    ),
+                )
+            )
 
         order = [st.clock >= 0]
         for s in range(K):
-            order.append(z3.Implies(self.restorable(st, s),
-                                    z3.And(st.order[s] >= 0, st.order[s] < st.clock)))
+            order.append(
+                z3.Implies(self.restorable(st, s), z3.And(st.order[s] >= 0, st.order[s] < st.clock))
+            )
             for t in range(s + 1, K):
-                order.append(z3.Not(z3.And(self.restorable(st, s), self.restorable(st, t),
-                                           st.order[s] == st.order[t])))
-        return {"CKPT-SLOTS": z3.And(slots), "CKPT-RESERVED": z3.And(reserved),
-                "CKPT-NODE": z3.And(node), "CKPT-PIN": z3.And(pin), "AUX-HIT": z3.And(hit),
-                "AUX-ORDER": z3.And(order)}
+                order.append(
+                    z3.Not(
+                        z3.And(
+                            self.restorable(st, s),
+                            self.restorable(st, t),
+                            st.order[s] == st.order[t],
+                        )
+                    )
+                )
+        return {
+            "CKPT-SLOTS": z3.And(slots),
+            "CKPT-RESERVED": z3.And(reserved),
+            "CKPT-NODE": z3.And(node),
+            "CKPT-PIN": z3.And(pin),
+            "AUX-HIT": z3.And(hit),
+            "AUX-ORDER": z3.And(order),
+        }
 
     def inv(self, st: CState) -> Any:
         return z3.And(list(self.invariants(st).values()))
 
     def pin_keep(self, pre: CState, post: CState) -> Any:
         """A pinned checkpoint stays put: pinned, or unpinned (Ready) on the same node."""
-        return z3.And([
-            z3.Implies(pre.kind[s] == PINNED, z3.And(
-                z3.Or(post.kind[s] == PINNED, post.kind[s] == READY),
-                post.node[s] == pre.node[s], post.bnd[s] == pre.bnd[s]))
-            for s in range(self.K)
-        ])
+        return z3.And(
+            [
+                z3.Implies(
+                    pre.kind[s] == PINNED,
+                    z3.And(
+                        z3.Or(post.kind[s] == PINNED, post.kind[s] == READY),
+                        post.node[s] == pre.node[s],
+                        post.bnd[s] == pre.bnd[s],
+                    ),
+                )
+                for s in range(self.K)
+            ]
+        )
 
     # -- building blocks (spec/hybrid.py, one helper per spec helper) -----------------------
 
@@ -313,13 +455,15 @@ class CkptModel:
 
     def evictable(self, st: CState, n: int) -> Any:
         """KV eviction needs a published block with refcount 0 (INV-REF): no live hit holds it."""
-        return z3.And(st.pub[n], *[z3.Not(z3.And(st.live[q], st.hit[q] == n))
-                                   for q in range(self.S)])
+        return z3.And(
+            st.pub[n], *[z3.Not(z3.And(st.live[q], st.hit[q] == n)) for q in range(self.S)]
+        )
 
     def evict_node(self, st: CState, n: int, c: Any) -> CState:
         """``_on_evicted(n)`` when ``c``: the node goes, its checkpoint is released (stale)."""
-        out = self.drop(st, [z3.And(c, self.restorable(st, s), st.node[s] == n)
-                             for s in range(self.K)], "stale")
+        out = self.drop(
+            st, [z3.And(c, self.restorable(st, s), st.node[s] == n) for s in range(self.K)], "stale"
+        )
         out.pub[n] = z3.If(c, False, st.pub[n])
         return out
 
@@ -331,12 +475,18 @@ class CkptModel:
 
     def pressure_victim(self, st: CState, s: int) -> Any:
         """Slot ``s`` holds the oldest unpinned Ready checkpoint (``_evict_checkpoint``)."""
-        return z3.And(st.kind[s] == READY, *[
-            # NOTE: orders are distinct (AUX-ORDER); the slot tie-break only makes it total
-            z3.Implies(st.kind[t] == READY,
-                       st.order[s] <= st.order[t] if t > s else st.order[s] < st.order[t])
-            for t in range(self.K) if t != s
-        ])
+        return z3.And(
+            st.kind[s] == READY,
+            *[
+                # NOTE: orders are distinct (AUX-ORDER); the slot tie-break only makes it total
+                z3.Implies(
+                    st.kind[t] == READY,
+                    st.order[s] <= st.order[t] if t > s else st.order[s] < st.order[t],
+                )
+                for t in range(self.K)
+                if t != s
+            ],
+        )
 
     def lowest_free(self, st: CState, s: int) -> Any:
         return z3.And(st.kind[s] == FREE, *[st.kind[t] != FREE for t in range(s)])
@@ -382,20 +532,31 @@ class CkptModel:
         c, h, r, sp = a["c"], a["h"], a["r"], a["sp"]
         hit_ok = z3.Or(
             z3.And(c == 0, h == -1, r == -1),
-            z3.And(c >= 1, self.at_node(h, lambda n: z3.And(st.pub[n], self.hit_depth(st, n, c))),
-                   self.pin_guard(st, r, h)),
+            z3.And(
+                c >= 1,
+                self.at_node(h, lambda n: z3.And(st.pub[n], self.hit_depth(st, n, c))),
+                self.pin_guard(st, r, h),
+            ),
         )
-        vguard, st1 = self.evict_nodes(st, [z3.And(v, h != n) for n, v in
-                                            enumerate(a["victim"])])
+        vguard, st1 = self.evict_nodes(st, [z3.And(v, h != n) for n, v in enumerate(a["victim"])])
         can, slot, st3, room = self.pin_then_take(st1, q, r)
         out = st3.copy()
         out.live[q], out.rt[q], out.cached[q], out.hit[q] = True, slot, c, h
         out.comp[q], out.sp[q] = c, sp
         post = self.retarget(out, q, sp)
         guard = z3.And(z3.Not(st.live[q]), hit_ok, vguard, self.save_guard(sp, c), room, can)
-        exact = z3.Implies(c >= 1, self.at_slot(r, lambda s: z3.And(
-            st.kind[s] == READY, st.bnd[s] == c, st.node[s] == h,
-            self.at_node(h, lambda n: st.pub[n]))))
+        exact = z3.Implies(
+            c >= 1,
+            self.at_slot(
+                r,
+                lambda s: z3.And(
+                    st.kind[s] == READY,
+                    st.bnd[s] == c,
+                    st.node[s] == h,
+                    self.at_node(h, lambda n: st.pub[n]),
+                ),
+            ),
+        )
         return Step(guard, post, {"RESTORE-EXACT": exact})
 
     def pin_then_take(self, st: CState, q: int, r: Any) -> tuple[Any, Any, CState, Any]:
@@ -432,8 +593,12 @@ class CkptModel:
     def commit(self, st: CState, q: int, a: dict[str, Any]) -> Step:
         comp, t, sp = a["comp"], a["t"], a["sp"]
         newpub, ndepth = a["newpub"], a["ndepth"]
-        pguard = z3.And([z3.Implies(p, z3.And(self.fresh_block(st, n), ndepth[n] >= 1))
-                         for n, p in enumerate(newpub)])
+        pguard = z3.And(
+            [
+                z3.Implies(p, z3.And(self.fresh_block(st, n), ndepth[n] >= 1))
+                for n, p in enumerate(newpub)
+            ]
+        )
         st1 = st.copy()
         for n in range(self.M):
             st1.pub[n] = z3.Or(st.pub[n], newpub[n])
@@ -443,18 +608,35 @@ class CkptModel:
         covered = [z3.And(c, self.covers(st, s, comp)) for s, c in enumerate(cur)]
         discard = z3.Or(t == -1, self.node_taken(st1, t))
         # the index lookup: None, or the published node at the reservation's depth
-        tguard = z3.And([z3.Implies(z3.And(c, t != -1), self.at_node(
-            t, lambda n, s=s: z3.And(st1.pub[n], st1.depth[n] == st.bnd[s])))
-            for s, c in enumerate(covered)])
+        tguard = z3.And(
+            [
+                z3.Implies(
+                    z3.And(c, t != -1),
+                    self.at_node(t, lambda n, s=s: z3.And(st1.pub[n], st1.depth[n] == st.bnd[s])),
+                )
+                for s, c in enumerate(covered)
+            ]
+        )
         dropped = self.drop(st1, [z3.And(c, discard) for c in covered], "discarded")
         ready = self.make_ready(st1, [z3.And(c, z3.Not(discard)) for c in covered], t)
         st2 = merge(discard, dropped, ready)
         st2.sp[q] = sp
         post = self.retarget(st2, q, sp)
-        guard = z3.And(st.live[q], comp >= st.comp[q], pguard, tguard,
-                       self.save_guard(sp, comp), t >= -1, t < self.M)
-        accepted = z3.And([z3.Implies(z3.And(st.kind[s] == RESERVED, st2.kind[s] == READY),
-                                      st.bnd[s] <= comp) for s in range(self.K)])
+        guard = z3.And(
+            st.live[q],
+            comp >= st.comp[q],
+            pguard,
+            tguard,
+            self.save_guard(sp, comp),
+            t >= -1,
+            t < self.M,
+        )
+        accepted = z3.And(
+            [
+                z3.Implies(z3.And(st.kind[s] == RESERVED, st2.kind[s] == READY), st.bnd[s] <= comp)
+                for s in range(self.K)
+            ]
+        )
         return Step(guard, post, {"ACCEPTED": accepted})
 
     def node_taken(self, st: CState, t: Any) -> Any:
@@ -501,10 +683,14 @@ class CkptModel:
         for s, c in enumerate(rt):
             out.kind[s] = z3.If(c, FREE, st.kind[s])
             out.owner[s] = z3.If(c, -1, st.owner[s])
-        out = self.drop(out, [z3.And(out.kind[s] == RESERVED, out.owner[s] == q)
-                              for s in range(self.K)], "discarded")
-        out = self.unpin(out, [z3.And(out.kind[s] == PINNED, out.owner[s] == q)
-                               for s in range(self.K)])
+        out = self.drop(
+            out,
+            [z3.And(out.kind[s] == RESERVED, out.owner[s] == q) for s in range(self.K)],
+            "discarded",
+        )
+        out = self.unpin(
+            out, [z3.And(out.kind[s] == PINNED, out.owner[s] == q) for s in range(self.K)]
+        )
         out.live[q], out.rt[q], out.cached[q], out.hit[q] = False, -1, 0, -1
         out.comp[q], out.sp[q] = 0, 0
         return out
@@ -545,17 +731,31 @@ class CkptModel:
         out = [a.clock == b.clock, *[a.ctr[k] == b.ctr[k] for k in COUNTERS]]
         for s in range(self.K):
             k = b.kind[s]
-            out += [a.kind[s] == k,
-                    z3.Implies(z3.Or(k == RUNTIME, k == RESERVED, k == PINNED),
-                               a.owner[s] == b.owner[s]),
-                    z3.Implies(z3.Or(k == RESERVED, k == READY, k == PINNED),
-                               a.bnd[s] == b.bnd[s]),
-                    z3.Implies(z3.Or(k == READY, k == PINNED),
-                               z3.And(a.node[s] == b.node[s], a.order[s] == b.order[s]))]
+            out += [
+                a.kind[s] == k,
+                z3.Implies(
+                    z3.Or(k == RUNTIME, k == RESERVED, k == PINNED), a.owner[s] == b.owner[s]
+                ),
+                z3.Implies(z3.Or(k == RESERVED, k == READY, k == PINNED), a.bnd[s] == b.bnd[s]),
+                z3.Implies(
+                    z3.Or(k == READY, k == PINNED),
+                    z3.And(a.node[s] == b.node[s], a.order[s] == b.order[s]),
+                ),
+            ]
         for q in range(self.S):
-            out += [a.live[q] == b.live[q], z3.Implies(b.live[q], z3.And(
-                a.rt[q] == b.rt[q], a.cached[q] == b.cached[q], a.hit[q] == b.hit[q],
-                a.comp[q] == b.comp[q], a.sp[q] == b.sp[q]))]
+            out += [
+                a.live[q] == b.live[q],
+                z3.Implies(
+                    b.live[q],
+                    z3.And(
+                        a.rt[q] == b.rt[q],
+                        a.cached[q] == b.cached[q],
+                        a.hit[q] == b.hit[q],
+                        a.comp[q] == b.comp[q],
+                        a.sp[q] == b.sp[q],
+                    ),
+                ),
+            ]
         for n in range(self.M):
             out += [a.pub[n] == b.pub[n], z3.Implies(b.pub[n], a.depth[n] == b.depth[n])]
         return z3.And(out)
@@ -593,12 +793,16 @@ def format_cstate(c: dict[str, Any], indent: str = "  ") -> str:
         lines.append(f"{indent}slot {s}: {name}{extra}")
     for q, live in enumerate(c["live"]):
         if live:
-            lines.append(f"{indent}q{q}: runtime slot {c['rt'][q]}, hit {c['cached'][q]} "
-                         f"blocks ending at node {c['hit'][q]}, computed {c['comp'][q]}, "
-                         f"save point {c['sp'][q]}")
+            lines.append(
+                f"{indent}q{q}: runtime slot {c['rt'][q]}, hit {c['cached'][q]} "
+                f"blocks ending at node {c['hit'][q]}, computed {c['comp'][q]}, "
+                f"save point {c['sp'][q]}"
+            )
     pub = [f"{n}@{c['depth'][n]}" for n, p in enumerate(c["pub"]) if p]
-    lines.append(f"{indent}published nodes (node@depth): {', '.join(pub) or 'none'}; "
-                 f"clock {c['clock']}; {c['ctr']}")
+    lines.append(
+        f"{indent}published nodes (node@depth): {', '.join(pub) or 'none'}; "
+        f"clock {c['clock']}; {c['ctr']}"
+    )
     return "\n".join(lines)
 
 
@@ -607,8 +811,11 @@ def _format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
     for k, v in args.items():
         if isinstance(v, list):
             vals = [ev(x) for x in v]
-            picked = [i for i, x in enumerate(vals) if z3.is_true(x) or (
-                not z3.is_bool(x) and k == "ndepth")]
+            picked = [
+                i
+                for i, x in enumerate(vals)
+                if z3.is_true(x) or (not z3.is_bool(x) and k == "ndepth")
+            ]
             if k != "ndepth":
                 parts.append(f"{k}={picked}")
         else:
@@ -634,10 +841,16 @@ class CkptRow:
     detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "operation": self.operation,
-                "status": self.status, "seconds": round(self.seconds, 3),
-                "rlimit_used": self.rlimit_used, "non_vacuous": self.non_vacuous,
-                "detail": self.detail, "kind": "checkpoint"}
+        return {
+            "invariant": self.invariant,
+            "operation": self.operation,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "rlimit_used": self.rlimit_used,
+            "non_vacuous": self.non_vacuous,
+            "detail": self.detail,
+            "kind": "checkpoint",
+        }
 
 
 def applies(prop: str, op: str) -> bool:
@@ -669,8 +882,9 @@ def _rlimit_now() -> int:
 class CkptProver:
     """Proves every (property, operation) obligation of :data:`CKPT_IDS` for ``model``."""
 
-    def __init__(self, model: CkptModel | None = None, rlimit: int = DEFAULT_RLIMIT,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, model: CkptModel | None = None, rlimit: int = DEFAULT_RLIMIT, seed: int = 0
+    ) -> None:
         self.model = model or CkptModel()
         self.rlimit, self.seed = rlimit, seed
         self._steps: dict[tuple[str, int], tuple[CState, dict[str, Any], Step, Any, Any]] = {}
@@ -683,8 +897,7 @@ class CkptProver:
             pre = m.fresh("p.")
             args = m.fresh_args(op)
             st = m.step(op, pre, q, args)
-            self._steps[key] = (pre, args, st, z3.And(m.inv(pre), st.guard),
-                                m.invariants(st.post))
+            self._steps[key] = (pre, args, st, z3.And(m.inv(pre), st.guard), m.invariants(st.post))
         return self._steps[key]
 
     def goal(self, prop: str, op: str, q: int) -> tuple[Any, Any, CState, Step, dict[str, Any]]:
@@ -692,8 +905,13 @@ class CkptProver:
         m = self.model
         if op == "init":
             init = m.init_state()
-            return z3.BoolVal(True), m.invariants(init)[prop], init, Step(z3.BoolVal(True),
-                                                                             init), {}
+            return (
+                z3.BoolVal(True),
+                m.invariants(init)[prop],
+                init,
+                Step(z3.BoolVal(True), init),
+                {},
+            )
         pre, args, st, hyp, post_inv = self._built(op, q)
         if prop in STATE_IDS:
             concl = post_inv[prop]
@@ -719,18 +937,26 @@ class CkptProver:
                 def ev(x: Any, mdl: Any = mdl) -> Any:
                     return mdl.eval(x, model_completion=True)
 
-                detail = (f"pre-state:\n{format_cstate(read_state(pre, ev))}\n"
-                          f"step: {_call(op, q, _format_args(args, ev))}\n"
-                          f"post-state:\n{format_cstate(read_state(st.post, ev))}")
-                return CkptRow(prop, op, "counterexample", time.perf_counter() - t0, used,
-                               detail=detail)
+                detail = (
+                    f"pre-state:\n{format_cstate(read_state(pre, ev))}\n"
+                    f"step: {_call(op, q, _format_args(args, ev))}\n"
+                    f"post-state:\n{format_cstate(read_state(st.post, ev))}"
+                )
+                return CkptRow(
+                    prop, op, "counterexample", time.perf_counter() - t0, used, detail=detail
+                )
             if r != z3.unsat:
-                return CkptRow(prop, op, "unknown", time.perf_counter() - t0, used,
-                               detail=s.reason_unknown())
+                return CkptRow(
+                    prop, op, "unknown", time.perf_counter() - t0, used, detail=s.reason_unknown()
+                )
         return CkptRow(prop, op, "proved", time.perf_counter() - t0, used)
 
-    def rows(self, props: Sequence[str] = CKPT_IDS, ops: Sequence[str] = CKPT_OPERATIONS,
-             progress: Callable[[CkptRow], None] | None = None) -> list[CkptRow]:
+    def rows(
+        self,
+        props: Sequence[str] = CKPT_IDS,
+        ops: Sequence[str] = CKPT_OPERATIONS,
+        progress: Callable[[CkptRow], None] | None = None,
+    ) -> list[CkptRow]:
         out = []
         for op in ops:
             for prop in props:
@@ -746,31 +972,44 @@ class CkptProver:
     def scenario(self, op: str, pre: CState, st: Step, args: dict[str, Any]) -> tuple[str, Any]:
         """Each operation's interesting case: the part of the guard that exercises INV-CKPT."""
         K, M = self.model.K, self.model.M
-        stale = z3.Or([z3.And(st.post.kind[s] == FREE, pre.kind[s] == READY)
-                       for s in range(K)])
+        stale = z3.Or([z3.And(st.post.kind[s] == FREE, pre.kind[s] == READY) for s in range(K)])
         if op == "admit":
-            return ("a hit restores a Ready checkpoint and the runtime slot evicts another",
-                    z3.And(args["r"] >= 0, st.post.ctr["evicted"] > pre.ctr["evicted"]))
+            return (
+                "a hit restores a Ready checkpoint and the runtime slot evicts another",
+                z3.And(args["r"] >= 0, st.post.ctr["evicted"] > pre.ctr["evicted"]),
+            )
         if op in ("append", "continue_prefill", "evict"):
-            return ("the growth evicts a node whose checkpoint goes stale",
-                    z3.And(z3.Or(args["victim"]), stale))
+            return (
+                "the growth evicts a node whose checkpoint goes stale",
+                z3.And(z3.Or(args["victim"]), stale),
+            )
         if op == "commit":
-            return ("a reservation becomes Ready and the next one is reserved",
-                    z3.And(st.post.ctr["saved"] > pre.ctr["saved"],
-                           z3.Or([st.post.kind[s] == RESERVED for s in range(K)])))
+            return (
+                "a reservation becomes Ready and the next one is reserved",
+                z3.And(
+                    st.post.ctr["saved"] > pre.ctr["saved"],
+                    z3.Or([st.post.kind[s] == RESERVED for s in range(K)]),
+                ),
+            )
         if op == "rollback":
-            return ("the reservation moves back to an earlier save point",
-                    st.post.ctr["discarded"] > pre.ctr["discarded"])
+            return (
+                "the reservation moves back to an earlier save point",
+                st.post.ctr["discarded"] > pre.ctr["discarded"],
+            )
         if op == "restore_issued":
             return ("the pinned checkpoint becomes Ready", z3.BoolVal(True))
         if op == "free":
-            return ("an abandoned restore is unpinned",
-                    z3.Or([pre.kind[s] == PINNED for s in range(K)]))
+            return (
+                "an abandoned restore is unpinned",
+                z3.Or([pre.kind[s] == PINNED for s in range(K)]),
+            )
         if op == "reset_keep":
             return ("two live sequences are released", z3.And(pre.live[0], pre.live[1]))
         if op == "reset_full":
-            return ("a Ready checkpoint goes stale with its node",
-                    z3.And(stale, z3.Or([pre.pub[n] for n in range(M)])))
+            return (
+                "a Ready checkpoint goes stale with its node",
+                z3.And(stale, z3.Or([pre.pub[n] for n in range(M)])),
+            )
         return ("initial state", z3.BoolVal(True))
 
     def witnesses(self, ops: Sequence[str] = CKPT_OPERATIONS) -> dict[str, tuple[str, str, str]]:
@@ -794,8 +1033,10 @@ class CkptProver:
                 def ev(x: Any, mdl: Any = mdl) -> Any:
                     return mdl.eval(x, model_completion=True)
 
-                text = (f"{format_cstate(read_state(pre, ev))}\n"
-                        f"  step: {_call(op, 0, _format_args(args, ev))}")
+                text = (
+                    f"{format_cstate(read_state(pre, ev))}\n"
+                    f"  step: {_call(op, 0, _format_args(args, ev))}"
+                )
             out[op] = (name, str(r), text)
         return out
 
@@ -812,17 +1053,24 @@ class FreeReleasesPinned(CkptModel):
 
 class RestoreReserved(CkptModel):
     def pin_guard(self, st: CState, r: Any, h: Any) -> Any:
-        return self.at_slot(r, lambda s: z3.And(
-            z3.Or(st.kind[s] == READY, st.kind[s] == RESERVED), st.node[s] == h))
+        return self.at_slot(
+            r, lambda s: z3.And(z3.Or(st.kind[s] == READY, st.kind[s] == RESERVED), st.node[s] == h)
+        )
 
 
 class PressureEvictsPinned(CkptModel):
     def pressure_victim(self, st: CState, s: int) -> Any:
-        return z3.And(self.restorable(st, s), *[
-            z3.Implies(self.restorable(st, t),
-                       st.order[s] <= st.order[t] if t > s else st.order[s] < st.order[t])
-            for t in range(self.K) if t != s
-        ])
+        return z3.And(
+            self.restorable(st, s),
+            *[
+                z3.Implies(
+                    self.restorable(st, t),
+                    st.order[s] <= st.order[t] if t > s else st.order[s] < st.order[t],
+                )
+                for t in range(self.K)
+                if t != s
+            ],
+        )
 
 
 class EvictHeldNode(CkptModel):
@@ -897,35 +1145,110 @@ class CkptVariant:
 
 
 CKPT_VARIANTS = (
-    CkptVariant("free-releases-pinned", "PIN-KEEP", "free", "broken transition",
-                "freeing a sequence releases its pinned checkpoint", FreeReleasesPinned),
-    CkptVariant("restore-reserved", "RESTORE-EXACT", "admit", "broken transition",
-                "a hit may restore a Reserved checkpoint", RestoreReserved),
-    CkptVariant("pressure-evicts-pinned", "PIN-KEEP", "admit", "broken transition",
-                "slot pressure evicts the oldest Ready or Pinned checkpoint",
-                PressureEvictsPinned),
-    CkptVariant("evict-held-node", "PIN-KEEP", "evict", "dropped conjunct",
-                "KV eviction ignores that a live hit holds the node", EvictHeldNode),
-    CkptVariant("runtime-before-pin", "CKPT-SLOTS", "admit", "broken transition",
-                "admit takes the runtime slot before it pins the restore source",
-                RuntimeBeforePin),
-    CkptVariant("ready-uncovered", "ACCEPTED", "commit", "dropped conjunct",
-                "a commit readies a reservation it does not reach", ReadyUncovered),
-    CkptVariant("order-not-advanced", "AUX-ORDER", "commit", "off-by-one",
-                "a new Ready checkpoint does not advance the order clock", OrderNotAdvanced),
-    CkptVariant("no-live-limit", "CKPT-SLOTS", "admit", "dropped conjunct",
-                "admit does not check max_num_seqs", NoLiveLimit),
-    CkptVariant("retarget-keeps-old", "CKPT-RESERVED", "rollback", "broken transition",
-                "a reservation is never discarded when the save point moves",
-                RetargetKeepsOld),
-    CkptVariant("unpin-keeps-owner", "CKPT-NODE", "restore_issued", "broken transition",
-                "restore_issued leaves the owner on the Ready checkpoint", UnpinKeepsOwner),
-    CkptVariant("save-point-at-computed", "AUX-HIT", "rollback", "off-by-one",
-                "a save point may equal the computed tokens", SavePointAtComputed),
-    CkptVariant("hit-depth-off-by-one", "CKPT-PIN", "admit", "off-by-one",
-                "the hit's last node sits one block deeper than the hit", HitDepthOffByOne),
-    CkptVariant("republish-node", "CKPT-NODE", "commit", "dropped conjunct",
-                "a commit may re-publish a node that carries a checkpoint", RepublishNode),
+    CkptVariant(
+        "free-releases-pinned",
+        "PIN-KEEP",
+        "free",
+        "broken transition",
+        "freeing a sequence releases its pinned checkpoint",
+        FreeReleasesPinned,
+    ),
+    CkptVariant(
+        "restore-reserved",
+        "RESTORE-EXACT",
+        "admit",
+        "broken transition",
+        "a hit may restore a Reserved checkpoint",
+        RestoreReserved,
+    ),
+    CkptVariant(
+        "pressure-evicts-pinned",
+        "PIN-KEEP",
+        "admit",
+        "broken transition",
+        "slot pressure evicts the oldest Ready or Pinned checkpoint",
+        PressureEvictsPinned,
+    ),
+    CkptVariant(
+        "evict-held-node",
+        "PIN-KEEP",
+        "evict",
+        "dropped conjunct",
+        "KV eviction ignores that a live hit holds the node",
+        EvictHeldNode,
+    ),
+    CkptVariant(
+        "runtime-before-pin",
+        "CKPT-SLOTS",
+        "admit",
+        "broken transition",
+        "admit takes the runtime slot before it pins the restore source",
+        RuntimeBeforePin,
+    ),
+    CkptVariant(
+        "ready-uncovered",
+        "ACCEPTED",
+        "commit",
+        "dropped conjunct",
+        "a commit readies a reservation it does not reach",
+        ReadyUncovered,
+    ),
+    CkptVariant(
+        "order-not-advanced",
+        "AUX-ORDER",
+        "commit",
+        "off-by-one",
+        "a new Ready checkpoint does not advance the order clock",
+        OrderNotAdvanced,
+    ),
+    CkptVariant(
+        "no-live-limit",
+        "CKPT-SLOTS",
+        "admit",
+        "dropped conjunct",
+        "admit does not check max_num_seqs",
+        NoLiveLimit,
+    ),
+    CkptVariant(
+        "retarget-keeps-old",
+        "CKPT-RESERVED",
+        "rollback",
+        "broken transition",
+        "a reservation is never discarded when the save point moves",
+        RetargetKeepsOld,
+    ),
+    CkptVariant(
+        "unpin-keeps-owner",
+        "CKPT-NODE",
+        "restore_issued",
+        "broken transition",
+        "restore_issued leaves the owner on the Ready checkpoint",
+        UnpinKeepsOwner,
+    ),
+    CkptVariant(
+        "save-point-at-computed",
+        "AUX-HIT",
+        "rollback",
+        "off-by-one",
+        "a save point may equal the computed tokens",
+        SavePointAtComputed,
+    ),
+    CkptVariant(
+        "hit-depth-off-by-one",
+        "CKPT-PIN",
+        "admit",
+        "off-by-one",
+        "the hit's last node sits one block deeper than the hit",
+        HitDepthOffByOne,
+    ),
+    CkptVariant(
+        "republish-node",
+        "CKPT-NODE",
+        "commit",
+        "dropped conjunct",
+        "a commit may re-publish a node that carries a checkpoint",
+        RepublishNode,
+    ),
 )
 
 
@@ -939,7 +1262,8 @@ class CkptVariantResult:
         return self.row.status == "counterexample"
 
 
-def check_ckpt_variant(v: CkptVariant, bounds: CkptBounds | None = None,
-                       rlimit: int = DEFAULT_RLIMIT) -> CkptVariantResult:
+def check_ckpt_variant(
+    v: CkptVariant, bounds: CkptBounds | None = None, rlimit: int = DEFAULT_RLIMIT
+) -> CkptVariantResult:
     """The variant's obligation must yield a counterexample."""
     return CkptVariantResult(v, CkptProver(v.model(bounds), rlimit).prove(v.invariant, v.step))

@@ -68,9 +68,17 @@ def abstract(cache: HybridSpecCache, S: int) -> dict[str, Any]:
     K = h.num_runtime_slots + h.state_budget
     bs = cache.block_size
     c: dict[str, Any] = {
-        "kind": [FREE] * K, "owner": [-1] * K, "node": [-1] * K, "bnd": [0] * K,
-        "order": [0] * K, "live": [False] * S, "rt": [-1] * S, "cached": [0] * S,
-        "hit": [-1] * S, "comp": [0] * S, "sp": [0] * S,
+        "kind": [FREE] * K,
+        "owner": [-1] * K,
+        "node": [-1] * K,
+        "bnd": [0] * K,
+        "order": [0] * K,
+        "live": [False] * S,
+        "rt": [-1] * S,
+        "cached": [0] * S,
+        "hit": [-1] * S,
+        "comp": [0] * S,
+        "sp": [0] * S,
         "pub": [v.published for v in snap.blocks],
         "depth": [v.depth if v.published else 0 for v in snap.blocks],
     }
@@ -90,14 +98,25 @@ def abstract(cache: HybridSpecCache, S: int) -> dict[str, Any]:
         c["live"][q], c["rt"][q], c["cached"][q] = True, runtime[seq.seq_id], cached
         c["hit"][q] = seq.block_ids[cached - 1] if cached else -1
         c["comp"][q] = seq.num_computed // bs
-        c["sp"][q] = save_point(seq.num_computed, seq.num_reserved, seq.num_prompt_tokens, bs,
-                                h.decode_state_interval) // bs
+        c["sp"][q] = (
+            save_point(
+                seq.num_computed,
+                seq.num_reserved,
+                seq.num_prompt_tokens,
+                bs,
+                h.decode_state_interval,
+            )
+            // bs
+        )
     stats = cache.stats()
     c["clock"] = cache._h.order
-    c["ctr"] = {"saved": stats.checkpoints_saved, "discarded": stats.checkpoints_discarded,
-                "restored": stats.checkpoints_restored,
-                "stale": stats.checkpoints_released_stale,
-                "evicted": stats.checkpoints_evicted}
+    c["ctr"] = {
+        "saved": stats.checkpoints_saved,
+        "discarded": stats.checkpoints_discarded,
+        "restored": stats.checkpoints_restored,
+        "stale": stats.checkpoints_released_stale,
+        "evicted": stats.checkpoints_evicted,
+    }
     return c
 
 
@@ -161,27 +180,45 @@ class CkptDriftChecker:
     def invariant_holds(self, c: dict[str, Any]) -> bool:
         return bool(z3.is_true(self._inv_subst(self._inv, _flat(c))))
 
-    def check(self, op: str, q: int, pre: dict[str, Any], vals: dict[str, Any],
-              post: dict[str, Any] | None, what: str) -> str:
+    def check(
+        self,
+        op: str,
+        q: int,
+        pre: dict[str, Any],
+        vals: dict[str, Any],
+        post: dict[str, Any] | None,
+        what: str,
+    ) -> str:
         comp = self.compiled(op, q)
         a = _arg_values(comp.args, vals)
         if post is None:
             if z3.is_false(comp.guard_subst(comp.guard, [*_flat(pre), *a])):
                 return "rejected"
-            raise DriftError(f"the spec rejects {what} but the model allows it\n"
-                             + ck.format_cstate(pre))
+            raise DriftError(
+                f"the spec rejects {what} but the model allows it\n" + ck.format_cstate(pre)
+            )
         if z3.is_true(comp.subst(comp.ok, [*_flat(pre), *_flat(post), *a])):
             return "ok"
         guard = comp.guard_subst(comp.guard, [*_flat(pre), *a])
-        lines = [f"drift on {what}: " + ("the model rejects a step the spec takes"
-                                         if z3.is_false(guard) else
-                                         "model and spec reach different states"),
-                 "pre-state:", ck.format_cstate(pre), f"arguments: {vals}",
-                 "spec post-state:", ck.format_cstate(post)]
+        lines = [
+            f"drift on {what}: "
+            + (
+                "the model rejects a step the spec takes"
+                if z3.is_false(guard)
+                else "model and spec reach different states"
+            ),
+            "pre-state:",
+            ck.format_cstate(pre),
+            f"arguments: {vals}",
+            "spec post-state:",
+            ck.format_cstate(post),
+        ]
         if not z3.is_false(guard):
             st = self.model.step(op, self.pre, q, comp.args)
-            pairs = [(v, z3.BoolVal(bool(x)) if z3.is_bool(v) else z3.IntVal(int(x)))
-                     for v, x in zip(comp.guard_subst.vars, [*_flat(pre), *a], strict=True)]
+            pairs = [
+                (v, z3.BoolVal(bool(x)) if z3.is_bool(v) else z3.IntVal(int(x)))
+                for v, x in zip(comp.guard_subst.vars, [*_flat(pre), *a], strict=True)
+            ]
             mpost = ck.read_state(st.post, lambda t: z3.simplify(z3.substitute(t, *pairs)))
             lines += ["model post-state:", ck.format_cstate(mpost)]
         raise DriftError("\n".join(lines))
@@ -223,14 +260,29 @@ def _newly(pre: dict[str, Any], post: dict[str, Any], was: bool) -> list[bool]:
     return [p == was and q != was for p, q in zip(pre["pub"], post["pub"], strict=True)]
 
 
-_OPS = ("admit", "commit", "append", "continue_prefill", "rollback", "restore_issued", "free",
-        "evict", "reset_keep", "reset_full")
+_OPS = (
+    "admit",
+    "commit",
+    "append",
+    "continue_prefill",
+    "rollback",
+    "restore_issued",
+    "free",
+    "evict",
+    "reset_keep",
+    "reset_full",
+)
 _WEIGHTS = (5, 6, 2, 2, 1, 2, 2, 1, 0.3, 0.5)
 
 
 class _Runner:
-    def __init__(self, checker: CkptDriftChecker, cache: HybridSpecCache, rng: random.Random,
-                 report: CkptDriftReport) -> None:
+    def __init__(
+        self,
+        checker: CkptDriftChecker,
+        cache: HybridSpecCache,
+        rng: random.Random,
+        report: CkptDriftReport,
+    ) -> None:
         self.checker, self.cache, self.rng, self.report = checker, cache, rng, report
         self.S = checker.model.S
 
@@ -254,8 +306,9 @@ class _Runner:
         pre = abstract(cache, self.S)
         self.report.invariant_checks += 1
         if not self.checker.invariant_holds(pre):
-            raise DriftError("a reachable state breaks the model's invariant\n"
-                             + ck.format_cstate(pre))
+            raise DriftError(
+                "a reachable state breaks the model's invariant\n" + ck.format_cstate(pre)
+            )
         vals: dict[str, Any] = {}
         action: Callable[[], object]
         kv_trial: Callable[[SpecCache], object] | None = None
@@ -265,8 +318,11 @@ class _Runner:
             trial = copy.deepcopy(cache)
             m = trial.match(req)
             c = m.num_cached_tokens // BS
-            vals.update(c=c, h=m.block_ids[c - 1] if c else -1,
-                        r=-1 if m.restore_slot is None else m.restore_slot)
+            vals.update(
+                c=c,
+                h=m.block_ids[c - 1] if c else -1,
+                r=-1 if m.restore_slot is None else m.restore_slot,
+            )
 
             def kv_admit(t: SpecCache) -> object:
                 return SpecCache.admit(t, req, n_new)
@@ -304,10 +360,12 @@ class _Runner:
                 cache.commit(sid, delta, accepted)
                 return None
         elif op == "restore_issued":
+
             def action() -> object:
                 cache.restore_issued(sid)
                 return None
         elif op == "free":
+
             def action() -> object:
                 cache.free([sid])
                 return None
@@ -333,7 +391,8 @@ class _Runner:
             action()
         except PrefixCacheError:
             if op in ("admit", "restore_issued", "reset_full") or (
-                    not pre["live"][q] and op in ck.SEQ_OPS):
+                not pre["live"][q] and op in ck.SEQ_OPS
+            ):
                 self._fill_rejected(op, vals, pre, sid, trial if kv_trial else None)
                 self._record(op, q, pre, vals, None)
             else:
@@ -351,21 +410,43 @@ class _Runner:
             return
         raise DriftError(f"{op}: the KV part alone fails, the hybrid operation succeeds")
 
-    def _fill_rejected(self, op: str, vals: dict[str, Any], pre: dict[str, Any], sid: str,
-                       trial: HybridSpecCache | None) -> None:
+    def _fill_rejected(
+        self,
+        op: str,
+        vals: dict[str, Any],
+        pre: dict[str, Any],
+        sid: str,
+        trial: HybridSpecCache | None,
+    ) -> None:
         M = self.checker.model.M
         vals.setdefault("victim", [False] * M)
         vals.setdefault("sp", 0)
         if op == "admit" and trial is not None:
             vals["victim"] = _newly(pre, _published(trial), True)
             seq = trial._s.seqs[sid]
-            vals["sp"] = save_point(seq.num_computed, seq.num_reserved, seq.prompt_len, BS,
-                                    trial.decode_state_interval) // BS
-        vals.update({"comp": 0, "t": -1, "newpub": [False] * M, "ndepth": [0] * M}
-                    if op == "commit" else {})
+            vals["sp"] = (
+                save_point(
+                    seq.num_computed,
+                    seq.num_reserved,
+                    seq.prompt_len,
+                    BS,
+                    trial.decode_state_interval,
+                )
+                // BS
+            )
+        vals.update(
+            {"comp": 0, "t": -1, "newpub": [False] * M, "ndepth": [0] * M} if op == "commit" else {}
+        )
 
-    def _fill(self, op: str, vals: dict[str, Any], pre: dict[str, Any], post: dict[str, Any],
-              sid: str, trial: HybridSpecCache | None) -> None:
+    def _fill(
+        self,
+        op: str,
+        vals: dict[str, Any],
+        pre: dict[str, Any],
+        post: dict[str, Any],
+        sid: str,
+        trial: HybridSpecCache | None,
+    ) -> None:
         q = SEQ_IDS.index(sid)
         vals["victim"] = _newly(pre, post, True)
         if op == "admit" and trial is not None:
@@ -374,8 +455,9 @@ class _Runner:
             vals["sp"] = post["sp"][q]
         if op == "commit":
             seq = self.cache._s.seqs[sid]
-            vals.update(comp=post["comp"][q], newpub=_newly(pre, post, False),
-                        ndepth=post["depth"], t=-1)
+            vals.update(
+                comp=post["comp"][q], newpub=_newly(pre, post, False), ndepth=post["depth"], t=-1
+            )
             for s, kind in enumerate(pre["kind"]):
                 if kind == RESERVED and pre["owner"][s] == q and pre["bnd"][s] <= post["comp"][q]:
                     b = pre["bnd"][s]
@@ -383,8 +465,14 @@ class _Runner:
                     node = self.cache._s.index.get(chain[b - 1])
                     vals["t"] = -1 if node is None else node
 
-    def _record(self, op: str, q: int, pre: dict[str, Any], vals: dict[str, Any],
-                post: dict[str, Any] | None) -> None:
+    def _record(
+        self,
+        op: str,
+        q: int,
+        pre: dict[str, Any],
+        vals: dict[str, Any],
+        post: dict[str, Any] | None,
+    ) -> None:
         r = self.checker.check(op, q, pre, vals, post, f"{op}(q{q})")
         self.report.checks += 1
         self.report.by_op[op] = self.report.by_op.get(op, 0) + 1
@@ -399,9 +487,11 @@ class _Runner:
             self.report.rejections += 1
 
 
-CONFIGS = ((CkptBounds(runtime=2, budget=2, seqs=3, nodes=6), 0),
-           (CkptBounds(runtime=2, budget=2, seqs=3, nodes=6), 4),
-           (CkptBounds(runtime=1, budget=1, seqs=2, nodes=6), 2))
+CONFIGS = (
+    (CkptBounds(runtime=2, budget=2, seqs=3, nodes=6), 0),
+    (CkptBounds(runtime=2, budget=2, seqs=3, nodes=6), 4),
+    (CkptBounds(runtime=1, budget=1, seqs=2, nodes=6), 2),
+)
 """(model bounds, decode_state_interval) of the drift runs; nodes = the pool's blocks."""
 
 
@@ -416,9 +506,13 @@ def _checker(model: type[CkptModel], bounds: CkptBounds) -> CkptDriftChecker:
     return _CHECKERS[key]
 
 
-def run_ckpt_drift(checks: int, seed: int = 0, model: type[CkptModel] = CkptModel,
-                   steps_per_run: int = 40, report: CkptDriftReport | None = None,
-                   ) -> CkptDriftReport:
+def run_ckpt_drift(
+    checks: int,
+    seed: int = 0,
+    model: type[CkptModel] = CkptModel,
+    steps_per_run: int = 40,
+    report: CkptDriftReport | None = None,
+) -> CkptDriftReport:
     """About ``checks`` drift checks over random runs of :class:`HybridSpecCache`."""
     rng = random.Random(seed)
     report = report or CkptDriftReport()
@@ -426,8 +520,13 @@ def run_ckpt_drift(checks: int, seed: int = 0, model: type[CkptModel] = CkptMode
     checkers = {b: _checker(model, b) for b, _ in CONFIGS}
     while report.checks < checks:
         bounds, interval = CONFIGS[rng.randrange(len(CONFIGS))]
-        cache = HybridSpecCache(bounds.nodes, BS, max_num_seqs=bounds.runtime,
-                                state_budget=bounds.budget, decode_state_interval=interval)
+        cache = HybridSpecCache(
+            bounds.nodes,
+            BS,
+            max_num_seqs=bounds.runtime,
+            state_budget=bounds.budget,
+            decode_state_interval=interval,
+        )
         runner = _Runner(checkers[bounds], cache, rng, report)
         for _ in range(steps_per_run):
             runner.step()
@@ -447,9 +546,14 @@ class _HighestFreeSlot(CkptModel):
 
 class _NewestReadyEvicted(CkptModel):
     def pressure_victim(self, st: CState, s: int) -> Any:
-        return z3.And(st.kind[s] == READY, *[
-            z3.Implies(st.kind[t] == READY, st.order[s] > st.order[t])
-            for t in range(self.K) if t != s])
+        return z3.And(
+            st.kind[s] == READY,
+            *[
+                z3.Implies(st.kind[t] == READY, st.order[s] > st.order[t])
+                for t in range(self.K)
+                if t != s
+            ],
+        )
 
 
 class _RestoreNotCounted(CkptModel):
@@ -466,8 +570,11 @@ class _CommitIgnoresTwin(CkptModel):
 
 class _StaleCountedEvicted(CkptModel):
     def evict_node(self, st: CState, n: int, c: Any) -> CState:
-        out = self.drop(st, [z3.And(c, self.restorable(st, s), st.node[s] == n)
-                             for s in range(self.K)], "evicted")
+        out = self.drop(
+            st,
+            [z3.And(c, self.restorable(st, s), st.node[s] == n) for s in range(self.K)],
+            "evicted",
+        )
         out.pub[n] = z3.If(c, False, st.pub[n])
         return out
 
@@ -485,15 +592,23 @@ class _FreeKeepsReservation(CkptModel):
 
 SEEDED_CKPT_DRIFTS: tuple[tuple[str, str, type[CkptModel]], ...] = (
     ("highest-free-slot", "takes the highest free state slot", _HighestFreeSlot),
-    ("newest-ready-evicted", "slot pressure evicts the newest Ready checkpoint",
-     _NewestReadyEvicted),
+    (
+        "newest-ready-evicted",
+        "slot pressure evicts the newest Ready checkpoint",
+        _NewestReadyEvicted,
+    ),
     ("restore-not-counted", "restore_issued does not count the restore", _RestoreNotCounted),
-    ("commit-ignores-twin", "a commit readies a reservation on a node that has one",
-     _CommitIgnoresTwin),
-    ("stale-counted-evicted", "a stale release counts as a slot-pressure eviction",
-     _StaleCountedEvicted),
-    ("free-keeps-reservation", "free keeps the sequence's reservation",
-     _FreeKeepsReservation),
+    (
+        "commit-ignores-twin",
+        "a commit readies a reservation on a node that has one",
+        _CommitIgnoresTwin,
+    ),
+    (
+        "stale-counted-evicted",
+        "a stale release counts as a slot-pressure eviction",
+        _StaleCountedEvicted,
+    ),
+    ("free-keeps-reservation", "free keeps the sequence's reservation", _FreeKeepsReservation),
 )
 
 
@@ -505,8 +620,9 @@ class SeededCkptResult:
     checks: int
 
 
-def check_seeded_ckpt(name: str, description: str, model: type[CkptModel],
-                      budget: int = 3000, seed: int = 0) -> SeededCkptResult:
+def check_seeded_ckpt(
+    name: str, description: str, model: type[CkptModel], budget: int = 3000, seed: int = 0
+) -> SeededCkptResult:
     """Run the drift check against a drifted model until it is caught (or ``budget``)."""
     report = CkptDriftReport()
     try:

@@ -28,31 +28,65 @@ __all__ = ["add_arguments", "main", "run", "setup"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the proof command's options to ``parser``."""
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--seqs", type=int, default=Bounds.seqs,
-                        help="live sequence slots of the model (default %(default)s)")
-    parser.add_argument("--table", type=int, default=Bounds.table,
-                        help="blocks per block table in the model (default %(default)s)")
-    parser.add_argument("--rlimit", type=int, default=obligations.DEFAULT_RLIMIT,
-                        help="Z3 resource limit per solver call (default %(default)s)")
+    parser.add_argument(
+        "--seqs",
+        type=int,
+        default=Bounds.seqs,
+        help="live sequence slots of the model (default %(default)s)",
+    )
+    parser.add_argument(
+        "--table",
+        type=int,
+        default=Bounds.table,
+        help="blocks per block table in the model (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rlimit",
+        type=int,
+        default=obligations.DEFAULT_RLIMIT,
+        help="Z3 resource limit per solver call (default %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Z3 random seed (default 0)")
-    parser.add_argument("--invariants", default="",
-                        help="comma-separated invariant ids to prove (default: all)")
-    parser.add_argument("--operations", default="",
-                        help="comma-separated operations to prove (default: all)")
-    parser.add_argument("--no-kernels", action="store_true",
-                        help="skip the kernel index-arithmetic proofs")
-    parser.add_argument("--no-checkpoints", action="store_true",
-                        help="skip the INV-CKPT checkpoint-lifecycle proofs")
-    parser.add_argument("--no-witnesses", action="store_true",
-                        help="skip the non-vacuity (satisfiability) checks")
-    parser.add_argument("--broken", action="store_true",
-                        help="also check that every deliberately broken variant fails")
-    parser.add_argument("--drift", type=int, default=0, metavar="N",
-                        help="also run N model-vs-spec drift checks and the seeded drifts")
-    parser.add_argument("--alone", action="store_true",
-                        help="also report which invariants are not inductive on their own")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="print counterexamples and non-vacuity witnesses")
+    parser.add_argument(
+        "--invariants", default="", help="comma-separated invariant ids to prove (default: all)"
+    )
+    parser.add_argument(
+        "--operations", default="", help="comma-separated operations to prove (default: all)"
+    )
+    parser.add_argument(
+        "--no-kernels", action="store_true", help="skip the kernel index-arithmetic proofs"
+    )
+    parser.add_argument(
+        "--no-checkpoints",
+        action="store_true",
+        help="skip the INV-CKPT checkpoint-lifecycle proofs",
+    )
+    parser.add_argument(
+        "--no-witnesses", action="store_true", help="skip the non-vacuity (satisfiability) checks"
+    )
+    parser.add_argument(
+        "--broken",
+        action="store_true",
+        help="also check that every deliberately broken variant fails",
+    )
+    parser.add_argument(
+        "--drift",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N model-vs-spec drift checks and the seeded drifts",
+    )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="also report which invariants are not inductive on their own",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print counterexamples and non-vacuity witnesses",
+    )
 
 
 def _csv(value: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -90,8 +124,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     }
 
     if text:
-        print(f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}",
-              file=out)
+        print(
+            f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}",
+            file=out,
+        )
         print(f"{'invariant':<24}{'operation':<42}{'result':<16}{'time':>8}  via", file=out)
 
     def show(inv: str, op: str, status: str, seconds: float, via: str) -> None:
@@ -99,9 +135,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"{inv:<24}{op:<42}{status:<16}{seconds:>7.2f}s  {via}", file=out, flush=True)
 
     rows = prover.rows(
-        invs, ops,
-        progress=lambda r: show(r.invariant, r.operation, r.status, r.seconds,
-                                " ; ".join(r.steps)),
+        invs,
+        ops,
+        progress=lambda r: show(r.invariant, r.operation, r.status, r.seconds, " ; ".join(r.steps)),
     )
     witnesses = {} if args.no_witnesses or not ops else prover.witnesses(ops)
     for r in rows:
@@ -111,8 +147,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     ok &= all(w.status == "sat" for w in witnesses.values())
     doc["obligations"] = [r.as_dict() for r in rows]
     doc["non_vacuity"] = {
-        op: {"scenario": w.scenario, "status": w.status, "seconds": round(w.seconds, 3),
-             **({"witness": w.state} if args.verbose else {})}
+        op: {
+            "scenario": w.scenario,
+            "status": w.status,
+            "seconds": round(w.seconds, 3),
+            **({"witness": w.state} if args.verbose else {}),
+        }
         for op, w in witnesses.items()
     }
     ckpt_rows: list[checkpoints.CkptRow] = []
@@ -120,8 +160,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if do_ckpt:
         ckpt_rows = ckpt_prover.rows(
             ops=ckpt_ops,
-            progress=lambda r: show(f"INV-CKPT:{r.invariant}", r.operation, r.status,
-                                    r.seconds, "checkpoints"),
+            progress=lambda r: show(
+                f"INV-CKPT:{r.invariant}", r.operation, r.status, r.seconds, "checkpoints"
+            ),
         )
         cw = {} if args.no_witnesses else ckpt_prover.witnesses(ckpt_ops)
         for r in ckpt_rows:
@@ -132,9 +173,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         doc["checkpoints"] = {
             "bounds": ckpt_prover.model.b.describe(),
             "obligations": [r.as_dict() for r in ckpt_rows],
-            "non_vacuity": {op: {"scenario": w[0], "status": w[1],
-                                 **({"witness": w[2]} if args.verbose else {})}
-                            for op, w in cw.items()},
+            "non_vacuity": {
+                op: {
+                    "scenario": w[0],
+                    "status": w[1],
+                    **({"witness": w[2]} if args.verbose else {}),
+                }
+                for op, w in cw.items()
+            },
             "strengthenings": checkpoints.STRENGTHENINGS,
         }
     kernels: list[kernel_index.KernelResult] = []
@@ -142,26 +188,40 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for kob in kernel_index.KERNEL_OBLIGATIONS:
             res = kernel_index.run_obligation(kob, args.rlimit, args.seed)
             kernels.append(res)
-            show(res.invariant, f"{res.function} [{res.method}]", res.status, res.seconds,
-                 "index_math")
+            show(
+                res.invariant,
+                f"{res.function} [{res.method}]",
+                res.status,
+                res.seconds,
+                "index_math",
+            )
         ok &= all(k.status == "proved" and k.non_vacuous for k in kernels)
     doc["kernel"] = [k.as_dict() for k in kernels]
 
     if text:
         proved = sum(r.status == "proved" for r in rows)
-        print(f"\n{proved}/{len(rows)} state obligations proved; "
-              f"{sum(k.status == 'proved' for k in kernels)}/{len(kernels)} kernel "
-              "obligations proved", file=out)
+        print(
+            f"\n{proved}/{len(rows)} state obligations proved; "
+            f"{sum(k.status == 'proved' for k in kernels)}/{len(kernels)} kernel "
+            "obligations proved",
+            file=out,
+        )
         if do_ckpt:
-            print(f"{sum(r.status == 'proved' for r in ckpt_rows)}/{len(ckpt_rows)} INV-CKPT "
-                  f"obligations proved ({ckpt_prover.model.b.describe()})", file=out)
+            print(
+                f"{sum(r.status == 'proved' for r in ckpt_rows)}/{len(ckpt_rows)} INV-CKPT "
+                f"obligations proved ({ckpt_prover.model.b.describe()})",
+                file=out,
+            )
         for r in [*rows, *ckpt_rows]:
             if r.status != "proved":
                 print(f"\n{r.invariant} / {r.operation}: {r.status}\n{r.detail}", file=out)
         if witnesses:
             bad = [w for w in witnesses.values() if w.status != "sat"]
-            print(f"non-vacuity: {len(witnesses) - len(bad)}/{len(witnesses)} operations have "
-                  "satisfiable hypotheses and a witness scenario", file=out)
+            print(
+                f"non-vacuity: {len(witnesses) - len(bad)}/{len(witnesses)} operations have "
+                "satisfiable hypotheses and a witness scenario",
+                file=out,
+            )
             for w in bad:
                 print(f"  {w.operation}: {w.scenario}: {w.status} {w.state}", file=out)
             if args.verbose:
@@ -178,8 +238,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             for inv, items in alone.items()
         }
         if text:
-            print("\nnot inductive on its own (a state satisfying only that invariant breaks it):",
-                  file=out)
+            print(
+                "\nnot inductive on its own (a state satisfying only that invariant breaks it):",
+                file=out,
+            )
             for inv, items in alone.items():
                 steps = ", ".join(step for step, _ in items) or "inductive alone"
                 print(f"  {inv:<15}{steps}", file=out)
@@ -192,35 +254,65 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         results = [broken.check_variant(v, bounds) for v in broken.VARIANTS] if invs else []
         kvariants = kernel_index.KERNEL_VARIANTS if invs else ()
         kv = [kernel_index.check_kernel_variant(v, args.rlimit) for v in kvariants]
-        cv = [checkpoints.check_ckpt_variant(v, rlimit=args.rlimit)
-              for v in checkpoints.CKPT_VARIANTS] if do_ckpt else []
+        cv = (
+            [
+                checkpoints.check_ckpt_variant(v, rlimit=args.rlimit)
+                for v in checkpoints.CKPT_VARIANTS
+            ]
+            if do_ckpt
+            else []
+        )
         ok &= all(r.caught for r in results) and all(k.status != "proved" for k in kv)
         ok &= all(r.caught for r in cv)
-        doc["broken"] = [
-            {"name": r.variant.name, "invariant": r.variant.invariant, "step": r.variant.step,
-             "kind": r.variant.kind, "description": r.variant.description,
-             "caught": r.caught, "seconds": round(r.seconds, 3),
-             "counterexample": str(r.counterexample) if r.counterexample else None}
-            for r in results
-        ] + [
-            {"name": v.name, "invariant": "KERNEL", "step": v.function, "kind": "kernel",
-             "description": v.description, "caught": k.status != "proved",
-             "seconds": round(k.seconds, 3), "counterexample": k.detail}
-            for v, k in zip(kvariants, kv, strict=True)
-        ] + [
-            {"name": r.variant.name, "invariant": f"INV-CKPT:{r.variant.invariant}",
-             "step": r.variant.step, "kind": r.variant.kind,
-             "description": r.variant.description, "caught": r.caught,
-             "seconds": round(r.row.seconds, 3),
-             "counterexample": r.row.detail if r.caught else None}
-            for r in cv
-        ]
+        doc["broken"] = (
+            [
+                {
+                    "name": r.variant.name,
+                    "invariant": r.variant.invariant,
+                    "step": r.variant.step,
+                    "kind": r.variant.kind,
+                    "description": r.variant.description,
+                    "caught": r.caught,
+                    "seconds": round(r.seconds, 3),
+                    "counterexample": str(r.counterexample) if r.counterexample else None,
+                }
+                for r in results
+            ]
+            + [
+                {
+                    "name": v.name,
+                    "invariant": "KERNEL",
+                    "step": v.function,
+                    "kind": "kernel",
+                    "description": v.description,
+                    "caught": k.status != "proved",
+                    "seconds": round(k.seconds, 3),
+                    "counterexample": k.detail,
+                }
+                for v, k in zip(kvariants, kv, strict=True)
+            ]
+            + [
+                {
+                    "name": r.variant.name,
+                    "invariant": f"INV-CKPT:{r.variant.invariant}",
+                    "step": r.variant.step,
+                    "kind": r.variant.kind,
+                    "description": r.variant.description,
+                    "caught": r.caught,
+                    "seconds": round(r.row.seconds, 3),
+                    "counterexample": r.row.detail if r.caught else None,
+                }
+                for r in cv
+            ]
+        )
         if text:
             print(f"\n{'broken variant':<34}{'invariant':<24}{'kind':<18}result", file=out)
             for item in doc["broken"]:
                 verdict = "counterexample" if item["caught"] else "NOT CAUGHT"
-                print(f"{item['name']:<34}{item['invariant']:<24}{item['kind']:<18}{verdict}",
-                      file=out)
+                print(
+                    f"{item['name']:<34}{item['invariant']:<24}{item['kind']:<18}{verdict}",
+                    file=out,
+                )
                 if args.verbose and item["counterexample"]:
                     print(item["counterexample"] + "\n", file=out)
 
@@ -229,48 +321,83 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         seeded = [drift.check_seeded(n, d, c, bounds=bounds) for n, d, c in drift.SEEDED_DRIFTS]
         ok &= all(s.caught for s in seeded)
         doc["drift"] = {
-            "checks": report.checks, "spec_successes": report.successes,
-            "spec_rejections": report.failures, "solver_calls": report.solver_calls,
-            "invariant_checks": report.invariant_checks, "skipped": report.skipped,
-            "window_admissions": report.windows, "window_states": report.window_states,
-            "seconds": round(report.seconds, 3), "by_operation": report.by_op,
-            "seeded": [{"name": s.name, "description": s.description, "caught": s.caught,
-                        "after_checks": s.checks} for s in seeded],
+            "checks": report.checks,
+            "spec_successes": report.successes,
+            "spec_rejections": report.failures,
+            "solver_calls": report.solver_calls,
+            "invariant_checks": report.invariant_checks,
+            "skipped": report.skipped,
+            "window_admissions": report.windows,
+            "window_states": report.window_states,
+            "seconds": round(report.seconds, 3),
+            "by_operation": report.by_op,
+            "seeded": [
+                {
+                    "name": s.name,
+                    "description": s.description,
+                    "caught": s.caught,
+                    "after_checks": s.checks,
+                }
+                for s in seeded
+            ],
         }
         if text:
-            print(f"\ndrift: {report.checks} checks ({report.successes} successful steps, "
-                  f"{report.failures} rejections, {report.invariant_checks} invariant checks, "
-                  f"{report.windows} admissions with a recompute window, "
-                  f"{report.window_states} checks from a state with a window block to write) "
-                  f"in {report.seconds:.1f}s, no drift", file=out)
+            print(
+                f"\ndrift: {report.checks} checks ({report.successes} successful steps, "
+                f"{report.failures} rejections, {report.invariant_checks} invariant checks, "
+                f"{report.windows} admissions with a recompute window, "
+                f"{report.window_states} checks from a state with a window block to write) "
+                f"in {report.seconds:.1f}s, no drift",
+                file=out,
+            )
             for s in seeded:
-                print(f"  seeded drift {s.name:<24} "
-                      f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
-                      file=out)
+                print(
+                    f"  seeded drift {s.name:<24} "
+                    f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
+                    file=out,
+                )
 
     if args.drift and do_ckpt:
         n_ck = max(1000, args.drift // 5)
         crep = ckpt_drift.run_ckpt_drift(n_ck, seed=args.seed)
-        cseeded = [ckpt_drift.check_seeded_ckpt(n, d, m, seed=args.seed)
-                   for n, d, m in ckpt_drift.SEEDED_CKPT_DRIFTS]
+        cseeded = [
+            ckpt_drift.check_seeded_ckpt(n, d, m, seed=args.seed)
+            for n, d, m in ckpt_drift.SEEDED_CKPT_DRIFTS
+        ]
         ok &= all(s.caught for s in cseeded)
         doc["checkpoint_drift"] = {
-            "checks": crep.checks, "spec_successes": crep.successes,
-            "spec_rejections": crep.rejections, "kv_rejections": crep.kv_rejections,
-            "invariant_checks": crep.invariant_checks, "seconds": round(crep.seconds, 3),
-            "by_operation": crep.by_op, "checkpoint_fates": crep.fates,
-            "seeded": [{"name": s.name, "description": s.description, "caught": s.caught,
-                        "after_checks": s.checks} for s in cseeded],
+            "checks": crep.checks,
+            "spec_successes": crep.successes,
+            "spec_rejections": crep.rejections,
+            "kv_rejections": crep.kv_rejections,
+            "invariant_checks": crep.invariant_checks,
+            "seconds": round(crep.seconds, 3),
+            "by_operation": crep.by_op,
+            "checkpoint_fates": crep.fates,
+            "seeded": [
+                {
+                    "name": s.name,
+                    "description": s.description,
+                    "caught": s.caught,
+                    "after_checks": s.checks,
+                }
+                for s in cseeded
+            ],
         }
         if text:
-            print(f"\ncheckpoint drift: {crep.checks} checks against HybridSpecCache "
-                  f"({crep.successes} successful steps, {crep.rejections} rejections, "
-                  f"{crep.kv_rejections} KV-side rejections not modelled; fates {crep.fates}) "
-                  f"in {crep.seconds:.1f}s, no drift", file=out)
+            print(
+                f"\ncheckpoint drift: {crep.checks} checks against HybridSpecCache "
+                f"({crep.successes} successful steps, {crep.rejections} rejections, "
+                f"{crep.kv_rejections} KV-side rejections not modelled; fates {crep.fates}) "
+                f"in {crep.seconds:.1f}s, no drift",
+                file=out,
+            )
             for s in cseeded:
-                print(f"  seeded drift {s.name:<24} "
-                      f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
-                      file=out)
+                print(
+                    f"  seeded drift {s.name:<24} "
+                    f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
+                    file=out,
+                )
 
     doc["ok"] = bool(ok)
     doc["seconds"] = round(time.perf_counter() - t0, 3)

@@ -157,7 +157,15 @@ class AbsState:
             None
             if sq is None
             else (
-                sq.ns, sq.ntok, sq.nc, sq.nr, sq.nca, sq.win, sq.np, sq.lim, tuple(sq.table),
+                sq.ns,
+                sq.ntok,
+                sq.nc,
+                sq.nr,
+                sq.nca,
+                sq.win,
+                sq.np,
+                sq.lim,
+                tuple(sq.table),
                 tuple(
                     sq.labels[j] if (j + 1) * self.bs <= sq.ntok else DONT_CARE
                     for j in range(table_bound)
@@ -166,8 +174,14 @@ class AbsState:
             for sq in self.seqs
         )
         return (
-            self.n, self.bs, blocks, tuple(self.queue), tuple(sorted(self.index.items())),
-            seqs, self.clock, tuple(sorted(self.ctr.items())),
+            self.n,
+            self.bs,
+            blocks,
+            tuple(self.queue),
+            tuple(sorted(self.index.items())),
+            seqs,
+            self.clock,
+            tuple(sorted(self.ctr.items())),
         )
 
 
@@ -232,8 +246,19 @@ def abstract(
             )
         )
     return AbsState(
-        n=n, bs=bs, rc=rc, pub=pub, par=par, bns=bns, btok=btok, depth=depth, lu=lu,
-        queue=list(s.free), index=index, seqs=seqs, clock=s.clock,
+        n=n,
+        bs=bs,
+        rc=rc,
+        pub=pub,
+        par=par,
+        bns=bns,
+        btok=btok,
+        depth=depth,
+        lu=lu,
+        queue=list(s.free),
+        index=index,
+        seqs=seqs,
+        clock=s.clock,
         ctr={k: getattr(s.counters, v) for k, v in SPEC_COUNTERS.items()},
     )
 
@@ -260,8 +285,11 @@ def concretize(a: AbsState, labels: Labels) -> tuple[SpecCache, list[SeqId | Non
         if a.pub[b]:
             blocks.append(
                 spec_cache._Block(
-                    refcount=a.rc[b], identity=ident(b), block_hash=hashes[b],
-                    depth=a.depth[b], last_use=a.lu[b],
+                    refcount=a.rc[b],
+                    identity=ident(b),
+                    block_hash=hashes[b],
+                    depth=a.depth[b],
+                    last_use=a.lu[b],
                 )
             )
         else:
@@ -280,17 +308,30 @@ def concretize(a: AbsState, labels: Labels) -> tuple[SpecCache, list[SeqId | Non
             tokens.extend(labels.tokens_of(sq.labels[j], a.bs) if full else (_FILLER,) * a.bs)
         tokens.extend([_FILLER] * (sq.ntok - len(tokens)))
         seqs[sid] = spec_cache._Seq(
-            seq_id=sid, namespace=labels.namespace_of(sq.ns), tokens=tokens,
-            blocks=list(sq.table), num_computed=sq.nc, num_reserved=sq.nr,
+            seq_id=sid,
+            namespace=labels.namespace_of(sq.ns),
+            tokens=tokens,
+            blocks=list(sq.table),
+            num_computed=sq.nc,
+            num_reserved=sq.nr,
             # The encoding models recompute windows and chunked prefill, not multimodal spans.
-            prompt_len=sq.np, num_cached=sq.nca, window_blocks=sq.win,
-            kv_token_limit=sq.lim or None, spans=(),
+            prompt_len=sq.np,
+            num_cached=sq.nca,
+            window_blocks=sq.win,
+            kv_token_limit=sq.lim or None,
+            spans=(),
         )
         slots.append(sid)
     counters = spec_cache._Counters(**{SPEC_COUNTERS[k]: v for k, v in a.ctr.items()})
     cache._s = spec_cache._State(
-        blocks=blocks, free=list(a.queue), index=index, seqs=seqs, counters=counters,
-        events=[], evicted={}, clock=a.clock,
+        blocks=blocks,
+        free=list(a.queue),
+        index=index,
+        seqs=seqs,
+        counters=counters,
+        events=[],
+        evicted={},
+        clock=a.clock,
     )
     return cache, slots
 
@@ -325,7 +366,10 @@ def bind_values(a: AbsState, n_slots: int, table_bound: int) -> dict[str, int | 
         else:  # padding: a NONE entry at a key no real entry uses
             (ns, p, t), b = (-2 - e, -2, -2), NONE
         out[f"idx{e}.ns"], out[f"idx{e}.par"], out[f"idx{e}.tok"], out[f"idx{e}.val"] = (
-            ns, p, t, b
+            ns,
+            p,
+            t,
+            b,
         )
     for s in range(n_slots):
         sq = a.seqs[s] if s < len(a.seqs) else None
@@ -358,8 +402,9 @@ def bind(st: State, a: AbsState, table_bound: int) -> list[tuple[Any, Any]]:
     ]
 
 
-def read(st: State, ev: Callable[[Any], Any], n: int, table_bound: int,
-         max_queue: int | None = None) -> AbsState:
+def read(
+    st: State, ev: Callable[[Any], Any], n: int, table_bound: int, max_queue: int | None = None
+) -> AbsState:
     """Read a state of a concrete domain of ``n`` blocks through ``ev`` (a model's eval)."""
 
     def i(t: Any) -> int:
@@ -384,8 +429,14 @@ def read(st: State, ev: Callable[[Any], Any], n: int, table_bound: int,
         length = i(sq.len)
         seqs.append(
             AbsSeq(
-                ns=i(sq.ns), ntok=i(sq.ntok), nc=i(sq.nc), nr=i(sq.nr),
-                nca=i(sq.nca), win=i(sq.win), np=i(sq.np), lim=i(sq.lim),
+                ns=i(sq.ns),
+                ntok=i(sq.ntok),
+                nc=i(sq.nc),
+                nr=i(sq.nr),
+                nca=i(sq.nca),
+                win=i(sq.win),
+                np=i(sq.np),
+                lim=i(sq.lim),
                 table=[i(sq.tab[j]) for j in range(max(0, min(length, table_bound)))],
                 labels=[i(x) for x in sq.lab],
             )
@@ -421,8 +472,12 @@ def format_state(a: AbsState, indent: str = "  ") -> str:
     lines = [f"pool: {a.n} blocks of {a.bs} tokens, clock {a.clock}"]
     lines.append(f"{indent}block  refs  published  parent  ns  tokens  depth  last_use  kind")
     for b in range(a.n):
-        kind = "free" if b in free else "in use" if a.rc[b] > 0 else (
-            "evictable" if a.pub[b] else "LOST"
+        kind = (
+            "free"
+            if b in free
+            else "in use"
+            if a.rc[b] > 0
+            else ("evictable" if a.pub[b] else "LOST")
         )
         if a.pub[b]:
             parent = "root" if a.par[b] == ROOT else str(a.par[b])

@@ -157,8 +157,17 @@ class DriftReport:
     by_op: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: DriftReport) -> None:
-        for f in ("checks", "successes", "failures", "solver_calls", "skipped",
-                  "invariant_checks", "windows", "window_states", "seconds"):
+        for f in (
+            "checks",
+            "successes",
+            "failures",
+            "solver_calls",
+            "skipped",
+            "invariant_checks",
+            "windows",
+            "window_states",
+            "seconds",
+        ):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         for k, v in other.by_op.items():
             self.by_op[k] = self.by_op.get(k, 0) + v
@@ -193,12 +202,15 @@ class _Substituter:
     def __call__(self, expr: Any, values: Sequence[int | bool]) -> Any:
         ptrs = self._ptr
         to = (z3core.Ast * self.n)(
-            *[ptrs.get((b, int(v))) or self.ptr(b, v)
-              for b, v in zip(self.is_bool, values, strict=True)]
+            *[
+                ptrs.get((b, int(v))) or self.ptr(b, v)
+                for b, v in zip(self.is_bool, values, strict=True)
+            ]
         )
         ref = self.ctx.ref()
-        r = z3.z3._to_expr_ref(z3core.Z3_substitute(ref, expr.as_ast(), self.n, self._from, to),
-                            self.ctx)
+        r = z3.z3._to_expr_ref(
+            z3core.Z3_substitute(ref, expr.as_ast(), self.n, self._from, to), self.ctx
+        )
         return z3.z3._to_expr_ref(z3core.Z3_simplify(ref, r.as_ast()), self.ctx)
 
 
@@ -212,8 +224,9 @@ class DriftChecker:
         self.pre = enc.fresh_state(self.d, "p.")
         self.spost = enc.fresh_state(self.d, "q.", N=self.pre.N, BS=self.pre.BS)
         self._compiled: dict[tuple[str, int], _Compiled] = {}
-        self._inv = z3.And(enc.shape(self.pre), enc.in_bounds(self.pre),
-                           *enc.invariants(self.d, self.pre).values())
+        self._inv = z3.And(
+            enc.shape(self.pre), enc.in_bounds(self.pre), *enc.invariants(self.d, self.pre).values()
+        )
         self._inv_subst: _Substituter | None = None
         self._inv_names: list[str] = []
 
@@ -224,7 +237,9 @@ class DriftChecker:
         out = [a.clock == b.clock, *[a.ctr[k] == b.ctr[k] for k in a.ctr]]
         for i in range(self.n):
             same_ident = z3.And(
-                a.par[i] == b.par[i], a.bns[i] == b.bns[i], a.btok[i] == b.btok[i],
+                a.par[i] == b.par[i],
+                a.bns[i] == b.bns[i],
+                a.btok[i] == b.btok[i],
                 a.depth[i] == b.depth[i],
             )
             out += [
@@ -236,13 +251,22 @@ class DriftChecker:
         out.append(a.qt - a.qh == b.qt - b.qh)
         for i in range(self.n):
             out.append(z3.Implies(i < b.qt - b.qh, a.q[a.qh + i] == b.q[b.qh + i]))
-        keys = list(a.idx.support or ()) + [k for k in b.idx.support or () if k not in
-                                            (a.idx.support or ())]
+        keys = list(a.idx.support or ()) + [
+            k for k in b.idx.support or () if k not in (a.idx.support or ())
+        ]
         out += [a.idx.get(k) == b.idx.get(k) for k in keys]
         for sa, sb in zip(a.seqs, b.seqs, strict=True):
-            same = [sa.ns == sb.ns, sa.ntok == sb.ntok, sa.nc == sb.nc, sa.nr == sb.nr,
-                    sa.len == sb.len, sa.nca == sb.nca, sa.win == sb.win, sa.np == sb.np,
-                    sa.lim == sb.lim]
+            same = [
+                sa.ns == sb.ns,
+                sa.ntok == sb.ntok,
+                sa.nc == sb.nc,
+                sa.nr == sb.nr,
+                sa.len == sb.len,
+                sa.nca == sb.nca,
+                sa.win == sb.win,
+                sa.np == sb.np,
+                sa.lim == sb.lim,
+            ]
             for j in range(self.M):
                 same.append(z3.Implies(j < sb.len, sa.tab[j] == sb.tab[j]))
                 same.append(z3.Implies((j + 1) * b.BS <= sb.ntok, sa.lab[j] == sb.lab[j]))
@@ -257,13 +281,16 @@ class DriftChecker:
             shape = self.enc.shape(self.pre)
             eq = self._eq(st.post, self.spost)
             names, variables = self._variables(args)
-            fail_idx = [i for i, nm in enumerate(names) if not nm.startswith(("a:victim",
-                                                                               "q:"))]
+            fail_idx = [i for i, nm in enumerate(names) if not nm.startswith(("a:victim", "q:"))]
             self._compiled[key] = _Compiled(
                 ok=z3.And(shape, st.enabled, st.bounded, st.choice, eq),
                 fail=z3.And(shape, st.enabled, st.bounded),
-                parts={"enabled": st.enabled, "bounded": st.bounded, "choice": st.choice,
-                       "post == spec post": eq},
+                parts={
+                    "enabled": st.enabled,
+                    "bounded": st.bounded,
+                    "choice": st.choice,
+                    "post == spec post": eq,
+                },
                 args=args,
                 names=names,
                 subst=_Substituter(variables),
@@ -288,8 +315,9 @@ class DriftChecker:
                 variables.append(var)
         return names, variables
 
-    def _values(self, names: list[str], pre: AbsState, post: AbsState | None,
-                args: dict[str, Any]) -> list[int | bool]:
+    def _values(
+        self, names: list[str], pre: AbsState, post: AbsState | None, args: dict[str, Any]
+    ) -> list[int | bool]:
         S = self.enc.bounds.seqs
         table: dict[str, int | bool] = {}
         for k, v in bind_values(pre, S, self.M).items():
@@ -349,20 +377,31 @@ class DriftChecker:
     def _pairs(self, c: _Compiled, vals: list[int | bool]) -> list[tuple[Any, Any]]:
         return [(v, _val(v, x)) for v, x in zip(c.subst.vars, vals, strict=True)]
 
-    def _diagnose(self, c: _Compiled, pairs: list[tuple[Any, Any]], pre: AbsState,
-                  post: AbsState, op: str, slot: int, what: str) -> str:
+    def _diagnose(
+        self,
+        c: _Compiled,
+        pairs: list[tuple[Any, Any]],
+        pre: AbsState,
+        post: AbsState,
+        op: str,
+        slot: int,
+        what: str,
+    ) -> str:
         bad = [
             name
             for name, f in c.parts.items()
             if not z3.is_true(z3.simplify(z3.substitute(f, *pairs)))
         ]
-        lines = [f"drift on {what or op} (slot {slot}): model and spec disagree on "
-                 f"{', '.join(bad)}", "pre-state:", format_state(pre), "spec post-state:",
-                 format_state(post)]
+        lines = [
+            f"drift on {what or op} (slot {slot}): model and spec disagree on {', '.join(bad)}",
+            "pre-state:",
+            format_state(pre),
+            "spec post-state:",
+            format_state(post),
+        ]
         if "post == spec post" in bad and not {"enabled", "bounded"} & set(bad):
             st = self.enc.step(self.d, self.pre, op, c.args, slot).post
-            model_post = read(st, lambda t: z3.simplify(z3.substitute(t, *pairs)), self.n,
-                              self.M)
+            model_post = read(st, lambda t: z3.simplify(z3.substitute(t, *pairs)), self.n, self.M)
             lines += ["model post-state:", format_state(model_post)]
         return "\n".join(lines)
 
@@ -372,8 +411,9 @@ class DriftChecker:
             self._inv_names = list(self.pre.leaves)
             self._inv_subst = _Substituter([self.pre.leaves[k] for k in self._inv_names])
         vals = bind_values(a, self.enc.bounds.seqs, self.M)
-        return bool(z3.is_true(self._inv_subst(self._inv, [vals.get(k, 0) for k in
-                                                            self._inv_names])))
+        return bool(
+            z3.is_true(self._inv_subst(self._inv, [vals.get(k, 0) for k in self._inv_names]))
+        )
 
 
 def _val(var: Any, x: Any) -> Any:
@@ -383,16 +423,22 @@ def _val(var: Any, x: Any) -> Any:
 # -- translating spec calls into model steps -------------------------------------------------
 
 
-def _victims_after_allocation(pre: AbsState, new_blocks: Sequence[int], post: AbsState) -> list[
-        int]:
+def _victims_after_allocation(
+    pre: AbsState, new_blocks: Sequence[int], post: AbsState
+) -> list[int]:
     """The blocks an allocation evicted, in eviction order: evicted blocks join the free
     queue's tail in order, and allocation takes from its head."""
     return [b for b in [*new_blocks, *post.queue] if pre.pub[b]]
 
 
 def model_step(
-    call: SpecCall, pre: AbsState, post: AbsState | None, result: Any, slots: list[SeqId | None],
-    labels: Labels, M: int,
+    call: SpecCall,
+    pre: AbsState,
+    post: AbsState | None,
+    result: Any,
+    slots: list[SeqId | None],
+    labels: Labels,
+    M: int,
 ) -> tuple[str, int, dict[str, Any]]:
     """The model operation, acting slot and argument values of a spec call."""
     bs = pre.bs
@@ -405,7 +451,8 @@ def model_step(
             "ntok": len(toks),
             "labels": [
                 labels.tok(tuple(toks[j * bs : (j + 1) * bs]))
-                if (j + 1) * bs <= len(toks) else DONT_CARE
+                if (j + 1) * bs <= len(toks)
+                else DONT_CARE
                 for j in range(M)
             ],
             "whole": call.num_new is None,
@@ -423,13 +470,16 @@ def model_step(
         slot = slots.index(sid) if sid in slots else slots.index(None)
         vals = {"n": call.n}
         if call.op == "continue_prefill":
-            vals = {"whole": call.num_new is None,
-                    "num_new": 1 if call.num_new is None else call.num_new}
+            vals = {
+                "whole": call.num_new is None,
+                "num_new": 1 if call.num_new is None else call.num_new,
+            }
             if post is not None:
                 before, after = pre.seqs[slot], post.seqs[slot]
                 assert before is not None and after is not None
                 vals["victims"] = _victims_after_allocation(
-                    pre, after.table[len(before.table):], post)
+                    pre, after.table[len(before.table) :], post
+                )
         if call.op == "append" and post is not None:
             vals["victims"] = _victims_after_allocation(pre, result, post)
         if call.op == "commit":
@@ -439,7 +489,8 @@ def model_step(
                 toks = list(sq.tokens) + list(call.accepted)
                 vals["labels"] = [
                     labels.tok(tuple(toks[j * bs : (j + 1) * bs]))
-                    if (j + 1) * bs <= len(toks) else DONT_CARE
+                    if (j + 1) * bs <= len(toks)
+                    else DONT_CARE
                     for j in range(M)
                 ]
         return call.op, slot, vals
@@ -453,7 +504,7 @@ def model_step(
             flags[i] = True  # an unknown id is an empty (not live) slot
         return "free", 0, {"freed": flags}
     if call.op == "evict":
-        victims = [] if post is None else post.queue[len(pre.queue):]
+        victims = [] if post is None else post.queue[len(pre.queue) :]
         return f"evict*{call.n}", 0, {"victims": victims}
     return call.op, 0, {}
 
@@ -492,8 +543,14 @@ def _slots_for(cache: SpecCache, call: SpecCall, S: int, rng: random.Random) -> 
     return slots
 
 
-def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _Trace,
-                 namespaces: Sequence[Namespace]) -> SpecCall:
+def _random_call(
+    cache: SpecCache,
+    rng: random.Random,
+    M: int,
+    S: int,
+    trace: _Trace,
+    namespaces: Sequence[Namespace],
+) -> SpecCall:
     bs = cache.block_size
     live = list(cache.seq_ids())
     s = cache._s
@@ -505,18 +562,24 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
             if len(live) >= S:
                 continue
             ntok = rng.randint(1, M * bs)
-            base = rng.choice([(0, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1), (0, 1, 1, 0, 1, 0, 1, 1, 0,
-                                                                    1, 0, 0)])
+            base = rng.choice(
+                [(0, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1), (0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 0)]
+            )
             toks = list(base[:ntok])
             if rng.random() < 0.3 and toks:
                 toks[rng.randrange(len(toks))] = 2
             sid: SeqId = trace.next_id if rng.random() < 0.9 or not live else rng.choice(live)
             trace.next_id += 1
-            req = Request(sid, toks, rng.choice(namespaces),
-                          recompute_blocks=rng.choice((0, 0, 1, 1, 2, 3)),
-                          kv_token_limit=rng.choice((None, None, None, 1, 2, bs, 2 * bs)))
-            num_new = None if rng.random() < 0.6 else rng.randint(0 if rng.random() < 0.05
-                                                                  else 1, ntok)
+            req = Request(
+                sid,
+                toks,
+                rng.choice(namespaces),
+                recompute_blocks=rng.choice((0, 0, 1, 1, 2, 3)),
+                kv_token_limit=rng.choice((None, None, None, 1, 2, bs, 2 * bs)),
+            )
+            num_new = (
+                None if rng.random() < 0.6 else rng.randint(0 if rng.random() < 0.05 else 1, ntok)
+            )
             return SpecCall("admit", request=req, num_new=num_new)
         if op == "free":
             k = rng.randint(0, len(live))
@@ -533,8 +596,11 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
         sid = rng.choice(live)
         sq = s.seqs[sid]
         if op == "continue_prefill":
-            ready = [x for x in live if s.seqs[x].num_computed == s.seqs[x].num_reserved
-                     < s.seqs[x].prompt_len]
+            ready = [
+                x
+                for x in live
+                if s.seqs[x].num_computed == s.seqs[x].num_reserved < s.seqs[x].prompt_len
+            ]
             if ready and rng.random() < 0.8:
                 sid = rng.choice(ready)
             num_new = None if rng.random() < 0.5 else rng.randint(1, 2 * bs)
@@ -555,8 +621,14 @@ def _random_call(cache: SpecCache, rng: random.Random, M: int, S: int, trace: _T
         return SpecCall("commit", seq_ids=(sid,), n=n, accepted=acc)
 
 
-def _run_call(checker: DriftChecker, cache: SpecCache, call: SpecCall, slots: list[SeqId | None],
-              labels: Labels, report: DriftReport) -> None:
+def _run_call(
+    checker: DriftChecker,
+    cache: SpecCache,
+    call: SpecCall,
+    slots: list[SeqId | None],
+    labels: Labels,
+    report: DriftReport,
+) -> None:
     M = checker.M
     try:
         pre = abstract(cache, slots, labels, M)
@@ -570,9 +642,10 @@ def _run_call(checker: DriftChecker, cache: SpecCache, call: SpecCall, slots: li
         result, post = e, None
         after = abstract(cache, slots, labels, M)
         if after.canonical(M) != pre.canonical(M):  # INV-TXN, on the modelled components
-            raise DriftError(f"{call} was rejected ({type(e).__name__}) but changed the "
-                             "state:\n" + format_state(pre) + "\n" + format_state(after)
-                             ) from e
+            raise DriftError(
+                f"{call} was rejected ({type(e).__name__}) but changed the "
+                "state:\n" + format_state(pre) + "\n" + format_state(after)
+            ) from e
     except OutOfBounds:
         report.skipped += 1
         return
@@ -603,8 +676,7 @@ def _pending_window(a: AbsState) -> bool:
         if sq is None or sq.win <= 0:
             continue
         first = sq.nca // a.bs
-        if any((j + 1) * a.bs > sq.nc for j in range(first, min(first + sq.win,
-                                                                 len(sq.table)))):
+        if any((j + 1) * a.bs > sq.nc for j in range(first, min(first + sq.win, len(sq.table)))):
             return True
     return False
 
@@ -645,13 +717,16 @@ def run_reachable(
                     continue
             _run_call(checker, cache, call, slots, trace.labels, report)
             if report.checks % check_invariants_every == 0:
-                state = abstract(cache, _slots_for(cache, SpecCall("evict"), S, rng),
-                                 trace.labels, M)
+                state = abstract(
+                    cache, _slots_for(cache, SpecCall("evict"), S, rng), trace.labels, M
+                )
                 invariants.check(cache)
                 if not checker.invariants_hold(state):
                     raise DriftError(
                         "a reachable spec state violates the model's invariants:\n"
-                        + format_state(state) + "\n" + _failing_invariants(checker, state)
+                        + format_state(state)
+                        + "\n"
+                        + _failing_invariants(checker, state)
                     )
                 report.invariant_checks += 1
             if report.checks >= checks:
@@ -691,11 +766,25 @@ def sample_states(
     solver.add(enc.shape(st), enc.in_bounds(st), *enc.invariants(d, st).values())
     small = [max(block_sizes) >= st.BS, st.clock >= 0, st.clock <= 6]
     for b in range(n):
-        small += [st.bns[b] >= 0, st.bns[b] <= 1, st.btok[b] >= 0, st.btok[b] <= 3,
-                  st.lu[b] >= 0, st.lu[b] <= st.clock, st.depth[b] >= 0]
+        small += [
+            st.bns[b] >= 0,
+            st.bns[b] <= 1,
+            st.btok[b] >= 0,
+            st.btok[b] <= 3,
+            st.lu[b] >= 0,
+            st.lu[b] <= st.clock,
+            st.depth[b] >= 0,
+        ]
     for sq in st.seqs:
-        small += [sq.ns >= 0, sq.ns <= 1, sq.ntok >= 1, sq.ntok <= (M + 1) * st.BS,
-                  sq.win >= 0, sq.win <= M, sq.lim <= 2 * st.BS]
+        small += [
+            sq.ns >= 0,
+            sq.ns <= 1,
+            sq.ntok >= 1,
+            sq.ntok <= (M + 1) * st.BS,
+            sq.win >= 0,
+            sq.win <= M,
+            sq.lim <= 2 * st.BS,
+        ]
         small += [z3.And(x >= 0, x <= 3) for x in sq.lab]
     small += [v <= 60 for v in st.ctr.values()]
     solver.add(*small)
@@ -730,13 +819,23 @@ def sample_states(
     return out
 
 
-def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng: random.Random,
-                     M: int, S: int) -> SpecCall:
+def _random_call_for(
+    a: AbsState, slots: list[SeqId | None], labels: Labels, rng: random.Random, M: int, S: int
+) -> SpecCall:
     """A random operation on a sampled state (shares prefixes with the state's sequences)."""
     live = [sid for sid in slots if sid is not None]
     bs = a.bs
-    ops = ["commit", "commit", "append", "continue_prefill", "rollback", "free", "evict",
-           "reset_keep", "reset_full"]
+    ops = [
+        "commit",
+        "commit",
+        "append",
+        "continue_prefill",
+        "rollback",
+        "free",
+        "evict",
+        "reset_keep",
+        "reset_full",
+    ]
     op = rng.choice(ops + (["admit", "admit"] if None in slots else []))
     if op == "admit":
         # reuse a live sequence's prefix (or a published chain) to make hits likely
@@ -754,11 +853,16 @@ def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng
             ns = labels.namespace_of(a.bns[chain[0]])
         toks.extend(rng.choice((0, 1)) for _ in range(rng.randint(1 if not toks else 0, bs)))
         toks = toks[: M * bs]
-        req = Request(f"new{rng.randrange(99)}", toks, ns,
-                      recompute_blocks=rng.choice((0, 0, 1, 1, 2)),
-                      kv_token_limit=rng.choice((None, None, 1, bs)))
-        return SpecCall("admit", request=req,
-                        num_new=None if rng.random() < 0.6 else rng.randint(1, len(toks)))
+        req = Request(
+            f"new{rng.randrange(99)}",
+            toks,
+            ns,
+            recompute_blocks=rng.choice((0, 0, 1, 1, 2)),
+            kv_token_limit=rng.choice((None, None, 1, bs)),
+        )
+        return SpecCall(
+            "admit", request=req, num_new=None if rng.random() < 0.6 else rng.randint(1, len(toks))
+        )
     if op == "free":  # the model releases a batch in slot order
         ids = sorted(rng.sample(live, rng.randint(0, len(live))), key=slots.index)
         return SpecCall("free", seq_ids=tuple(ids))
@@ -776,13 +880,15 @@ def _random_call_for(a: AbsState, slots: list[SeqId | None], labels: Labels, rng
     if op == "append":
         return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, max(1, M * bs - sq.nr)))
     if op == "continue_prefill":
-        return SpecCall("continue_prefill", seq_ids=(sid,),
-                        num_new=None if rng.random() < 0.5 else rng.randint(1, 2 * bs))
+        return SpecCall(
+            "continue_prefill",
+            seq_ids=(sid,),
+            num_new=None if rng.random() < 0.5 else rng.randint(1, 2 * bs),
+        )
     if op == "rollback":
         return SpecCall("rollback", seq_ids=(sid,), n=rng.randint(1, max(1, sq.nr - sq.nc + 1)))
     acc = tuple(rng.choice((0, 1)) for _ in range(rng.choice((0, 1, 2))))
-    return SpecCall("commit", seq_ids=(sid,), n=rng.randint(0, max(0, sq.nr - sq.nc)),
-                    accepted=acc)
+    return SpecCall("commit", seq_ids=(sid,), n=rng.randint(0, max(0, sq.nr - sq.nc)), accepted=acc)
 
 
 def run_sampled(
@@ -809,8 +915,12 @@ def run_sampled(
         invariants.check(cache)  # a model of the Z3 invariants satisfies the spec's
         back = abstract(cache, slots, labels, M)
         if back.canonical(M) != a.canonical(M):
-            raise DriftError("concretize/abstract round trip changed the state:\n"
-                             + format_state(a) + "\n" + format_state(back))
+            raise DriftError(
+                "concretize/abstract round trip changed the state:\n"
+                + format_state(a)
+                + "\n"
+                + format_state(back)
+            )
         report.invariant_checks += 1
         for _ in range(ops_per_state):
             cache, slots = concretize(a, labels)
@@ -839,12 +949,16 @@ class _LifoQueue(Encoding):
         step = super().grow(d, st, s, n)
         sq, post = st.seqs[s], step.post
         tab = tuple(
-            z3.If(j < sq.len, sq.tab[j], z3.If(j < post.seqs[s].len,
-                                               st.q[st.qt - 1 - (j - sq.len)], sq.tab[j]))
+            z3.If(
+                j < sq.len,
+                sq.tab[j],
+                z3.If(j < post.seqs[s].len, st.q[st.qt - 1 - (j - sq.len)], sq.tab[j]),
+            )
             for j in range(self.bounds.table)
         )
-        return type(step)(step.op, step.enabled, step.bounded, step.choice,
-                          post.seq(s, tab=tab), step.args)
+        return type(step)(
+            step.op, step.enabled, step.bounded, step.choice, post.seq(s, tab=tab), step.args
+        )
 
 
 class _NewestFirstEviction(Encoding):
@@ -861,8 +975,11 @@ class _HeadFirstRelease(Encoding):
     def free_seqs(self, st: State, freed: Sequence[Any]) -> State:
         post = self.release_all(
             st.replace(clock=st.clock + 1),
-            [(sq.tab[j], z3.And(f, j < sq.len))
-             for f, sq in zip(freed, st.seqs, strict=True) for j in range(self.bounds.table)],
+            [
+                (sq.tab[j], z3.And(f, j < sq.len))
+                for f, sq in zip(freed, st.seqs, strict=True)
+                for j in range(self.bounds.table)
+            ],
         )
         for s, f in enumerate(freed):
             post = post.seq(s, live=z3.And(st.seqs[s].live, z3.Not(f)))
@@ -902,22 +1019,31 @@ class _ContinueBeforeCommit(Encoding):
 
 SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
     ("lifo-free-queue", "allocation takes the most recently freed block (LIFO)", _LifoQueue),
-    ("newest-first-eviction", "eviction picks the most recently used leaf",
-     _NewestFirstEviction),
-    ("full-prompt-hit", "the match is not capped: a whole cached prompt is a hit",
-     _FullPromptHit),
-    ("head-first-release", "a freed table is released head first, not tail first",
-     _HeadFirstRelease),
+    ("newest-first-eviction", "eviction picks the most recently used leaf", _NewestFirstEviction),
+    ("full-prompt-hit", "the match is not capped: a whole cached prompt is a hit", _FullPromptHit),
+    (
+        "head-first-release",
+        "a freed table is released head first, not tail first",
+        _HeadFirstRelease,
+    ),
     ("free-keeps-clock", "free() does not advance the eviction clock", _FreeKeepsClock),
-    ("publish-first-only", "commit publishes only the first block it completes",
-     _PublishFirstOnly),
-    ("window-ignored", "admission ignores recompute_blocks: the whole match is attached",
-     _WindowIgnored),
-    ("window-not-clamped", "the window is recompute_blocks even beyond the match",
-     _WindowNotClamped),
+    ("publish-first-only", "commit publishes only the first block it completes", _PublishFirstOnly),
+    (
+        "window-ignored",
+        "admission ignores recompute_blocks: the whole match is attached",
+        _WindowIgnored,
+    ),
+    (
+        "window-not-clamped",
+        "the window is recompute_blocks even beyond the match",
+        _WindowNotClamped,
+    ),
     ("chunk-ignores-limit", "a prefill chunk is not cut at kv_token_limit", _ChunkIgnoresLimit),
-    ("continue-before-commit", "continue_prefill does not wait for the chunk's commit",
-     _ContinueBeforeCommit),
+    (
+        "continue-before-commit",
+        "continue_prefill does not wait for the chunk's commit",
+        _ContinueBeforeCommit,
+    ),
 )
 
 
@@ -931,8 +1057,13 @@ class SeededResult:
 
 
 def check_seeded(
-    name: str, description: str, enc_type: type[Encoding], *, budget: int = 4_000,
-    seed: int = 0, bounds: Bounds | None = None,
+    name: str,
+    description: str,
+    enc_type: type[Encoding],
+    *,
+    budget: int = 4_000,
+    seed: int = 0,
+    bounds: Bounds | None = None,
 ) -> SeededResult:
     """Run the reachable-state drift check on a mutated encoding until it fails."""
     enc = enc_type(bounds or Bounds())
@@ -941,13 +1072,15 @@ def check_seeded(
         run_reachable(enc, budget, seed=seed, checker=DriftChecker(enc, 5), report=report)
     except DriftError as e:
         # the failing check is the one after the last counted
-        return SeededResult(name, description, True, report.checks + 1,
-                            str(e).splitlines()[0])
+        return SeededResult(name, description, True, report.checks + 1, str(e).splitlines()[0])
     return SeededResult(name, description, False, report.checks, "not caught")
 
 
 def default_run(
-    enc: Encoding | None = None, checks: int = 10_000, *, seed: int = 0,
+    enc: Encoding | None = None,
+    checks: int = 10_000,
+    *,
+    seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> DriftReport:
     """The CI drift run: about 85 % reachable-state checks and 15 % sampled-state checks."""

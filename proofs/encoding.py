@@ -65,8 +65,17 @@ NONE = -1
 ROOT = -1
 """Parent key of a root block (shares the value of ``NONE``; a miss is never a parent)."""
 
-OPS = ("admit", "append", "continue_prefill", "commit", "rollback", "free", "evict", "reset_keep",
-       "reset_full")
+OPS = (
+    "admit",
+    "append",
+    "continue_prefill",
+    "commit",
+    "rollback",
+    "free",
+    "evict",
+    "reset_keep",
+    "reset_full",
+)
 """The spec operations, one transition each (``reset_keep``: ``reset(preserve_cache=True)``,
 ``reset_full``: ``reset(preserve_cache=False)``)."""
 
@@ -150,9 +159,7 @@ class Domain:
             patterns = [v] if z3.is_const(idx.arr) else []
             return z3.ForAll([ns, p, t], body(ns, p, t, v), patterns=patterns)
         assert idx.support is not None, "a concrete index needs its support keys"
-        return z3.And(
-            idx.default == NONE, *[body(*k, idx.arr[k]) for k in idx.support]
-        )
+        return z3.And(idx.default == NONE, *[body(*k, idx.arr[k]) for k in idx.support])
 
 
 @dataclass(frozen=True)
@@ -340,8 +347,9 @@ class Encoding:
 
     # -- states ---------------------------------------------------------------------------
 
-    def fresh_state(self, d: Domain, prefix: str, N: Term | None = None,
-                    BS: Term | None = None) -> State:
+    def fresh_state(
+        self, d: Domain, prefix: str, N: Term | None = None, BS: Term | None = None
+    ) -> State:
         """A state of fresh variables (``N`` and ``BS`` shared when given).
 
         Symbolic domain: per-block data are array variables. Concrete domain of ``n``
@@ -422,8 +430,7 @@ class Encoding:
     def in_bounds(self, st: State) -> Term:
         """The model's bound: a live sequence reserves at most ``table * BS`` slots (so its
         table fits in ``table`` entries, and the unrolled ``ceil`` is exact)."""
-        return z3.And([z3.Implies(sq.live, sq.nr <= self.bounds.table * st.BS)
-                       for sq in st.seqs])
+        return z3.And([z3.Implies(sq.live, sq.nr <= self.bounds.table * st.BS) for sq in st.seqs])
 
     # -- invariants -----------------------------------------------------------------------
 
@@ -446,9 +453,7 @@ class Encoding:
             for j in range(M):
                 tables.append(z3.Implies(z3.And(sq.live, j < sq.len), st.inb(sq.tab[j])))
                 for i in range(j):
-                    tables.append(
-                        z3.Implies(z3.And(sq.live, j < sq.len), sq.tab[i] != sq.tab[j])
-                    )
+                    tables.append(z3.Implies(z3.And(sq.live, j < sq.len), sq.tab[i] != sq.tab[j]))
         return z3.And(*tables, d.forall_blocks(st.N, lambda b: st.rc[b] == self.held(st, b)))
 
     def inv_partition(self, d: Domain, st: State) -> Term:
@@ -481,9 +486,7 @@ class Encoding:
                 z3.And(st.inb(v), st.pub[v], st.bns[v] == ns, st.par[v] == p, st.btok[v] == t),
             ),
         )
-        blocks = d.forall_blocks(
-            st.N, lambda b: z3.Implies(st.pub[b], st.idx.get(st.key(b)) == b)
-        )
+        blocks = d.forall_blocks(st.N, lambda b: z3.Implies(st.pub[b], st.idx.get(st.key(b)) == b))
         return z3.And(entries, blocks)
 
     def inv_ancestor(self, d: Domain, st: State) -> Term:
@@ -572,8 +575,11 @@ class Encoding:
                 b = sq.tab[j]
                 conds.append(
                     z3.Implies(
-                        z3.And(j < sq.len, self.in_window(st.BS, sq, j),
-                               self.window_pending(st.BS, sq, j)),
+                        z3.And(
+                            j < sq.len,
+                            self.in_window(st.BS, sq, j),
+                            self.window_pending(st.BS, sq, j),
+                        ),
                         z3.And(z3.Not(st.pub[b]), st.rc[b] == 1),
                     )
                 )
@@ -610,8 +616,9 @@ class Encoding:
     def chunk_room(self, sq: SeqState, nr: Term) -> Term:
         """Reserving up to ``nr`` keeps at most ``limit`` uncommitted *prompt* tokens:
         ``min(nr, prompt_len) - num_computed <= limit`` while the prompt is not computed."""
-        return z3.Implies(z3.And(sq.lim > 0, sq.nc < sq.np),
-                          z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim)
+        return z3.Implies(
+            z3.And(sq.lim > 0, sq.nc < sq.np), z3.If(nr < sq.np, nr, sq.np) - sq.nc <= sq.lim
+        )
 
     def grow_room(self, sq: SeqState, nr: Term) -> Term:
         """What :meth:`grow` requires of the new reservation (:meth:`chunk_room`)."""
@@ -622,11 +629,15 @@ class Encoding:
         (None) or positive, and :meth:`chunk_room` holds for the current reservation. Without
         it INV-LIMIT's chunk form is not inductive over rollback: decode growth may reserve
         past the prompt, and a rollback back into the prompt must land within the limit."""
-        return z3.And([
-            z3.Implies(sq.live, z3.And(sq.np >= 1, sq.np <= sq.ntok, sq.lim >= 0,
-                                       self.chunk_room(sq, sq.nr)))
-            for sq in st.seqs
-        ])
+        return z3.And(
+            [
+                z3.Implies(
+                    sq.live,
+                    z3.And(sq.np >= 1, sq.np <= sq.ntok, sq.lim >= 0, self.chunk_room(sq, sq.nr)),
+                )
+                for sq in st.seqs
+            ]
+        )
 
     def inv_stats(self, d: Domain, st: State) -> Term:
         """INV-STATS (counters): 0 <= hits <= queries, computed + skipped = prefill tokens,
@@ -679,8 +690,12 @@ class Encoding:
         ]
         for j in range(M):
             b = sq.tab[j]
-            ident = [post.pub[b], post.btok[b] == a["labels"][j], post.bns[b] == a["ns"],
-                     post.par[b] == (ROOT if j == 0 else sq.tab[j - 1])]
+            ident = [
+                post.pub[b],
+                post.btok[b] == a["labels"][j],
+                post.bns[b] == a["ns"],
+                post.par[b] == (ROOT if j == 0 else sq.tab[j - 1]),
+            ]
             out.append(z3.Implies(j < sq.len, z3.And(ident)))
         # maximal: the raw match (attached + window) is published and within the cap, and
         # the block after it is capped (choice 4, written out here so that a wrong cap cannot
@@ -842,8 +857,11 @@ class Encoding:
         if op == "append":
             return {"n": z3.Int(f"{prefix}n"), "victims": victims}
         if op == "continue_prefill":
-            return {"num_new": z3.Int(f"{prefix}num_new"), "whole": z3.Bool(f"{prefix}whole"),
-                    "victims": victims}
+            return {
+                "num_new": z3.Int(f"{prefix}num_new"),
+                "whole": z3.Bool(f"{prefix}whole"),
+                "victims": victims,
+            }
         if op == "attach":
             return {k: v for k, v in self.fresh_args("admit", prefix).items() if k != "victims"}
         if op == "grow":
@@ -861,7 +879,7 @@ class Encoding:
         if op == "evict":
             return {"victim": z3.Int(f"{prefix}victim")}
         if op.startswith("evict*"):
-            n = int(op[len("evict*"):])
+            n = int(op[len("evict*") :])
             return {"victims": tuple(z3.Int(f"{prefix}victim{e}") for e in range(n))}
         if op in ("reset_keep", "reset_full"):
             return {}
@@ -884,8 +902,7 @@ class Encoding:
 
     def _bounded(self, step: Step) -> Step:
         """A transition is inside the model when its post-state is within the bounds."""
-        return dataclasses.replace(step, bounded=z3.And(step.bounded,
-                                                        self.in_bounds(step.post)))
+        return dataclasses.replace(step, bounded=z3.And(step.bounded, self.in_bounds(step.post)))
 
     def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
         """First part of admit: match, cut off the recompute window, then pin the attached
@@ -916,8 +933,18 @@ class Encoding:
             rc = cstore(rc, chain[j], hit[j], rc[chain[j]] + 1)
         tab = tuple(z3.If(hit[j], chain[j], sq.tab[j]) for j in range(M))
         st = st.replace(rc=rc).seq(
-            s, live=z3.BoolVal(True), ns=ns, ntok=ntok, nc=cached, nr=cached, len=k,
-            nca=self.cached_tokens(BS, cached, w), win=w, np=ntok, lim=a["limit"], tab=tab,
+            s,
+            live=z3.BoolVal(True),
+            ns=ns,
+            ntok=ntok,
+            nc=cached,
+            nr=cached,
+            len=k,
+            nca=self.cached_tokens(BS, cached, w),
+            win=w,
+            np=ntok,
+            lim=a["limit"],
+            tab=tab,
             lab=tuple(labels),
         )
         st = self.count_admission(st, ntok, cached, remaining)
@@ -962,8 +989,13 @@ class Encoding:
         """admit succeeds only for a new sequence id, a non-empty prompt, a positive
         ``num_new_tokens`` when one is given, ``recompute_blocks >= 0`` and a
         ``kv_token_limit`` that is None (0) or positive."""
-        return z3.And(z3.Not(sq.live), a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1),
-                      a["recompute_blocks"] >= 0, a["limit"] >= 0)
+        return z3.And(
+            z3.Not(sq.live),
+            a["ntok"] >= 1,
+            z3.Or(a["whole"], a["num_new"] >= 1),
+            a["recompute_blocks"] >= 0,
+            a["limit"] >= 0,
+        )
 
     def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
         st = st.count("admissions", 1).count("queries", ntok).count("hits", cached)
@@ -1004,12 +1036,15 @@ class Encoding:
         grow)."""
         att, scheduled = self.attach(d, st, a, s)
         mid = att.post
-        room, en_room, choice = self.make_room(d, mid, self.need(mid, s, scheduled),
-                                               a["victims"])
+        room, en_room, choice = self.make_room(d, mid, self.need(mid, s, scheduled), a["victims"])
         g = self.grow(d, room, s, scheduled)
         return Step(
-            "admit", z3.And(att.enabled, en_room, g.enabled), z3.And(att.bounded, g.bounded),
-            choice, g.post, a,
+            "admit",
+            z3.And(att.enabled, en_room, g.enabled),
+            z3.And(att.bounded, g.bounded),
+            choice,
+            g.post,
+            a,
         )
 
     def op_append(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
@@ -1039,8 +1074,7 @@ class Encoding:
     def continue_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
         """continue_prefill succeeds for a live sequence with prompt tokens left to reserve,
         whose reserved tokens are all committed, and a positive ``num_new_tokens`` if any."""
-        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np,
-                      sq.nc == sq.nr)
+        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np, sq.nc == sq.nr)
 
     def op_commit(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
         """commit: accept tokens, mark KV written, publish the newly full committed blocks."""
@@ -1048,9 +1082,7 @@ class Encoding:
         n, acc = a["n"], a["accepted"]
         ntok, nc = sq.ntok + acc, sq.nc + n
         enabled = self.commit_guard(sq, n, acc)
-        labels = tuple(
-            z3.If((j + 1) * BS <= sq.ntok, sq.lab[j], a["labels"][j]) for j in range(M)
-        )
+        labels = tuple(z3.If((j + 1) * BS <= sq.ntok, sq.lab[j], a["labels"][j]) for j in range(M))
         st = self.publish(st, sq, self.identity_labels(sq.lab, labels), nc, ntok)
         st = st.seq(s, ntok=ntok, nc=nc, lab=labels)
         return Step("commit", enabled, z3.BoolVal(True), z3.BoolVal(True), st, a)
@@ -1065,8 +1097,7 @@ class Encoding:
         """Token labels blocks are published with: those after accepting the new tokens."""
         return after
 
-    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term,
-                        ntok: Term) -> Term:
+    def newly_committed(self, BS: Term, j: int, sq: SeqState, new_nc: Term, ntok: Term) -> Term:
         """Block ``j`` of ``sq`` (the pre-commit sequence) became full of computed,
         committed KV in this commit (``ntok``: known tokens after it)."""
         return z3.And((j + 1) * BS > sq.nc, (j + 1) * BS <= new_nc)
@@ -1079,8 +1110,9 @@ class Encoding:
     def block_depth(self, j: int) -> Term:
         return z3.IntVal(j + 1)
 
-    def publish(self, st: State, sq: SeqState, labels: Sequence[Term], new_nc: Term,
-                ntok: Term) -> State:
+    def publish(
+        self, st: State, sq: SeqState, labels: Sequence[Term], new_nc: Term, ntok: Term
+    ) -> State:
         """Publish, in table order, the blocks that this commit completed (choice 1)."""
         c, c_ok = z3.IntVal(ROOT), z3.BoolVal(True)
         for j in range(self.bounds.table):
@@ -1088,8 +1120,7 @@ class Encoding:
             key = (sq.ns, c, labels[j])
             look = st.idx.get(key)
             taken = z3.And(c_ok, look != NONE)
-            do = self.may_publish(self.newly_committed(st.BS, j, sq, new_nc, ntok), c_ok,
-                                  taken)
+            do = self.may_publish(self.newly_committed(st.BS, j, sq, new_nc, ntok), c_ok, taken)
             st = st.replace(
                 pub=cstore(st.pub, b, do, z3.BoolVal(True)),
                 par=cstore(st.par, b, do, c),
@@ -1143,8 +1174,12 @@ class Encoding:
         from this step (or a stutter), so its proof covers every eviction."""
         post = self.evict_one(st, v, z3.BoolVal(True))
         return Step(
-            "evict", self.is_leaf(d, st, v), z3.BoolVal(True), self.is_first_leaf(d, st, v),
-            post, {"victim": v},
+            "evict",
+            self.is_leaf(d, st, v),
+            z3.BoolVal(True),
+            self.is_first_leaf(d, st, v),
+            post,
+            {"victim": v},
         )
 
     def exists_leaf(self, d: Domain, st: State) -> Term:
@@ -1192,9 +1227,7 @@ class Encoding:
             st.qt == st.N,
             d.forall_blocks(
                 st.N,
-                lambda b: z3.And(
-                    st.rc[b] == 0, z3.Not(st.pub[b]), st.q[b] == b, st.qpos[b] == b
-                ),
+                lambda b: z3.And(st.rc[b] == 0, z3.Not(st.pub[b]), st.q[b] == b, st.qpos[b] == b),
             ),
             d.forall_keys(st.idx, lambda ns, p, t, v: v == NONE),
             st.clock == 0,

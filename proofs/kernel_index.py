@@ -210,10 +210,17 @@ class KernelResult:
     rlimit_used: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "operation": self.function, "method": self.method,
-                "status": self.status, "seconds": round(self.seconds, 3),
-                "non_vacuous": self.non_vacuous, "rlimit_used": self.rlimit_used,
-                "detail": self.detail, "kind": "kernel"}
+        return {
+            "invariant": self.invariant,
+            "operation": self.function,
+            "method": self.method,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "non_vacuous": self.non_vacuous,
+            "rlimit_used": self.rlimit_used,
+            "detail": self.detail,
+            "kind": "kernel",
+        }
 
 
 @dataclass(frozen=True)
@@ -268,8 +275,7 @@ def _slot_setup(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> dict[str, Any]:
         return entry
 
     slot = im.slot_for_position(pos, lookup, bs, ops)
-    return {"bs": bs, "nb": nb, "mb": mb, "pos": pos, "entry": entry, "slot": slot,
-            "reads": reads}
+    return {"bs": bs, "nb": nb, "mb": mb, "pos": pos, "entry": entry, "slot": slot, "reads": reads}
 
 
 def _slot_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
@@ -285,8 +291,9 @@ def _slot_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
     )
 
 
-def _safety(build: Callable[[_Recorder, _SymOps, list[Any]], Any]) -> Callable[
-        [_Recorder, _SymOps, list[Any]], Any]:
+def _safety(
+    build: Callable[[_Recorder, _SymOps, list[Any]], Any],
+) -> Callable[[_Recorder, _SymOps, list[Any]], Any]:
     """The claim "no operation of ``build`` overflows its bit-vector width"."""
 
     def claim(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
@@ -305,8 +312,9 @@ def _slot_bv(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
 # -- page conversion ------------------------------------------------------------------------
 
 
-def _pages_setup(rec: _Recorder, ops: _SymOps, hyp: list[Any], *, twice: bool = False
-                 ) -> dict[str, Any]:
+def _pages_setup(
+    rec: _Recorder, ops: _SymOps, hyp: list[Any], *, twice: bool = False
+) -> dict[str, Any]:
     lo, hi = _range("block_size")
     ps = rec.var("page_size", lo, hi, hyp)
     ratio = rec.var("ratio", 1, hi, hyp)
@@ -331,8 +339,18 @@ def _pages_setup(rec: _Recorder, ops: _SymOps, hyp: list[Any], *, twice: bool = 
         return Sym(e, rec)
 
     page = im.page_table_entry(k, lookup, ratio, ops)
-    return {"ps": ps, "ratio": ratio, "bs": bs, "nbc": nbc, "mb": mb, "k": k, "page": page,
-            "reads": reads, "table": table, "lookup": lookup}
+    return {
+        "ps": ps,
+        "ratio": ratio,
+        "bs": bs,
+        "nbc": nbc,
+        "mb": mb,
+        "k": k,
+        "page": page,
+        "reads": reads,
+        "table": table,
+        "lookup": lookup,
+    }
 
 
 def _pages_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
@@ -340,8 +358,14 @@ def _pages_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
     table, ratio = v["table"], v["ratio"]
     j = z3.Int("j")
     # every entry of the block table that the sequence uses is a block of the cache
-    hyp.append(z3.ForAll([j], z3.Implies(z3.And(j >= 0, j < _u(v["mb"])),
-                                         z3.And(table(j) >= 0, table(j) < _u(v["nbc"])))))
+    hyp.append(
+        z3.ForAll(
+            [j],
+            z3.Implies(
+                z3.And(j >= 0, j < _u(v["mb"])), z3.And(table(j) >= 0, table(j) < _u(v["nbc"]))
+            ),
+        )
+    )
     pos = rec.var("pos", 0, _range("max_seq_len")[1], hyp)
     hyp.append(_u(pos) < _u(v["mb"]) * _u(v["bs"]))
 
@@ -391,8 +415,12 @@ def _pages_bv(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
 def _csr_setup(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> dict[str, Any]:
     n = rec.var("seq_len", *_range("max_seq_len"), hyp)
     ps = rec.var("page_size", *_range("block_size"), hyp)
-    return {"n": n, "ps": ps, "pages": im.num_pages(n, ps, ops),
-            "last": im.last_page_len(n, ps, ops)}
+    return {
+        "n": n,
+        "ps": ps,
+        "pages": im.num_pages(n, ps, ops),
+        "last": im.last_page_len(n, ps, ops),
+    }
 
 
 def _csr_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
@@ -414,8 +442,14 @@ def _csr_bv(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
 # -- element offsets -----------------------------------------------------------------------
 
 
-def _offset_setup(rec: _Recorder, ops: _SymOps, hyp: list[Any], layout: im.Layout,
-                  contiguous: bool, with_slot: bool) -> dict[str, Any]:
+def _offset_setup(
+    rec: _Recorder,
+    ops: _SymOps,
+    hyp: list[Any],
+    layout: im.Layout,
+    contiguous: bool,
+    with_slot: bool,
+) -> dict[str, Any]:
     np_ = rec.var("num_pages", *_range("num_blocks"), hyp)
     ps = rec.var("page_size", *_range("block_size"), hyp)
     heads = rec.var("num_kv_heads", *_range("num_kv_heads"), hyp)
@@ -501,8 +535,10 @@ def _conv(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
     return z3.And(
         lt(o, k),  # both gather indices are always in bounds
         z3.Implies(from_old, z3.And(o == c, lt(c, k))),  # the old state's tail, shifted
-        z3.Implies(z3.Not(from_old), z3.And(n == c - k, lt(n, rec.lift(new_len)),
-                                            lt(s, rec.lift(num_tokens)))),
+        z3.Implies(
+            z3.Not(from_old),
+            z3.And(n == c - k, lt(n, rec.lift(new_len)), lt(s, rec.lift(num_tokens))),
+        ),
         # a prefill shorter than the window keeps keep - new_len old entries
         z3.Implies(lt(rec.lift(new_len), k), from_old == lt(rec.lift(j), k - rec.lift(new_len))),
         le(rec.lift(new_len), c),
@@ -524,8 +560,11 @@ def _run_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
     start = rec.var("run_start", 0, _range("num_state_slots")[1], hyp)
     length = rec.var("run_length", 1, _range("num_state_slots")[1], hyp)
     elem = rec.var("elem", 0, 2**44, hyp)
-    hyp += [_u(stride) >= _u(numel), _u(start) + _u(length) <= _u(slots),
-            _u(elem) < _u(length) * _u(numel)]
+    hyp += [
+        _u(stride) >= _u(numel),
+        _u(start) + _u(length) <= _u(slots),
+        _u(elem) < _u(length) * _u(numel),
+    ]
     # the division lemma (KERNEL-RUN elem // numel, proved on its own)
     hyp.append(_u(elem) / _u(numel) < _u(length))
     off = im.run_element(start, elem, numel, stride, ops)
@@ -547,22 +586,33 @@ KERNEL_OBLIGATIONS: tuple[KernelObligation, ...] = (
     KernelObligation("KERNEL-SLOT", "slot_for_position", "bv32", _safety(_slot_bv)),
     KernelObligation("KERNEL-PAGES", "page_table_entry", "int", _pages_int),
     KernelObligation("KERNEL-PAGES", "page_table_entry", "bv32", _safety(_pages_bv)),
-    KernelObligation("KERNEL-PAGES", "converting twice changes slots", "int", _pages_twice,
-                expect="counterexample",
-                note="converting a converted table changes slots (why a second conversion "
-                "must raise)"),
+    KernelObligation(
+        "KERNEL-PAGES",
+        "converting twice changes slots",
+        "int",
+        _pages_twice,
+        expect="counterexample",
+        note="converting a converted table changes slots (why a second conversion must raise)",
+    ),
     KernelObligation("KERNEL-CSR", "num_pages/last_page_len", "int", _csr_int),
     KernelObligation("KERNEL-CSR", "num_pages/last_page_len", "bv32", _safety(_csr_bv)),
     KernelObligation("KERNEL-OFFSET", "split_slot", "int", _split_int),
     KernelObligation("KERNEL-OFFSET", "cache_element_offset NHD", "int", _offset_int("NHD")),
     KernelObligation("KERNEL-OFFSET", "cache_element_offset HND", "int", _offset_int("HND")),
-    KernelObligation("KERNEL-OFFSET", "cache_element_offset NHD", "bv64",
-                     _safety(_offset_bv("NHD"))),
-    KernelObligation("KERNEL-OFFSET", "cache_element_offset HND", "bv64",
-                     _safety(_offset_bv("HND"))),
-    KernelObligation("KERNEL-OFFSET", "int32 offsets can overflow", "bv32",
-                _safety(_offset_bv("NHD")), expect="counterexample",
-                note="int32 offsets overflow for some supported cache (why int64 exists)"),
+    KernelObligation(
+        "KERNEL-OFFSET", "cache_element_offset NHD", "bv64", _safety(_offset_bv("NHD"))
+    ),
+    KernelObligation(
+        "KERNEL-OFFSET", "cache_element_offset HND", "bv64", _safety(_offset_bv("HND"))
+    ),
+    KernelObligation(
+        "KERNEL-OFFSET",
+        "int32 offsets can overflow",
+        "bv32",
+        _safety(_offset_bv("NHD")),
+        expect="counterexample",
+        note="int32 offsets overflow for some supported cache (why int64 exists)",
+    ),
     KernelObligation("KERNEL-CONV", "conv_state_source", "bv32", _conv_bv),
     KernelObligation("KERNEL-RUN", "elem // slot_numel", "int", _run_div_int),
     KernelObligation("KERNEL-RUN", "run_element", "int", _run_int),
@@ -612,24 +662,47 @@ def _rlimit_count(s: z3.Solver) -> int:
     return int(st.get_key_value("rlimit count")) if "rlimit count" in st.keys() else 0  # noqa: SIM118
 
 
-def _verdict(ob: KernelObligation, r: Any, s: z3.Solver, dt: float, non_vacuous: bool
-             ) -> KernelResult:
+def _verdict(
+    ob: KernelObligation, r: Any, s: z3.Solver, dt: float, non_vacuous: bool
+) -> KernelResult:
     if ob.expect == "counterexample":
         if r == z3.sat:
             m = s.model()
-            return KernelResult(ob.invariant, ob.function, ob.method, "proved", dt,
-                                f"{ob.note}, e.g. " + _model_str(m), non_vacuous)
-        return KernelResult(ob.invariant, ob.function, ob.method, "unknown" if r == z3.unknown
-                            else "counterexample", dt, f"expected a counterexample: {ob.note}",
-                            non_vacuous)
+            return KernelResult(
+                ob.invariant,
+                ob.function,
+                ob.method,
+                "proved",
+                dt,
+                f"{ob.note}, e.g. " + _model_str(m),
+                non_vacuous,
+            )
+        return KernelResult(
+            ob.invariant,
+            ob.function,
+            ob.method,
+            "unknown" if r == z3.unknown else "counterexample",
+            dt,
+            f"expected a counterexample: {ob.note}",
+            non_vacuous,
+        )
     if r == z3.unsat:
-        return KernelResult(ob.invariant, ob.function, ob.method, "proved", dt, ob.note,
-                            non_vacuous)
+        return KernelResult(
+            ob.invariant, ob.function, ob.method, "proved", dt, ob.note, non_vacuous
+        )
     if r == z3.sat:
-        return KernelResult(ob.invariant, ob.function, ob.method, "counterexample", dt,
-                            _model_str(s.model()), non_vacuous)
-    return KernelResult(ob.invariant, ob.function, ob.method, "unknown", dt,
-                        s.reason_unknown(), non_vacuous)
+        return KernelResult(
+            ob.invariant,
+            ob.function,
+            ob.method,
+            "counterexample",
+            dt,
+            _model_str(s.model()),
+            non_vacuous,
+        )
+    return KernelResult(
+        ob.invariant, ob.function, ob.method, "unknown", dt, s.reason_unknown(), non_vacuous
+    )
 
 
 def _model_str(m: z3.ModelRef) -> str:
@@ -667,8 +740,9 @@ def _patch(attr: str, fn: Callable[..., Any]) -> _Patch:
 
 def _widen(name: str, high: int) -> _Patch:
     r = im.SUPPORTED_RANGES[name]
-    return lambda: mock.patch.dict(im.SUPPORTED_RANGES, {name: im.SizeRange(name, r.low, high,
-                                                                            r.note)})
+    return lambda: mock.patch.dict(
+        im.SUPPORTED_RANGES, {name: im.SizeRange(name, r.low, high, r.note)}
+    )
 
 
 def _conv_no_clamp(j: Any, new_len: Any, width: Any, ops: Any = im.PY_OPS) -> Any:
@@ -682,25 +756,50 @@ def _last_page_off_by_one(seq_len: Any, page_size: Any, ops: Any = im.PY_OPS) ->
 
 
 KERNEL_VARIANTS: tuple[KernelVariant, ...] = (
-    KernelVariant("slot-without-offset", "slot = block * block_size (offset dropped)",
-                  "slot_for_position", "int",
-                  _patch("slot_from_block", lambda block_id, offset, bs: block_id * bs)),
-    KernelVariant("page-ratio-twice", "a block's pages scaled by the ratio twice",
-                  "page_table_entry", "int",
-                  _patch("page_of_block", lambda b, sub, r: b * r * r + sub)),
-    KernelVariant("last-page-off-by-one", "kv_last_page_len = len % page + 1",
-                  "num_pages/last_page_len", "int", _patch("last_page_len",
-                                                           _last_page_off_by_one)),
-    KernelVariant("conv-no-clamp", "the conv gather's unused index is not clamped",
-                  "conv_state_source", "bv32", _patch("conv_state_source", _conv_no_clamp)),
-    KernelVariant("pool-of-2**24-pages", "claiming 2**24 pages of 256 tokens (slots overflow "
-                  "int32)", "slot_for_position", "bv32", _widen("num_blocks", 2**24)),
+    KernelVariant(
+        "slot-without-offset",
+        "slot = block * block_size (offset dropped)",
+        "slot_for_position",
+        "int",
+        _patch("slot_from_block", lambda block_id, offset, bs: block_id * bs),
+    ),
+    KernelVariant(
+        "page-ratio-twice",
+        "a block's pages scaled by the ratio twice",
+        "page_table_entry",
+        "int",
+        _patch("page_of_block", lambda b, sub, r: b * r * r + sub),
+    ),
+    KernelVariant(
+        "last-page-off-by-one",
+        "kv_last_page_len = len % page + 1",
+        "num_pages/last_page_len",
+        "int",
+        _patch("last_page_len", _last_page_off_by_one),
+    ),
+    KernelVariant(
+        "conv-no-clamp",
+        "the conv gather's unused index is not clamped",
+        "conv_state_source",
+        "bv32",
+        _patch("conv_state_source", _conv_no_clamp),
+    ),
+    KernelVariant(
+        "pool-of-2**24-pages",
+        "claiming 2**24 pages of 256 tokens (slots overflow int32)",
+        "slot_for_position",
+        "bv32",
+        _widen("num_blocks", 2**24),
+    ),
 )
 
 
 def check_kernel_variant(v: KernelVariant, rlimit: int = 30_000_000) -> KernelResult:
     """Run the variant's obligation with the bug patched in; it must not be proved."""
-    (ob,) = [o for o in KERNEL_OBLIGATIONS
-             if o.function == v.function and o.method == v.method and o.expect == "proved"]
+    (ob,) = [
+        o
+        for o in KERNEL_OBLIGATIONS
+        if o.function == v.function and o.method == v.method and o.expect == "proved"
+    ]
     with v.patch():
         return run_obligation(ob, rlimit, 0)

@@ -210,12 +210,19 @@ def format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
 
 
 def find_counterexample(
-    enc: Encoding, invariant: str, step: str, *, max_pool: int = 5, seed: int = 0,
+    enc: Encoding,
+    invariant: str,
+    step: str,
+    *,
+    max_pool: int = 5,
+    seed: int = 0,
     slots: Iterable[int] | None = None,
 ) -> Counterexample | None:
     """A smallest concrete counterexample to (invariant, step), pools of 1..max_pool blocks."""
-    slot_list = list(slots) if slots is not None else (
-        list(range(enc.bounds.seqs)) if step in SLOT_STEPS else [0]
+    slot_list = (
+        list(slots)
+        if slots is not None
+        else (list(range(enc.bounds.seqs)) if step in SLOT_STEPS else [0])
     )
     for n in range(1, max_pool + 1):
         d = Domain(n)
@@ -278,14 +285,31 @@ def inductive_alone(
                     continue
                 s = z3.Solver()
                 s.set("timeout", timeout_ms, "random_seed", 0)
-                s.add(enc.shape(pre), enc.in_bounds(pre), inv[name], st.enabled, st.bounded,
-                      z3.Not(post[name]))
+                s.add(
+                    enc.shape(pre),
+                    enc.in_bounds(pre),
+                    inv[name],
+                    st.enabled,
+                    st.bounded,
+                    z3.Not(post[name]),
+                )
                 if s.check() != z3.sat:
                     continue
                 ev = model_reader(s.model())
-                found[name].append((step, Counterexample(
-                    name, step, 0, format_state(read(pre, ev, n, M)),
-                    format_args(st.args, ev), format_state(read(st.post, ev, n, M)), n)))
+                found[name].append(
+                    (
+                        step,
+                        Counterexample(
+                            name,
+                            step,
+                            0,
+                            format_state(read(pre, ev, n, M)),
+                            format_args(st.args, ev),
+                            format_state(read(st.post, ev, n, M)),
+                            n,
+                        ),
+                    )
+                )
     return found
 
 
@@ -311,8 +335,7 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
         sq = st.post.seqs[0]
         # a window block is allocated (fresh, private, still to be written)
         window = z3.Or([z3.And(j < sq.len, enc.in_window(pre.BS, sq, j)) for j in range(M)])
-        return z3.And(sq.nc >= pre.BS, st.post.ctr["evictions"] > pre.ctr["evictions"],
-                      window)
+        return z3.And(sq.nc >= pre.BS, st.post.ctr["evictions"] > pre.ctr["evictions"], window)
 
     def append(pre: State, st: Step) -> Any:
         return st.post.ctr["evictions"] > pre.ctr["evictions"]
@@ -320,16 +343,17 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
     def continue_prefill(pre: State, st: Step) -> Any:
         sq, sq2 = pre.seqs[0], st.post.seqs[0]
         # a resumed chunk cut by the limit, with part of the prompt still to reserve
-        return z3.And(sq.nc > 0, sq.lim > 0, sq2.nr - sq.nr == sq.lim, sq2.nr < sq.np,
-                      sq2.len > sq.len)
+        return z3.And(
+            sq.nc > 0, sq.lim > 0, sq2.nr - sq.nr == sq.lim, sq2.nr < sq.np, sq2.len > sq.len
+        )
 
     def commit(pre: State, st: Step) -> Any:
         sq, sq2 = pre.seqs[0], st.post.seqs[0]
-        published = [z3.And(z3.Not(pre.pub[sq.tab[j]]), st.post.pub[sq.tab[j]])
-                     for j in range(M)]
+        published = [z3.And(z3.Not(pre.pub[sq.tab[j]]), st.post.pub[sq.tab[j]]) for j in range(M)]
         stays_private = [
-            z3.And((j + 1) * pre.BS > sq.nc, (j + 1) * pre.BS <= sq2.nc,
-                   z3.Not(st.post.pub[sq.tab[j]]))
+            z3.And(
+                (j + 1) * pre.BS > sq.nc, (j + 1) * pre.BS <= sq2.nc, z3.Not(st.post.pub[sq.tab[j]])
+            )
             for j in range(M)
         ]
         return z3.And(z3.Or(published), z3.Or(stays_private))
@@ -339,8 +363,9 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
 
     def free(pre: State, st: Step) -> Any:
         a, b = pre.seqs[0], pre.seqs[1]
-        shared = z3.Or([z3.And(j < a.len, i < b.len, a.tab[j] == b.tab[i])
-                        for j in range(M) for i in range(M)])
+        shared = z3.Or(
+            [z3.And(j < a.len, i < b.len, a.tab[j] == b.tab[i]) for j in range(M) for i in range(M)]
+        )
         return z3.And(st.args["freed"][0], st.args["freed"][1], shared)
 
     def evict(pre: State, st: Step) -> Any:
@@ -356,8 +381,10 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
     return {
         "admit": ("a hit of >= 1 block, a window block allocated and an eviction", admit),
         "append": ("an eviction to make room", append),
-        "continue_prefill": ("a resumed chunk of kv_token_limit tokens, more to come",
-                             continue_prefill),
+        "continue_prefill": (
+            "a resumed chunk of kv_token_limit tokens, more to come",
+            continue_prefill,
+        ),
         "commit": ("one block published, one full block kept private (duplicate)", commit),
         "rollback": ("a block released", rollback),
         "free": ("two freed tables hold the same block", free),
@@ -371,7 +398,11 @@ class Prover:
     """Runs the obligations of an :class:`Encoding` (memoising shared proof steps)."""
 
     def __init__(
-        self, enc: Encoding | None = None, *, rlimit: int = DEFAULT_RLIMIT, seed: int = 0,
+        self,
+        enc: Encoding | None = None,
+        *,
+        rlimit: int = DEFAULT_RLIMIT,
+        seed: int = 0,
         witness_pool: int = 4,
     ) -> None:
         self.enc = enc or Encoding(Bounds())
@@ -439,8 +470,12 @@ class Prover:
             st, _ = self._step(step, slot)
             assert st is not None
             s = _solver(self.rlimit, self.seed)
-            s.add(self._hyp, st.enabled, st.bounded,
-                  z3.Not(self.enc.inv_match(self.d, self.pre, st, slot)))
+            s.add(
+                self._hyp,
+                st.enabled,
+                st.bounded,
+                z3.Not(self.enc.inv_match(self.d, self.pre, st, slot)),
+            )
             before = _rlimit_count(s)
             r = s.check()
             used = max(used, _rlimit_count(s) - before)

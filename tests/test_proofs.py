@@ -54,8 +54,7 @@ def test_every_invariant_is_inductive_over(operation: str, prover: obligations.P
 def test_every_operation_is_non_vacuous(prover: obligations.Prover) -> None:
     witnesses = prover.witnesses()
     assert set(witnesses) == set(obligations.OPERATIONS)
-    bad = {op: (w.scenario, w.status, w.state) for op, w in witnesses.items()
-           if w.status != "sat"}
+    bad = {op: (w.scenario, w.status, w.state) for op, w in witnesses.items() if w.status != "sat"}
     assert not bad
     # the free witness really releases one block through two tables
     assert "free(freed=[True, True" in witnesses["free"].state
@@ -72,7 +71,9 @@ def test_admit_and_append_are_literally_their_proof_steps() -> None:
     assert all(r.status == "proved" for r in prover.rows(["INV-REF"], ["admit"]))
     bad = obligations.Prover(broken.AllocateOneMore(Bounds()))
     assert {r.operation: r.status for r in bad.rows(["INV-REF"], ["admit", "append"])} == {
-        "admit": "counterexample", "append": "counterexample"}
+        "admit": "counterexample",
+        "append": "counterexample",
+    }
 
 
 # -- broken variants -----------------------------------------------------------------------
@@ -98,8 +99,10 @@ def test_broken_variant_yields_a_counterexample(variant: broken.Variant) -> None
 
 def test_the_unbroken_encoding_has_no_such_counterexample() -> None:
     for v in broken.VARIANTS[:6]:
-        assert obligations.find_counterexample(Encoding(Bounds()), v.invariant, v.step,
-                                               max_pool=3) is None
+        assert (
+            obligations.find_counterexample(Encoding(Bounds()), v.invariant, v.step, max_pool=3)
+            is None
+        )
 
 
 def test_invariants_alone_are_not_all_inductive() -> None:
@@ -138,8 +141,9 @@ def test_kernel_proofs_read_the_launchers_functions() -> None:
 
     shape = (2**14, 16, 8, 128)
     strides = (16 * 8 * 128, 8 * 128, 128, 1)
-    assert im.max_element_offset(shape, strides) == sum((n - 1) * s for n, s in
-                                                        zip(shape, strides, strict=True))
+    assert im.max_element_offset(shape, strides) == sum(
+        (n - 1) * s for n, s in zip(shape, strides, strict=True)
+    )
     assert im.offsets_fit_int32((shape, strides))
     # 2**17 pages of 16 x 8 x 128: the largest offset is 2**31 - 1, one past what int32
     # offset math may form (the masked lane one past it), so the launcher must pick int64
@@ -157,8 +161,17 @@ def test_no_drift_on_ten_thousand_checks() -> None:
     assert report.invariant_checks > 500
     assert report.windows >= 100  # admissions that open a recompute window
     assert report.window_states >= 500  # checks from a state with a window block to write
-    for op in ("admit", "append", "continue_prefill", "commit", "rollback", "free", "evict",
-               "reset_keep", "reset_full"):
+    for op in (
+        "admit",
+        "append",
+        "continue_prefill",
+        "commit",
+        "rollback",
+        "free",
+        "evict",
+        "reset_keep",
+        "reset_full",
+    ):
         assert report.by_op.get(op, 0) >= 200, (op, report.by_op)
 
 
@@ -238,18 +251,21 @@ def test_window_is_carried_through_the_bridge() -> None:
 
     def inv_window(a: AbsState) -> bool:
         pairs = bind(checker.pre, a, 3)
-        return z3.is_true(z3.simplify(z3.substitute(enc.inv_window(checker.d, checker.pre),
-                                                    *pairs)))
+        return z3.is_true(
+            z3.simplify(z3.substitute(enc.inv_window(checker.d, checker.pre), *pairs))
+        )
 
     assert inv_window(state)
     # the window block (#1 of b) is still to be written: sharing it breaks INV-WINDOW
     window_block = sq.table[1]
-    shared = dataclasses.replace(state, rc=[r + (b == window_block) for b, r in
-                                             enumerate(state.rc)])
+    shared = dataclasses.replace(
+        state, rc=[r + (b == window_block) for b, r in enumerate(state.rc)]
+    )
     assert not inv_window(shared)
     # once it is recomputed and committed, the window no longer constrains it
-    done = dataclasses.replace(state, seqs=[state.seqs[0], dataclasses.replace(sq, nc=4),
-                                            None], rc=shared.rc)
+    done = dataclasses.replace(
+        state, seqs=[state.seqs[0], dataclasses.replace(sq, nc=4), None], rc=shared.rc
+    )
     assert inv_window(done)
 
 
@@ -271,15 +287,30 @@ def test_concretize_round_trips_reachable_states() -> None:
 
 def test_cli_json_subset() -> None:
     code = subprocess.run(
-        [sys.executable, "-m", "prefixkv.proofs", "--json", "--invariants", "INV-REF,INV-INDEX",
-         "--operations", "evict,free", "--no-kernels"],
-        capture_output=True, text=True, check=False, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "prefixkv.proofs",
+            "--json",
+            "--invariants",
+            "INV-REF,INV-INDEX",
+            "--operations",
+            "evict,free",
+            "--no-kernels",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
     )
     assert code.returncode == 0, code.stderr
     doc = json.loads(code.stdout)
     assert doc["ok"] is True
     assert [(o["invariant"], o["operation"]) for o in doc["obligations"]] == [
-        ("INV-REF", "evict"), ("INV-INDEX", "evict"), ("INV-REF", "free"), ("INV-INDEX", "free")
+        ("INV-REF", "evict"),
+        ("INV-INDEX", "evict"),
+        ("INV-REF", "free"),
+        ("INV-INDEX", "free"),
     ]
     assert all(o["status"] == "proved" and o["non_vacuous"] for o in doc["obligations"])
     assert "at most 3 live sequences" in doc["bounds"]
@@ -289,8 +320,9 @@ def test_cli_exits_non_zero_when_an_obligation_fails(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(cli, "Encoding", broken.EvictKeepsIndexEntry)
-    code = cli.main(["--invariants", "INV-INDEX", "--operations", "evict", "--no-kernels",
-                     "--no-witnesses"])
+    code = cli.main(
+        ["--invariants", "INV-INDEX", "--operations", "evict", "--no-kernels", "--no-witnesses"]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "counterexample" in out and "FAILED" in out
@@ -308,6 +340,8 @@ def test_proofs_import_no_torch_and_spec_imports_no_proofs() -> None:
         "sys.exit(1 if heavy else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=120).returncode == 0
-    code = ("import sys; import prefixkv.spec; "
-            "sys.exit(1 if any(m.startswith('prefixkv.proofs') for m in sys.modules) else 0)")
+    code = (
+        "import sys; import prefixkv.spec; "
+        "sys.exit(1 if any(m.startswith('prefixkv.proofs') for m in sys.modules) else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=120).returncode == 0

@@ -133,9 +133,22 @@ def test_abstraction_reads_a_pinned_restore() -> None:
 
 def test_cli_runs_checkpoint_obligations_alone() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "prefixkv.proofs", "--json", "--invariants", "INV-CKPT",
-         "--operations", "free,restore_issued", "--no-kernels", "--broken"],
-        capture_output=True, text=True, check=False, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "prefixkv.proofs",
+            "--json",
+            "--invariants",
+            "INV-CKPT",
+            "--operations",
+            "free,restore_issued",
+            "--no-kernels",
+            "--broken",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

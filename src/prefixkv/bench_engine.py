@@ -59,12 +59,16 @@ class EngineBenchConfig:
 
 
 FULL = EngineBenchConfig(prompt_tokens=1600, repeats=7)
-QUICK = EngineBenchConfig(prompt_tokens=800, repeats=3, hidden_size=128, num_layers=2,
-                          intermediate_size=256)
+QUICK = EngineBenchConfig(
+    prompt_tokens=800, repeats=3, hidden_size=128, num_layers=2, intermediate_size=256
+)
 
 
 def run_engine_bench(
-    cfg: EngineBenchConfig, *, backend: str = "auto", device: str | None = None,
+    cfg: EngineBenchConfig,
+    *,
+    backend: str = "auto",
+    device: str | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     import torch
@@ -75,16 +79,27 @@ def run_engine_bench(
 
     L, bs = cfg.prompt_tokens, cfg.block_size
     model = ModelConfig(
-        vocab_size=1024, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        vocab_size=1024,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
         intermediate_size=cfg.intermediate_size,
     )
     num_blocks = (L // bs + 2) * (len(FRACTIONS) * cfg.repeats + 4)
-    engine = Engine(EngineConfig(
-        model=model, num_blocks=num_blocks, block_size=bs, backend=backend, device=device,
-        scheduler=SchedulerConfig(max_num_batched_tokens=L + 64, max_num_seqs=4,
-                                  min_prefill_tokens=0),
-    ))
+    engine = Engine(
+        EngineConfig(
+            model=model,
+            num_blocks=num_blocks,
+            block_size=bs,
+            backend=backend,
+            device=device,
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=L + 64, max_num_seqs=4, min_prefill_tokens=0
+            ),
+        )
+    )
     sync: Callable[[], None] = (
         torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     )
@@ -118,9 +133,16 @@ def run_engine_bench(
             elapsed, hit = prefill([*base[:cached], *tail])
             assert hit == cached, (hit, cached)
             times.append(elapsed)
-        rows.append({"fraction": f, "actual_fraction": cached / L, "cached_tokens": cached,
-                     "computed_tokens": L - cached, "median_ms": statistics.median(times) * 1e3,
-                     "min_ms": min(times) * 1e3})
+        rows.append(
+            {
+                "fraction": f,
+                "actual_fraction": cached / L,
+                "cached_tokens": cached,
+                "computed_tokens": L - cached,
+                "median_ms": statistics.median(times) * 1e3,
+                "min_ms": min(times) * 1e3,
+            }
+        )
         log(f"cached {f:.0%}: {rows[-1]['median_ms']:.2f} ms")
     t0 = rows[0]["median_ms"]
     for r in rows:
@@ -172,11 +194,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
     xs = [r["fraction"] * 100 for r in rows]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(xs, [r["median_ms"] for r in rows], "o-", label="measured (median)")
-    ax.plot(xs, [r["ideal_ms"] for r in rows], "--", color="gray",
-            label="ideal: t(0%) x uncached fraction")
+    ax.plot(
+        xs,
+        [r["ideal_ms"] for r in rows],
+        "--",
+        color="gray",
+        label="ideal: t(0%) x uncached fraction",
+    )
     for x, r in zip(xs, rows, strict=True):
-        ax.annotate(f"{r['ratio']:.2f}x", (x, r["median_ms"]), textcoords="offset points",
-                    xytext=(4, 6), fontsize=8)
+        ax.annotate(
+            f"{r['ratio']:.2f}x",
+            (x, r["median_ms"]),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=8,
+        )
     ax.set_xlabel("cached fraction of the prompt (%)")
     ax.set_ylabel("prefill step time (ms)")
     ax.set_title(f"prefill vs cached prefix ({result['device']}, {result['backend']})")
@@ -200,14 +232,22 @@ def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
 
 
 def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.add_argument("--quick", action="store_true",
-                        help="small model and prompt, seconds; writes nothing unless --out")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="docs directory for engine.md and bench/ (default: the source "
-                        "checkout's docs/ for a full run; nothing for --quick)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small model and prompt, seconds; writes nothing unless --out",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="docs directory for engine.md and bench/ (default: the source "
+        "checkout's docs/ for a full run; nothing for --quick)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only, write no files")
-    parser.add_argument("--backend", default="auto",
-                        choices=("auto", "torch", "interpreter", "fast"))
+    parser.add_argument(
+        "--backend", default="auto", choices=("auto", "torch", "interpreter", "fast")
+    )
     parser.add_argument("--device", default=None)
     return _run
 
@@ -225,8 +265,9 @@ def _run(args: argparse.Namespace) -> int:
         if not args.json:
             err.print(f"[dim]bench-engine:[/dim] {message}", highlight=False)
 
-    result = run_engine_bench(QUICK if args.quick else FULL, backend=args.backend,
-                              device=args.device, log=log)
+    result = run_engine_bench(
+        QUICK if args.quick else FULL, backend=args.backend, device=args.device, log=log
+    )
     result["quick"] = bool(args.quick)
     out: Path | None = args.out
     if out is None and not args.quick:
@@ -237,13 +278,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"command": "bench-engine", "ok": True, **result})
         return 0
-    table = Table(title=f"prefill vs cached fraction ({result['device']}, "
-                  f"{result['backend']})", title_justify="left")
+    table = Table(
+        title=f"prefill vs cached fraction ({result['device']}, {result['backend']})",
+        title_justify="left",
+    )
     for col in ("cached", "computed tokens", "measured ms", "ideal ms", "measured/ideal"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
-        table.add_row(f"{r['actual_fraction']:.1%}", str(r["computed_tokens"]),
-                      f"{r['median_ms']:.2f}", f"{r['ideal_ms']:.2f}", f"{r['ratio']:.2f}")
+        table.add_row(
+            f"{r['actual_fraction']:.1%}",
+            str(r["computed_tokens"]),
+            f"{r['median_ms']:.2f}",
+            f"{r['ideal_ms']:.2f}",
+            f"{r['ratio']:.2f}",
+        )
     Console().print(table)
     for p in result["written"]:
         err.print(f"wrote {p}")

@@ -42,8 +42,9 @@ def chat_turns(cfg: ServeSimConfig, vocab: int) -> list[Any]:
     from prefixkv.engine import Turn
 
     rng = random.Random(cfg.seed)
-    systems = [[rng.randrange(vocab) for _ in range(cfg.system_tokens)]
-               for _ in range(cfg.system_prompts)]
+    systems = [
+        [rng.randrange(vocab) for _ in range(cfg.system_tokens)] for _ in range(cfg.system_prompts)
+    ]
     turns: list[Turn] = []
     for c in range(cfg.conversations):
         system = systems[rng.randrange(cfg.system_prompts)]
@@ -51,8 +52,9 @@ def chat_turns(cfg: ServeSimConfig, vocab: int) -> list[Any]:
             user = [rng.randrange(vocab) for _ in range(rng.randint(*cfg.user_tokens))]
             reply = rng.randint(*cfg.reply_tokens)
             if t == 0:
-                turns.append(Turn(f"c{c}t0", [*system, *user], reply,
-                                  arrival_step=c * cfg.arrival_every))
+                turns.append(
+                    Turn(f"c{c}t0", [*system, *user], reply, arrival_step=c * cfg.arrival_every)
+                )
             else:
                 turns.append(Turn(f"c{c}t{t}", user, reply, follows=f"c{c}t{t - 1}"))
     return turns
@@ -67,32 +69,73 @@ def _positive(text: str) -> int:
 
 def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     d = ServeSimConfig()
-    parser.add_argument("--conversations", type=_positive, default=d.conversations, metavar="N",
-                        help=f"conversations (default: {d.conversations})")
-    parser.add_argument("--turns", type=_positive, default=d.turns, metavar="N",
-                        help=f"turns per conversation (default: {d.turns})")
-    parser.add_argument("--system-tokens", type=_positive, default=d.system_tokens,
-                        metavar="N", help=f"tokens per shared system prompt "
-                        f"(default: {d.system_tokens})")
-    parser.add_argument("--num-blocks", type=_positive, default=512, metavar="N",
-                        help="KV pool size in blocks (default: 512)")
-    parser.add_argument("--block-size", type=_positive, default=8, metavar="N",
-                        help="tokens per block (default: 8)")
-    parser.add_argument("--budget", type=_positive, default=128, metavar="N",
-                        help="token budget per step (default: 128)")
-    parser.add_argument("--draft-tokens", type=int, default=0, metavar="K",
-                        help="speculative decoding with K n-gram draft tokens a step "
-                        "(default: 0, off)")
-    parser.add_argument("--hybrid", action="store_true",
-                        help="serve the hybrid model (a recurrent layer, then attention)")
-    parser.add_argument("--backend", default="auto",
-                        choices=("auto", "torch", "interpreter", "fast"),
-                        help="auto: Triton kernels on CUDA, torch on the CPU")
+    parser.add_argument(
+        "--conversations",
+        type=_positive,
+        default=d.conversations,
+        metavar="N",
+        help=f"conversations (default: {d.conversations})",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_positive,
+        default=d.turns,
+        metavar="N",
+        help=f"turns per conversation (default: {d.turns})",
+    )
+    parser.add_argument(
+        "--system-tokens",
+        type=_positive,
+        default=d.system_tokens,
+        metavar="N",
+        help=f"tokens per shared system prompt (default: {d.system_tokens})",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=_positive,
+        default=512,
+        metavar="N",
+        help="KV pool size in blocks (default: 512)",
+    )
+    parser.add_argument(
+        "--block-size", type=_positive, default=8, metavar="N", help="tokens per block (default: 8)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=_positive,
+        default=128,
+        metavar="N",
+        help="token budget per step (default: 128)",
+    )
+    parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="speculative decoding with K n-gram draft tokens a step (default: 0, off)",
+    )
+    parser.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="serve the hybrid model (a recurrent layer, then attention)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "interpreter", "fast"),
+        help="auto: Triton kernels on CUDA, torch on the CPU",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
-                        help="workload and weights seed (default: 0)")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PATH",
-                        help="write a PNG of TTFT against the cached fraction of each prompt")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="workload and weights seed (default: 0)"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write a PNG of TTFT against the cached fraction of each prompt",
+    )
     return _run
 
 
@@ -120,20 +163,35 @@ def _run(args: argparse.Namespace) -> int:
     from prefixkv.engine.engine import RunResult
     from prefixkv.impl.policy import SchedulerConfig
 
-    sim = ServeSimConfig(conversations=args.conversations, turns=args.turns,
-                         system_tokens=args.system_tokens, seed=args.seed)
+    sim = ServeSimConfig(
+        conversations=args.conversations,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        seed=args.seed,
+    )
     model = ModelConfig(seed=args.seed, hybrid=args.hybrid)
     config = EngineConfig(
-        model=model, num_blocks=args.num_blocks, block_size=args.block_size,
-        scheduler=SchedulerConfig(max_num_batched_tokens=args.budget,
-                                  min_prefill_tokens=min(32, args.budget // 4),
-                                  num_draft_tokens=args.draft_tokens),
-        backend=args.backend, device=args.device, record_logits=True,
+        model=model,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.budget,
+            min_prefill_tokens=min(32, args.budget // 4),
+            num_draft_tokens=args.draft_tokens,
+        ),
+        backend=args.backend,
+        device=args.device,
+        record_logits=True,
     )
     turns = chat_turns(sim, model.vocab_size)
     progress = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=Console(stderr=True), disable=args.json, transient=True,
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=args.json,
+        transient=True,
     )
     runs: dict[str, RunResult] = {}
     with progress:
@@ -168,8 +226,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool,
-            max_diff: float, compared: int) -> dict[str, Any]:
+def _report(
+    on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool, max_diff: float, compared: int
+) -> dict[str, Any]:
     def ttft(run: Any) -> list[float]:
         return [r.ttft_s * 1e3 for r in run.requests.values()]
 
@@ -232,39 +291,59 @@ def _print(r: dict[str, Any]) -> None:
     table = Table(
         title=f"prefixkv serve-sim: {r['model']}, {r['num_blocks']} blocks x "
         f"{r['block_size']} tokens, backend {r['backend']}",
-        show_header=False, title_justify="left",
+        show_header=False,
+        title_justify="left",
     )
     table.add_column(style="bold")
     table.add_column()
     computed, skipped = r["prefill_tokens_computed"], r["prefill_tokens_skipped"]
     total = max(computed + skipped, 1)
     rows = [
-        ("workload", f"{w['conversations']} conversations x {w['turns']} turns, "
-                     f"{w['system_prompts']} shared system prompts of {w['system_tokens']} "
-                     f"tokens"),
+        (
+            "workload",
+            f"{w['conversations']} conversations x {w['turns']} turns, "
+            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} "
+            f"tokens",
+        ),
         ("requests / generated tokens", f"{r['requests']} / {r['generated_tokens']}"),
-        ("TTFT p50 (cache on / off)", f"{r['ttft_ms_p50_on']:.1f} ms / "
-                                      f"{r['ttft_ms_p50_off']:.1f} ms"),
-        ("TTFT p90 (cache on / off)", f"{r['ttft_ms_p90_on']:.1f} ms / "
-                                      f"{r['ttft_ms_p90_off']:.1f} ms"),
+        (
+            "TTFT p50 (cache on / off)",
+            f"{r['ttft_ms_p50_on']:.1f} ms / {r['ttft_ms_p50_off']:.1f} ms",
+        ),
+        (
+            "TTFT p90 (cache on / off)",
+            f"{r['ttft_ms_p90_on']:.1f} ms / {r['ttft_ms_p90_off']:.1f} ms",
+        ),
         ("TTFT p50 in steps (on / off)", f"{r['ttft_steps_p50_on']} / {r['ttft_steps_p50_off']}"),
         ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
         ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
         ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
-        ("tokens through the model (on / off)", f"{r['tokens_computed_on']:,} / "
-                                                f"{r['tokens_computed_off']:,}"),
+        (
+            "tokens through the model (on / off)",
+            f"{r['tokens_computed_on']:,} / {r['tokens_computed_off']:,}",
+        ),
         ("preemptions (cache on)", str(r["preemptions_on"])),
         ("steps / wall time (on)", f"{r['steps_on']} / {r['wall_s_on']:.2f} s"),
         ("steps / wall time (off)", f"{r['steps_off']} / {r['wall_s_off']:.2f} s"),
-        ("cache on == cache off", "yes: identical tokens, max |logit diff| "
-         f"{r['max_logit_diff']:.2g}" if r["cache_on_equals_cache_off"] else "NO"),
+        (
+            "cache on == cache off",
+            f"yes: identical tokens, max |logit diff| {r['max_logit_diff']:.2g}"
+            if r["cache_on_equals_cache_off"]
+            else "NO",
+        ),
     ]
     if "checkpoint_hit_rate" in r:
         rows[6:6] = [
-            ("checkpoint hit rate (admissions)", f"{r['checkpoint_hit_rate']:.1%}  "
-             f"({r['checkpoints_restored']} restored of {r['checkpoints_saved']} saved)"),
-            ("prompt tokens KV alone would skip", f"{r['kv_only_skipped_fraction']:.1%}  "
-             f"({r['lost_checkpoint_tokens']:,} lost for want of a checkpoint)"),
+            (
+                "checkpoint hit rate (admissions)",
+                f"{r['checkpoint_hit_rate']:.1%}  "
+                f"({r['checkpoints_restored']} restored of {r['checkpoints_saved']} saved)",
+            ),
+            (
+                "prompt tokens KV alone would skip",
+                f"{r['kv_only_skipped_fraction']:.1%}  "
+                f"({r['lost_checkpoint_tokens']:,} lost for want of a checkpoint)",
+            ),
         ]
     if "plot" in r:
         rows.append(("plot", r["plot"]))
@@ -282,8 +361,14 @@ def _plot(on: Any, off: Any, path: Path) -> None:
     xs = [r.cached_fraction for r in on.requests.values()]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.scatter(xs, [r.ttft_s * 1e3 for r in on.requests.values()], s=14, label="cache on")
-    ax.scatter(xs, [off.requests[k].ttft_s * 1e3 for k in on.requests], s=14, marker="x",
-               color="gray", label="cache off (same request)")
+    ax.scatter(
+        xs,
+        [off.requests[k].ttft_s * 1e3 for k in on.requests],
+        s=14,
+        marker="x",
+        color="gray",
+        label="cache off (same request)",
+    )
     ax.set_xlabel("cached fraction of the prompt (cache-on run)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("serve-sim: TTFT against cached prefix")

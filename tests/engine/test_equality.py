@@ -48,8 +48,9 @@ def test_multi_turn_chat() -> None:
 
 
 def test_many_requests_share_a_system_prompt() -> None:
-    turns = [Turn(f"r{i}", [*SYSTEM, 3 * i + 1, 3 * i + 2], 6, arrival_step=1 + i // 3)
-             for i in range(9)]
+    turns = [
+        Turn(f"r{i}", [*SYSTEM, 3 * i + 1, 3 * i + 2], 6, arrival_step=1 + i // 3) for i in range(9)
+    ]
     report = check_equality(turns, CONFIG)
     hits = [report.on.requests[f"r{i}"].cached_tokens for i in range(9)]
     assert hits[0] == 0 and all(h == len(SYSTEM) for h in hits[3:])
@@ -69,9 +70,16 @@ def test_same_prompt_twice_in_one_step() -> None:
 def test_multimodal_equal_placeholders_different_content() -> None:
     placeholder = [5] * 12  # identical placeholder ids for every image
     prefix = list(range(30, 38))
+
     def turn(rid: str, content: bytes, step: int) -> Turn:
-        return Turn(rid, [*prefix, *placeholder, 9, 10, 11], 6, arrival_step=step,
-                    multimodal=[image_item(len(prefix), len(placeholder), content)])
+        return Turn(
+            rid,
+            [*prefix, *placeholder, 9, 10, 11],
+            6,
+            arrival_step=step,
+            multimodal=[image_item(len(prefix), len(placeholder), content)],
+        )
+
     turns = [turn("cat", b"cat.png", 0), turn("dog", b"dog.png", 2), turn("cat2", b"cat.png", 4)]
     report = check_equality(turns, CONFIG)
     on = report.on.requests
@@ -105,13 +113,19 @@ def test_speculative_decoding_changes_no_token() -> None:
     assert saved == spec.scheduler.drafts_accepted > 0
 
 
-HYBRID = attrs.evolve(SPEC, model=ModelConfig(hybrid=True), scheduler=SchedulerConfig(
-    num_draft_tokens=2, max_num_batched_tokens=32, min_prefill_tokens=8))
+HYBRID = attrs.evolve(
+    SPEC,
+    model=ModelConfig(hybrid=True),
+    scheduler=SchedulerConfig(num_draft_tokens=2, max_num_batched_tokens=32, min_prefill_tokens=8),
+)
 
 
 def hybrid_turns() -> list[Turn]:
-    return [*spec_turns()[:3], Turn("h", [5, 6, 7], 6, follows="s0"),
-            Turn("k", [*SYSTEM, *range(60, 90)], 4, kv_token_limit=12, arrival_step=3)]
+    return [
+        *spec_turns()[:3],
+        Turn("h", [5, 6, 7], 6, follows="s0"),
+        Turn("k", [*SYSTEM, *range(60, 90)], 4, kv_token_limit=12, arrival_step=3),
+    ]
 
 
 def test_hybrid_model() -> None:
@@ -127,7 +141,8 @@ def test_hybrid_hits_restore_checkpoints() -> None:
     engine = Engine(attrs.evolve(HYBRID, decode_state_interval=8))
     on = engine.run(hybrid_turns())
     off = Engine(attrs.evolve(HYBRID, decode_state_interval=8, cache_enabled=False)).run(
-        hybrid_turns())
+        hybrid_turns()
+    )
     assert on.outputs() == off.outputs()
     hits = sum(1 for r in on.requests.values() if r.cached_tokens)
     assert on.cache.checkpoints_saved > 0
@@ -158,8 +173,9 @@ def test_a_corrupted_checkpoint_breaks_equality() -> None:
 
 def test_long_prompts_in_chunks() -> None:
     long = tuple(range(40, 120))  # 80 tokens
-    cfg = attrs.evolve(CONFIG, scheduler=SchedulerConfig(max_num_batched_tokens=24,
-                                                         min_prefill_tokens=8))
+    cfg = attrs.evolve(
+        CONFIG, scheduler=SchedulerConfig(max_num_batched_tokens=24, min_prefill_tokens=8)
+    )
     turns = [
         Turn("l0", long, 5, kv_token_limit=16),
         Turn("s0", [1, 2, 3], 12),
@@ -210,8 +226,7 @@ def test_interpreter_backend_matches_torch() -> None:
     if os.environ.get("TRITON_INTERPRET", "") in ("", "0"):
         pytest.skip("needs TRITON_INTERPRET=1 (set when there is no GPU)")
     turns = [Turn("a", [*SYSTEM[:8], 1, 2], 3), Turn("b", [*SYSTEM[:8], 3], 3, arrival_step=2)]
-    base = attrs.evolve(CONFIG, record_logits=True, num_blocks=16,
-                        model=ModelConfig(num_layers=1))
+    base = attrs.evolve(CONFIG, record_logits=True, num_blocks=16, model=ModelConfig(num_layers=1))
     ref = Engine(attrs.evolve(base, backend="torch")).run(turns)
     tri = Engine(attrs.evolve(base, backend="interpreter")).run(turns)
     assert tri.outputs() == ref.outputs()
@@ -225,7 +240,8 @@ def test_interpreter_backend_matches_torch() -> None:
 def test_fast_backend_on_gpu() -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    cfg = attrs.evolve(CONFIG, backend="fast", device="cuda", scheduler=SchedulerConfig(
-        num_draft_tokens=3))
+    cfg = attrs.evolve(
+        CONFIG, backend="fast", device="cuda", scheduler=SchedulerConfig(num_draft_tokens=3)
+    )
     report = check_equality(spec_turns(), cfg)
     assert reused(report) > 0

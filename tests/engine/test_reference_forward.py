@@ -32,15 +32,17 @@ def dense_logits(model: TinyDecoder, embeds: torch.Tensor) -> torch.Tensor:
         qkv = layer.attn.qkv(h)
         q_end = cfg.num_heads * cfg.head_dim
         k_end = q_end + cfg.num_kv_heads * cfg.head_dim
-        q = apply_rope(qkv[:, :q_end].reshape(n, cfg.num_heads, cfg.head_dim), pos,
-                       cfg.rope_theta)
-        k = apply_rope(qkv[:, q_end:k_end].reshape(n, cfg.num_kv_heads, cfg.head_dim), pos,
-                       cfg.rope_theta)
+        q = apply_rope(qkv[:, :q_end].reshape(n, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta)
+        k = apply_rope(
+            qkv[:, q_end:k_end].reshape(n, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta
+        )
         v = qkv[:, k_end:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         rep = cfg.num_heads // cfg.num_kv_heads
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
-            v.repeat_interleave(rep, 1).transpose(0, 1), is_causal=True,
+            q.transpose(0, 1),
+            k.repeat_interleave(rep, 1).transpose(0, 1),
+            v.repeat_interleave(rep, 1).transpose(0, 1),
+            is_causal=True,
         ).transpose(0, 1)
         x = x + layer.attn.out(o.reshape(n, q_end))
         x = x + layer.mlp(layer.mlp_norm(x))
@@ -72,11 +74,15 @@ def test_engine_matches_the_dense_forward(hybrid: bool) -> None:
         Turn("c", [*system, 4, 5, 6], 5, arrival_step=2, multimodal=[img]),
         Turn("d", [7, 8], 4, follows="a"),
     ]
-    for sched in (SchedulerConfig(), SchedulerConfig(num_draft_tokens=2,
-                                                      max_num_batched_tokens=24,
-                                                      min_prefill_tokens=8)):
-        engine = Engine(EngineConfig(model=ModelConfig(hybrid=hybrid), num_blocks=64,
-                                     scheduler=sched, record_logits=True))
+    for sched in (
+        SchedulerConfig(),
+        SchedulerConfig(num_draft_tokens=2, max_num_batched_tokens=24, min_prefill_tokens=8),
+    ):
+        engine = Engine(
+            EngineConfig(
+                model=ModelConfig(hybrid=hybrid), num_blocks=64, scheduler=sched, record_logits=True
+            )
+        )
         result = engine.run(turns)
         assert result.cache.prefill_tokens_skipped > 0
         if hybrid:  # the hits restored the recurrent state from checkpoints
@@ -84,7 +90,9 @@ def test_engine_matches_the_dense_forward(hybrid: bool) -> None:
         for rid in "abcd":
             g = engine.scheduler.generation(rid)
             want, want_logits = dense_generate(
-                engine.model, list(g.request.prompt), g.request.max_new_tokens,
+                engine.model,
+                list(g.request.prompt),
+                g.request.max_new_tokens,
                 g.request.multimodal,
             )
             assert list(result.requests[rid].output) == want, rid

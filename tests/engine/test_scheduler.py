@@ -225,7 +225,11 @@ def test_speculative_decoding_rolls_back_rejected_drafts() -> None:
 def test_multimodal_items_reach_the_plan() -> None:
     span = MultimodalSpan(4, 12, "image", b"cat")
     req = GenerationRequest(
-        "m", [1, 2, 3, 4] + [9] * 8 + [5, 6], 2, NS, multimodal=[MultimodalItem(span, b"cat")],
+        "m",
+        [1, 2, 3, 4] + [9] * 8 + [5, 6],
+        2,
+        NS,
+        multimodal=[MultimodalItem(span, b"cat")],
         kv_token_limit=8,
     )
     cache = PrefixCacheManager(32, 4)

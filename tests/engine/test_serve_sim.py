@@ -61,9 +61,17 @@ def test_serve_sim_fails_when_the_cache_serves_wrong_kv(
 def test_bench_engine_tiny(tmp_path: Path) -> None:
     from prefixkv.bench_engine import FRACTIONS, EngineBenchConfig, run_engine_bench, write_outputs
 
-    cfg = EngineBenchConfig(prompt_tokens=128, repeats=1, block_size=4, hidden_size=32,
-                            num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                            intermediate_size=64)
+    cfg = EngineBenchConfig(
+        prompt_tokens=128,
+        repeats=1,
+        block_size=4,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+    )
     result = run_engine_bench(cfg)
     rows = result["rows"]
     assert [r["fraction"] for r in rows] == list(FRACTIONS)

@@ -52,14 +52,29 @@ class Sizes:
 
 
 CPU_SIZES = Sizes(
-    max_seqs=3, max_new=20, max_cached_blocks=4, block_sizes=(1, 4, 8, 16),
-    kv_heads=(1, 2), gqa_ratios=(1, 2, 4), copy_head_dims=(8, 20, 32), attn_head_dims=(64, 128),
-    decode_max_len=70, state_numel=(1, 6, 40), conv_dims=(3, 16, 70),
+    max_seqs=3,
+    max_new=20,
+    max_cached_blocks=4,
+    block_sizes=(1, 4, 8, 16),
+    kv_heads=(1, 2),
+    gqa_ratios=(1, 2, 4),
+    copy_head_dims=(8, 20, 32),
+    attn_head_dims=(64, 128),
+    decode_max_len=70,
+    state_numel=(1, 6, 40),
+    conv_dims=(3, 16, 70),
 )
 GPU_SIZES = Sizes(
-    max_seqs=8, max_new=600, max_cached_blocks=48, block_sizes=(16, 32, 64),
-    kv_heads=(1, 8), gqa_ratios=(1, 4, 8), copy_head_dims=(64, 80, 128, 256),
-    attn_head_dims=(64, 128), decode_max_len=33000, state_numel=(1, 1000, 32 * 64 * 16),
+    max_seqs=8,
+    max_new=600,
+    max_cached_blocks=48,
+    block_sizes=(16, 32, 64),
+    kv_heads=(1, 8),
+    gqa_ratios=(1, 4, 8),
+    copy_head_dims=(64, 80, 128, 256),
+    attn_head_dims=(64, 128),
+    decode_max_len=33000,
+    state_numel=(1, 1000, 32 * 64 * 16),
     conv_dims=(256, 4096),
 )
 
@@ -89,8 +104,14 @@ class DrawnBatch:
 
 
 def draw_batch(
-    data: st.DataObject, sz: Sizes, device: torch.device, *, block_size: int | None = None,
-    min_new: int = 1, max_new: int | None = None, decode: bool = False,
+    data: st.DataObject,
+    sz: Sizes,
+    device: torch.device,
+    *,
+    block_size: int | None = None,
+    min_new: int = 1,
+    max_new: int | None = None,
+    decode: bool = False,
 ) -> DrawnBatch:
     """Sequences with cached prefixes (zero allowed) and new tokens, pages drawn at random
     from a pool with spare pages left unused (they carry the canary)."""
@@ -103,8 +124,11 @@ def draw_batch(
             cached.append(total - 1)
             new.append(1)
             continue
-        cached.append(0 if data.draw(st.booleans(), label="no prefix")
-                      else boundary_len(data, bs, sz.max_cached_blocks * bs))
+        cached.append(
+            0
+            if data.draw(st.booleans(), label="no prefix")
+            else boundary_len(data, bs, sz.max_cached_blocks * bs)
+        )
         new.append(boundary_len(data, bs, max_new or sz.max_new, min_len=min_new))
     need = [-(-(c + q) // bs) for c, q in zip(cached, new, strict=True)]
     num_pages = sum(need) + data.draw(st.integers(1, 4), label="spare pages")
@@ -112,10 +136,16 @@ def draw_batch(
     pool = rnd.sample(range(num_pages), sum(need))
     ids, at = [], 0
     for k in need:
-        ids.append(pool[at:at + k])
+        ids.append(pool[at : at + k])
         at += k
-    meta = build_batch_metadata(cached, new, ids, bs, device=device,
-                                max_blocks=max(need, default=0) + data.draw(st.integers(0, 2)))
+    meta = build_batch_metadata(
+        cached,
+        new,
+        ids,
+        bs,
+        device=device,
+        max_blocks=max(need, default=0) + data.draw(st.integers(0, 2)),
+    )
     return DrawnBatch(cached, new, ids, num_pages, bs, meta)
 
 
@@ -123,19 +153,30 @@ def make_gen(data: st.DataObject) -> torch.Generator:
     return torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
 
 
-def randn(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype,
-          device: torch.device) -> torch.Tensor:
+def randn(
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     return torch.randn(shape, generator=gen).to(dtype).to(device)
 
 
-def cache_shape(layout: Layout, pages: int, page_size: int, heads: int, dim: int
-                ) -> tuple[int, int, int, int]:
+def cache_shape(
+    layout: Layout, pages: int, page_size: int, heads: int, dim: int
+) -> tuple[int, int, int, int]:
     return (pages, page_size, heads, dim) if layout == "NHD" else (pages, heads, page_size, dim)
 
 
-def kv_caches(layout: Layout, pages: int, page_size: int, heads: int, dim: int,
-              dtype: torch.dtype, device: torch.device, *, strided: bool,
-              fill: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_caches(
+    layout: Layout,
+    pages: int,
+    page_size: int,
+    heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    strided: bool,
+    fill: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V caches full of :data:`SENTINEL` (or random values with ``fill``).
 
     ``strided`` makes them the two halves of one ``[pages, 2, ...]`` allocation, the views
@@ -169,8 +210,13 @@ def assert_guards(*caches: torch.Tensor) -> None:
             assert bool((g == SENTINEL).all()), "a kernel wrote outside the cache pool"
 
 
-def assert_attention_close(out: torch.Tensor, ref64: torch.Tensor, naive: torch.Tensor,
-                           dtype: torch.dtype, rows: torch.Tensor | slice = slice(None)) -> None:
+def assert_attention_close(
+    out: torch.Tensor,
+    ref64: torch.Tensor,
+    naive: torch.Tensor,
+    dtype: torch.dtype,
+    rows: torch.Tensor | slice = slice(None),
+) -> None:
     """The tolerance rule: kernel error vs fp64 <= 2 x naive low-precision error + floor."""
     assert torch.isfinite(out[rows]).all(), "non-finite attention output"
     if out[rows].numel() == 0:
@@ -179,8 +225,7 @@ def assert_attention_close(out: torch.Tensor, ref64: torch.Tensor, naive: torch.
     naive_err = (naive[rows].double() - ref64[rows].double()).abs().max().item()
     floor = ATOL_FLOOR[dtype]
     bound = 2 * naive_err + floor
-    assert err <= bound, (f"max abs error {err:.3g} > 2 x naive {naive_err:.3g} "
-                          f"+ floor {floor:.3g}")
+    assert err <= bound, f"max abs error {err:.3g} > 2 x naive {naive_err:.3g} + floor {floor:.3g}"
 
 
 def shuffled(values: list[int], seed: int) -> list[int]:

@@ -20,8 +20,14 @@ def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "prefixkv.kernels.bench", *args], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "prefixkv.kernels.bench", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -63,9 +69,16 @@ def test_bench_code_paths_on_gpu(tmp_path: Path) -> None:
     """The real timing path (do_bench, SDPA backends) at toy sizes, bf16."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    sizes = dataclasses.replace(bench.DRY_SIZES, dtype_name="bfloat16", head_dim=64,
-                                page_size=16, prefill_contexts=(256, 512), prefill_tokens=512,
-                                decode_contexts=(256, 1024), decode_max_tokens=4096)
+    sizes = dataclasses.replace(
+        bench.DRY_SIZES,
+        dtype_name="bfloat16",
+        head_dim=64,
+        page_size=16,
+        prefill_contexts=(256, 512),
+        prefill_tokens=512,
+        decode_contexts=(256, 1024),
+        decode_max_tokens=4096,
+    )
     result = bench.run(torch.device("cuda"), sizes)
     paths = bench.write_outputs(result, tmp_path)
     assert all(p.stat().st_size > 0 for p in paths)

@@ -26,15 +26,18 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def _dims(data: st.DataObject, device: torch.device) -> tuple[int, int]:
     sz = sizes_for(device)
-    return (data.draw(st.sampled_from(sz.kv_heads), label="kv_heads"),
-            data.draw(st.sampled_from(sz.copy_head_dims), label="head_dim"))
+    return (
+        data.draw(st.sampled_from(sz.kv_heads), label="kv_heads"),
+        data.draw(st.sampled_from(sz.copy_head_dims), label="head_dim"),
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
-def test_write_kv_exact_with_canaries(device: torch.device, layout: str,
-                                      data: st.DataObject) -> None:
+def test_write_kv_exact_with_canaries(
+    device: torch.device, layout: str, data: st.DataObject
+) -> None:
     b = draw_batch(data, sizes_for(device), device, min_new=0)
     heads, dim = _dims(data, device)
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
@@ -44,8 +47,16 @@ def test_write_kv_exact_with_canaries(device: torch.device, layout: str,
         # even; a cast into bf16 is only checked on the GPU.
         src_dtype = dtype
     gen = make_gen(data)
-    kc, vc = kv_caches(layout, b.num_pages, b.block_size, heads, dim, dtype, device,
-                       strided=data.draw(st.booleans(), label="strided cache"))
+    kc, vc = kv_caches(
+        layout,
+        b.num_pages,
+        b.block_size,
+        heads,
+        dim,
+        dtype,
+        device,
+        strided=data.draw(st.booleans(), label="strided cache"),
+    )
     slots = b.meta.slot_mapping.clone()
     n = slots.shape[0]
     # skip some tokens and pad the batch: both must leave the cache untouched
@@ -68,21 +79,41 @@ def test_write_kv_exact_with_canaries(device: torch.device, layout: str,
 @pytest.mark.parametrize("layout", LAYOUTS)
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
-def test_gather_kv_exact_with_canaries(device: torch.device, layout: str,
-                                       data: st.DataObject) -> None:
+def test_gather_kv_exact_with_canaries(
+    device: torch.device, layout: str, data: st.DataObject
+) -> None:
     b = draw_batch(data, sizes_for(device), device, min_new=0)
     heads, dim = _dims(data, device)
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     gen = make_gen(data)
-    kc, vc = kv_caches(layout, b.num_pages, b.block_size, heads, dim, dtype, device,
-                       strided=data.draw(st.booleans()), fill=gen)
+    kc, vc = kv_caches(
+        layout,
+        b.num_pages,
+        b.block_size,
+        heads,
+        dim,
+        dtype,
+        device,
+        strided=data.draw(st.booleans()),
+        fill=gen,
+    )
     kc0, vc0 = kc.clone(), vc.clone()
     total = sum(b.cached) + sum(b.new)
     pad = data.draw(st.integers(0, 3), label="buffer padding")
-    out = (torch.full((total + pad, heads, dim), SENTINEL, dtype=dtype, device=device),
-           torch.full((total + pad, heads, dim), SENTINEL, dtype=dtype, device=device))
-    gather_kv(kc, vc, b.meta.block_table, b.meta.seq_lens, max_seq_len=b.meta.max_seq_len,
-              out=out, layout=layout, debug=data.draw(st.booleans()))
+    out = (
+        torch.full((total + pad, heads, dim), SENTINEL, dtype=dtype, device=device),
+        torch.full((total + pad, heads, dim), SENTINEL, dtype=dtype, device=device),
+    )
+    gather_kv(
+        kc,
+        vc,
+        b.meta.block_table,
+        b.meta.seq_lens,
+        max_seq_len=b.meta.max_seq_len,
+        out=out,
+        layout=layout,
+        debug=data.draw(st.booleans()),
+    )
     want_k, want_v = R.gather_kv_ref(kc, vc, b.meta.block_table, b.meta.seq_lens, layout=layout)
     assert torch.equal(out[0][:total], want_k) and torch.equal(out[1][:total], want_v)
     assert bool((out[0][total:] == SENTINEL).all()) and bool((out[1][total:] == SENTINEL).all())
@@ -93,8 +124,17 @@ def test_gather_kv_cached_prefix_only(device: torch.device) -> None:
     """Gathering fewer tokens than a sequence holds (just its cached prefix) works too."""
     from prefixkv.kernels import build_batch_metadata
 
-    kc, vc = kv_caches("NHD", 6, 4, 1, 8, torch.float32, device, strided=False,
-                       fill=torch.Generator().manual_seed(1))
+    kc, vc = kv_caches(
+        "NHD",
+        6,
+        4,
+        1,
+        8,
+        torch.float32,
+        device,
+        strided=False,
+        fill=torch.Generator().manual_seed(1),
+    )
     m = build_batch_metadata([5, 2], [3, 1], [[4, 0, 2], [5]], 4, device=device)
     cached = torch.tensor([5, 2], dtype=torch.int32, device=device)
     k, v = gather_kv(kc, vc, m.block_table, cached, max_seq_len=5, total_tokens=7)
@@ -105,8 +145,9 @@ def test_gather_kv_cached_prefix_only(device: torch.device) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
-def test_copy_blocks_exact_with_canaries(device: torch.device, layout: str,
-                                         data: st.DataObject) -> None:
+def test_copy_blocks_exact_with_canaries(
+    device: torch.device, layout: str, data: st.DataObject
+) -> None:
     sz = sizes_for(device)
     heads, dim = _dims(data, device)
     page = data.draw(st.sampled_from(sz.block_sizes), label="page size")
@@ -123,8 +164,9 @@ def test_copy_blocks_exact_with_canaries(device: torch.device, layout: str,
     mapping = torch.tensor(pairs, dtype=torch.int64, device=device).reshape(-1, 2)
     if data.draw(st.booleans(), label="int32 mapping"):
         mapping = mapping.to(torch.int32)
-    caches = kv_caches(layout, pages, page, heads, dim, dtype, device,
-                       strided=data.draw(st.booleans()), fill=gen)
+    caches = kv_caches(
+        layout, pages, page, heads, dim, dtype, device, strided=data.draw(st.booleans()), fill=gen
+    )
     want = [R.copy_blocks_ref(c, mapping) for c in caches]
     copy_blocks(list(caches), mapping, layout=layout, debug=data.draw(st.booleans()))
     for got, exp in zip(caches, want, strict=True):
@@ -135,8 +177,9 @@ def test_copy_blocks_exact_with_canaries(device: torch.device, layout: str,
 @pytest.mark.parametrize("layout", LAYOUTS)
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
-def test_copy_blocks_cow_fork_at_block_edges(device: torch.device, layout: str,
-                                             data: st.DataObject) -> None:
+def test_copy_blocks_cow_fork_at_block_edges(
+    device: torch.device, layout: str, data: st.DataObject
+) -> None:
     """Copy-on-write fork of every sequence's last block, lengths drawn at a block boundary
     and +-1 (a full last block, one token short, one token into a new block).
 
@@ -151,11 +194,18 @@ def test_copy_blocks_cow_fork_at_block_edges(device: torch.device, layout: str,
     gen = make_gen(data)
     lens = [c + q for c, q in zip(b.cached, b.new, strict=True)]
     fresh = b.num_pages  # the fork's pages come after the batch's pool
-    kc, vc = kv_caches(layout, b.num_pages + len(lens), b.block_size, heads, dim, dtype,
-                       device, strided=data.draw(st.booleans(), label="strided cache"))
+    kc, vc = kv_caches(
+        layout,
+        b.num_pages + len(lens),
+        b.block_size,
+        heads,
+        dim,
+        dtype,
+        device,
+        strided=data.draw(st.booleans(), label="strided cache"),
+    )
     # every token of every sequence written: the partial last blocks keep sentinel tails
-    full = build_batch_metadata([0] * len(lens), lens, b.block_ids, b.block_size,
-                                device=device)
+    full = build_batch_metadata([0] * len(lens), lens, b.block_ids, b.block_size, device=device)
     src = randn(gen, (full.num_tokens, 2, heads, dim), dtype, device)
     write_kv(src[:, 0], src[:, 1], kc, vc, full.slot_mapping, layout=layout)
     pairs, forked = [], []
@@ -173,8 +223,15 @@ def test_copy_blocks_cow_fork_at_block_edges(device: torch.device, layout: str,
     copy_blocks([kc, vc], mapping, layout=layout, debug=data.draw(st.booleans()))
     assert torch.equal(kc, want[0]) and torch.equal(vc, want[1])
     fork = build_batch_metadata([0] * len(lens), lens, forked, b.block_size, device=device)
-    got = gather_kv(kc, vc, fork.block_table, fork.seq_lens, max_seq_len=fork.max_seq_len,
-                    total_tokens=sum(lens), layout=layout)
+    got = gather_kv(
+        kc,
+        vc,
+        fork.block_table,
+        fork.seq_lens,
+        max_seq_len=fork.max_seq_len,
+        total_tokens=sum(lens),
+        layout=layout,
+    )
     assert torch.equal(got[0], orig[0]) and torch.equal(got[1], orig[1])
     used = {p for ids in b.block_ids for p in ids} | {d for s, d in pairs if s >= 0}
     for page in set(range(b.num_pages + len(lens))) - used:
@@ -195,8 +252,7 @@ def test_int64_offset_path(device: torch.device, monkeypatch: pytest.MonkeyPatch
     want = R.write_kv_ref(k, k, kc, vc, m.slot_mapping, layout="HND")
     write_kv(k, k, kc, vc, m.slot_mapping, layout="HND")
     assert torch.equal(kc, want[0]) and torch.equal(vc, want[1])
-    out = gather_kv(kc, vc, m.block_table, m.seq_lens, max_seq_len=9, total_tokens=12,
-                    layout="HND")
+    out = gather_kv(kc, vc, m.block_table, m.seq_lens, max_seq_len=9, total_tokens=12, layout="HND")
     ref = R.gather_kv_ref(kc, vc, m.block_table, m.seq_lens, layout="HND")
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
     mapping = torch.tensor([[9, 4]], device=device)
@@ -208,10 +264,20 @@ def test_int64_offset_path(device: torch.device, monkeypatch: pytest.MonkeyPatch
 def test_bad_shapes_raise(device: torch.device) -> None:
     kc, vc = kv_caches("NHD", 4, 4, 2, 8, torch.float32, device, strided=False)
     with pytest.raises(ValueError):
-        write_kv(torch.zeros(3, 1, 8, device=device), torch.zeros(3, 1, 8, device=device),
-                 kc, vc, torch.zeros(3, dtype=torch.int64, device=device))
+        write_kv(
+            torch.zeros(3, 1, 8, device=device),
+            torch.zeros(3, 1, 8, device=device),
+            kc,
+            vc,
+            torch.zeros(3, dtype=torch.int64, device=device),
+        )
     with pytest.raises(TypeError):
-        write_kv(torch.zeros(3, 2, 8, device=device), torch.zeros(3, 2, 8, device=device),
-                 kc, vc, torch.zeros(3, dtype=torch.float32, device=device))
+        write_kv(
+            torch.zeros(3, 2, 8, device=device),
+            torch.zeros(3, 2, 8, device=device),
+            kc,
+            vc,
+            torch.zeros(3, dtype=torch.float32, device=device),
+        )
     with pytest.raises(ValueError):
         copy_blocks([kc], torch.zeros(3, 3, dtype=torch.int64, device=device))

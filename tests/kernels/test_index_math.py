@@ -23,8 +23,11 @@ def test_module_imports_nothing_heavy() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@given(st.integers(1, 64), st.integers(0, 2000), st.lists(st.integers(0, 10**6), min_size=40,
-                                                          max_size=40))
+@given(
+    st.integers(1, 64),
+    st.integers(0, 2000),
+    st.lists(st.integers(0, 10**6), min_size=40, max_size=40),
+)
 def test_slot_roundtrip(block_size: int, pos: int, table: list[int]) -> None:
     pos %= block_size * len(table)
     slot = im.slot_for_position(pos, table.__getitem__, block_size)
@@ -32,16 +35,22 @@ def test_slot_roundtrip(block_size: int, pos: int, table: list[int]) -> None:
     assert page == table[pos // block_size] and off == pos % block_size
 
 
-@given(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([1, 2, 4]), st.integers(0, 300),
-       st.lists(st.integers(0, 1000), min_size=20, max_size=20))
-def test_slots_invariant_under_page_conversion(page_size: int, ratio: int, pos: int,
-                                               table: list[int]) -> None:
+@given(
+    st.sampled_from([1, 2, 4, 8, 16]),
+    st.sampled_from([1, 2, 4]),
+    st.integers(0, 300),
+    st.lists(st.integers(0, 1000), min_size=20, max_size=20),
+)
+def test_slots_invariant_under_page_conversion(
+    page_size: int, ratio: int, pos: int, table: list[int]
+) -> None:
     """Slot of a position is the same through block units or kernel-page units."""
     block_size = page_size * ratio
     pos %= block_size * len(table)
     pages = [im.page_table_entry(k, table.__getitem__, ratio) for k in range(len(table) * ratio)]
-    assert im.slot_for_position(pos, table.__getitem__, block_size) == \
-        im.slot_for_position(pos, pages.__getitem__, page_size)
+    assert im.slot_for_position(pos, table.__getitem__, block_size) == im.slot_for_position(
+        pos, pages.__getitem__, page_size
+    )
 
 
 def test_page_ratio_rejects_non_divisor() -> None:
@@ -57,7 +66,7 @@ def test_conv_state_source_matches_concat_tail(width: int) -> None:
     old = [f"o{i}" for i in range(keep)]
     for new_len in range(0, 2 * width + 2):
         new = [f"x{i}" for i in range(new_len)]
-        expect = (old + new)[len(old + new) - keep:]
+        expect = (old + new)[len(old + new) - keep :]
         got = []
         for j in range(keep):
             from_old, oi, ni = im.conv_state_source(j, new_len, width)
@@ -73,8 +82,9 @@ def test_last_page_len_and_num_pages() -> None:
 
 def test_torch_ops_agree_with_python_ops() -> None:
     n = torch.arange(0, 50, dtype=torch.int32)
-    assert im.last_page_len(n, 16, TORCH_OPS).tolist() == [im.last_page_len(i, 16)
-                                                           for i in range(50)]
+    assert im.last_page_len(n, 16, TORCH_OPS).tolist() == [
+        im.last_page_len(i, 16) for i in range(50)
+    ]
     assert im.num_pages(n, 16, TORCH_OPS).tolist() == [im.num_pages(i, 16) for i in range(50)]
 
 
@@ -122,8 +132,12 @@ def test_z3_slot_in_range_and_no_int32_overflow(block_size: int) -> None:
     r = im.SUPPORTED_RANGES
     slot = im.slot_for_position(pos, lambda _i: blk, block_size, ops)
     s = z3.Solver()
-    s.add(z3.ULE(1, nb), z3.ULE(nb, r["num_blocks"].high), z3.ULT(blk, nb),
-          z3.ULT(pos, r["max_seq_len"].high))
+    s.add(
+        z3.ULE(1, nb),
+        z3.ULE(nb, r["num_blocks"].high),
+        z3.ULT(blk, nb),
+        z3.ULT(pos, r["max_seq_len"].high),
+    )
     s.add(z3.Not(z3.And(z3.ULT(slot, nb * block_size), z3.ULT(slot, 2**31))))
     assert s.check() == z3.unsat
 

@@ -96,8 +96,9 @@ def test_drawn_lengths_hit_block_boundaries() -> None:
     assert ("zero prefix", 0) in seen
 
 
-def _csr_reference(lens: list[int], ids: list[list[int]], ratio: int, page: int
-                   ) -> tuple[list[int], list[int], list[int]]:
+def _csr_reference(
+    lens: list[int], ids: list[list[int]], ratio: int, page: int
+) -> tuple[list[int], list[int], list[int]]:
     indptr, indices, last = [0], [], []
     for n, blocks in zip(lens, ids, strict=True):
         pages = [b * ratio + j for b in blocks for j in range(ratio)][: -(-n // page)]
@@ -116,8 +117,9 @@ def test_flashinfer_csr_against_reference(data: st.DataObject) -> None:
     lens = b.meta.seq_lens.tolist()
     indptr, indices, last = _csr_reference(lens, b.block_ids, ratio, page)
     hint = data.draw(st.booleans())
-    csr = to_flashinfer_csr(b.meta.seq_lens, b.meta.block_table, page,
-                            num_total_pages=indptr[-1] if hint else None)
+    csr = to_flashinfer_csr(
+        b.meta.seq_lens, b.meta.block_table, page, num_total_pages=indptr[-1] if hint else None
+    )
     assert csr.kv_indptr.tolist() == indptr
     assert csr.kv_indices.tolist() == indices
     assert csr.kv_last_page_len.tolist() == last
@@ -181,11 +183,13 @@ def test_debug_range_checks_raise(device: torch.device) -> None:
         gather_kv(kc, vc, bad_table, m.seq_lens, max_seq_len=5, total_tokens=5, debug=True)
     q = torch.randn(m.num_tokens, 2, 8, device=device)
     with pytest.raises(KernelIndexError):
-        prefill_attention(q, kc, vc, bad_table, m.query_start_loc, m.seq_lens,
-                          max_query_len=3, debug=True)
+        prefill_attention(
+            q, kc, vc, bad_table, m.query_start_loc, m.seq_lens, max_query_len=3, debug=True
+        )
     with pytest.raises(KernelIndexError):  # max_query_len hint too small
-        prefill_attention(q, kc, vc, m.block_table, m.query_start_loc, m.seq_lens,
-                          max_query_len=2, debug=True)
+        prefill_attention(
+            q, kc, vc, m.block_table, m.query_start_loc, m.seq_lens, max_query_len=2, debug=True
+        )
     with pytest.raises(KernelIndexError):
         decode_attention(q[:1], kc, vc, bad_table, m.seq_lens, max_seq_len=5, debug=True)
     with pytest.raises(KernelIndexError):
@@ -194,21 +198,29 @@ def test_debug_range_checks_raise(device: torch.device) -> None:
         copy_blocks([kc], torch.tensor([[0, 1], [1, 2]], device=device), debug=True)
     state = torch.zeros(4, 3, device=device)
     with pytest.raises(KernelIndexError):
-        state_ops.copy_state_slots(state, state, plan_state_copy([3], [4], device=device),
-                                   debug=True)
+        state_ops.copy_state_slots(
+            state, state, plan_state_copy([3], [4], device=device), debug=True
+        )
     with pytest.raises(KernelIndexError):  # a run overlapping itself within one tensor
-        state_ops.copy_state_slots(state, state,
-                                   plan_state_copy([0, 1], [1, 2], device=device), debug=True)
+        state_ops.copy_state_slots(
+            state, state, plan_state_copy([0, 1], [1, 2], device=device), debug=True
+        )
     conv = torch.zeros(2, 3, 2, device=device)
     with pytest.raises(KernelIndexError):
-        update_conv_state(conv, torch.zeros(3, 3, device=device), m.query_start_loc,
-                          torch.tensor([2], device=device), debug=True)
+        update_conv_state(
+            conv,
+            torch.zeros(3, 3, device=device),
+            m.query_start_loc,
+            torch.tensor([2], device=device),
+            debug=True,
+        )
 
 
 @settings(deadline=None, max_examples=examples(20))
 @given(data=st.data())
-def test_debug_rejects_out_of_pool_index_before_launch(device: torch.device,
-                                                       data: st.DataObject) -> None:
+def test_debug_rejects_out_of_pool_index_before_launch(
+    device: torch.device, data: st.DataObject
+) -> None:
     """Drawn batches (lengths at block boundaries +-1): the valid metadata passes debug mode;
     one index pushed just outside the pool (the first id past the end, or -1 for a page)
     raises ``KernelIndexError`` before anything launches, so the caches and output buffers
@@ -218,19 +230,34 @@ def test_debug_rejects_out_of_pool_index_before_launch(device: torch.device,
     m = b.meta
     heads, dim = 2, 16
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    kc, vc = kv_caches("NHD", b.num_pages, b.block_size, heads, dim, torch.float16, device,
-                       strided=data.draw(st.booleans(), label="strided"), fill=gen)
+    kc, vc = kv_caches(
+        "NHD",
+        b.num_pages,
+        b.block_size,
+        heads,
+        dim,
+        torch.float16,
+        device,
+        strided=data.draw(st.booleans(), label="strided"),
+        fill=gen,
+    )
     kc0, vc0 = kc.clone(), vc.clone()
     kv = torch.randn(m.num_tokens, heads, dim, generator=gen).half().to(device)
     num_slots = b.num_pages * b.block_size
     lens = [c + q for c, q in zip(b.cached, b.new, strict=True)]
     total = sum(lens)
-    out = (torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device),
-           torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device))
+    out = (
+        torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device),
+        torch.full((total, heads, dim), SENTINEL, dtype=torch.float16, device=device),
+    )
 
     def unchanged() -> bool:
-        return (torch.equal(kc, kc0) and torch.equal(vc, vc0)
-                and bool((out[0] == SENTINEL).all()) and bool((out[1] == SENTINEL).all()))
+        return (
+            torch.equal(kc, kc0)
+            and torch.equal(vc, vc0)
+            and bool((out[0] == SENTINEL).all())
+            and bool((out[1] == SENTINEL).all())
+        )
 
     # the slot mapping: one slot at or past the end of the pool
     bad_slots = m.slot_mapping.clone()
@@ -251,16 +278,27 @@ def test_debug_rejects_out_of_pool_index_before_launch(device: torch.device,
         gather_kv(kc, vc, bad, m.seq_lens, max_seq_len=m.max_seq_len, out=out, debug=True)
     q = torch.randn(m.num_tokens, 2 * heads, dim, generator=gen).half().to(device)
     with pytest.raises(KernelIndexError):
-        prefill_attention(q, kc, vc, bad, m.query_start_loc, m.seq_lens,
-                          max_query_len=m.max_query_len, debug=True)
+        prefill_attention(
+            q, kc, vc, bad, m.query_start_loc, m.seq_lens, max_query_len=m.max_query_len, debug=True
+        )
     with pytest.raises(IndexError):  # the typed error is an IndexError too
-        decode_attention(q[: m.num_seqs].contiguous(), kc, vc, bad, m.seq_lens,
-                         max_seq_len=m.max_seq_len, debug=True)
+        decode_attention(
+            q[: m.num_seqs].contiguous(),
+            kc,
+            vc,
+            bad,
+            m.seq_lens,
+            max_seq_len=m.max_seq_len,
+            debug=True,
+        )
     assert unchanged()
 
     # a copy pair with an id at or past the end of the pool
-    src, dst = data.draw(st.permutations(range(b.num_pages)), label="pages")[:2] \
-        if b.num_pages > 1 else (0, 0)
+    src, dst = (
+        data.draw(st.permutations(range(b.num_pages)), label="pages")[:2]
+        if b.num_pages > 1
+        else (0, 0)
+    )
     pair = [src, b.num_pages] if data.draw(st.booleans(), label="bad dst") else [b.num_pages, dst]
     with pytest.raises(KernelIndexError):
         copy_blocks([kc, vc], torch.tensor([pair], device=device), debug=True)
@@ -269,7 +307,7 @@ def test_debug_rejects_out_of_pool_index_before_launch(device: torch.device,
     # valid metadata passes, even with garbage in table columns no sequence reads
     table = m.block_table.table.clone()
     for i, ids in enumerate(b.block_ids):
-        table[i, len(ids):] = 10**6
+        table[i, len(ids) :] = 10**6
     padded = BlockTable(table, b.block_size)
     write_kv(kv, kv, kc, vc, m.slot_mapping, debug=True)
     gather_kv(kc, vc, padded, m.seq_lens, max_seq_len=m.max_seq_len, out=out, debug=True)
@@ -305,6 +343,7 @@ def _forbid_host_sync() -> Iterator[None]:
     def trap(name: str) -> Callable[..., Any]:
         def raiser(*_a: Any, **_k: Any) -> Any:
             raise AssertionError(f"host sync: Tensor.{name} called in the launch path")
+
         return raiser
 
     try:
@@ -326,6 +365,7 @@ class _Recorder:
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         def launch(*_args: Any, **_kwargs: Any) -> None:
             self.grids.append(grid)
+
         return launch
 
 
@@ -334,7 +374,9 @@ def _hot_inputs(device: torch.device) -> dict[str, Any]:
     kc, vc = kv_caches("NHD", 8, 4, 2, 16, torch.float16, device, strided=True)
     m = build_batch_metadata([3, 0], [2, 5], [[0, 1], [2, 3]], 4, device=device)
     return {
-        "kc": kc, "vc": vc, "m": m,
+        "kc": kc,
+        "vc": vc,
+        "m": m,
         "kv": torch.randn(m.num_tokens, 2, 16).half().to(device),
         "q": torch.randn(m.num_tokens, 4, 16).half().to(device),
         "state": torch.zeros(6, 4, 3, device=device),
@@ -354,8 +396,9 @@ def _launch_all(i: dict[str, Any]) -> None:
     write_kv(i["kv"], i["kv"], kc, vc, slots)
     gather_kv(kc, vc, m.block_table, m.seq_lens, max_seq_len=m.max_seq_len, total_tokens=10)
     copy_blocks([kc, vc], i["pairs"])
-    prefill_attention(q, kc, vc, m.block_table, m.query_start_loc, m.seq_lens,
-                      max_query_len=m.max_query_len)
+    prefill_attention(
+        q, kc, vc, m.block_table, m.query_start_loc, m.seq_lens, max_query_len=m.max_query_len
+    )
     decode_attention(q[:2], kc, vc, m.block_table, m.seq_lens, max_seq_len=m.max_seq_len)
     state_ops.copy_state_slots(i["state"], i["state"], i["plan"])
     update_conv_state(i["conv"], i["x"], m.query_start_loc, i["src"], i["dst"])
@@ -363,10 +406,16 @@ def _launch_all(i: dict[str, Any]) -> None:
     to_flashinfer_csr(m.seq_lens, pages, num_total_pages=5)
 
 
-_KERNELS = ((cache_ops, "_write_kv_kernel"), (cache_ops, "_gather_kv_kernel"),
-            (cache_ops, "_copy_blocks_kernel"), (attention, "_prefill_attention_kernel"),
-            (attention, "_decode_split_kernel"), (attention, "_decode_reduce_kernel"),
-            (state_ops, "_copy_slot_runs_kernel"), (state_ops, "_conv_state_update_kernel"))
+_KERNELS = (
+    (cache_ops, "_write_kv_kernel"),
+    (cache_ops, "_gather_kv_kernel"),
+    (cache_ops, "_copy_blocks_kernel"),
+    (attention, "_prefill_attention_kernel"),
+    (attention, "_decode_split_kernel"),
+    (attention, "_decode_reduce_kernel"),
+    (state_ops, "_copy_slot_runs_kernel"),
+    (state_ops, "_conv_state_update_kernel"),
+)
 
 
 def test_no_host_sync_in_launch_path(device: torch.device) -> None:
@@ -398,8 +447,10 @@ def test_sync_trap_catches_a_sync() -> None:
     with _forbid_host_sync(), pytest.raises(AssertionError, match="host sync"):
         t.sum().item()
     with _forbid_host_sync(), pytest.raises(AssertionError, match="host sync"):
-        to_flashinfer_csr(torch.tensor([3], dtype=torch.int32),
-                          BlockTable(torch.zeros(1, 1, dtype=torch.int32), 4))  # no hint
+        to_flashinfer_csr(
+            torch.tensor([3], dtype=torch.int32),
+            BlockTable(torch.zeros(1, 1, dtype=torch.int32), 4),
+        )  # no hint
 
 
 def test_gpu_sizes_are_selected_by_device(device: torch.device) -> None:

@@ -31,8 +31,11 @@ def test_coalescing_by_hand() -> None:
         coalesce_slot_runs([-1], [3])
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=20,
-                unique_by=lambda p: p[1]))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=20, unique_by=lambda p: p[1]
+    )
+)
 def test_coalescing_covers_exactly_the_pairs(pairs: list[tuple[int, int]]) -> None:
     runs = coalesce_slot_runs([s for s, _ in pairs], [d for _, d in pairs])
     expanded = {(s + i, d + i) for s, d, n in runs for i in range(n)}
@@ -43,8 +46,14 @@ def test_coalescing_covers_exactly_the_pairs(pairs: list[tuple[int, int]]) -> No
     assert not any((s, d) in ends for s, d, _ in runs)
 
 
-def _state(gen: torch.Generator, slots: int, inner: tuple[int, ...], dtype: torch.dtype,
-           device: torch.device, strided: bool) -> torch.Tensor:
+def _state(
+    gen: torch.Generator,
+    slots: int,
+    inner: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    strided: bool,
+) -> torch.Tensor:
     """A state tensor; ``strided`` makes it one half of a ``[slots, 2, ...]`` allocation."""
     if strided:
         return randn(gen, (slots, 2, *inner), dtype, device)[:, 1]
@@ -53,8 +62,7 @@ def _state(gen: torch.Generator, slots: int, inner: tuple[int, ...], dtype: torc
 
 @settings(deadline=None, max_examples=examples(20))
 @given(data=st.data())
-def test_copy_state_slots_exact_with_canaries(device: torch.device, data: st.DataObject
-                                              ) -> None:
+def test_copy_state_slots_exact_with_canaries(device: torch.device, data: st.DataObject) -> None:
     sz = sizes_for(device)
     numel = data.draw(st.sampled_from(sz.state_numel), label="slot numel")
     inner = (numel,) if numel % 2 else (2, numel // 2)
@@ -94,8 +102,7 @@ def test_save_then_restore_roundtrip(device: torch.device) -> None:
 
 @settings(deadline=None, max_examples=examples(25))
 @given(data=st.data())
-def test_conv_state_update_matches_reference(device: torch.device, data: st.DataObject
-                                             ) -> None:
+def test_conv_state_update_matches_reference(device: torch.device, data: st.DataObject) -> None:
     """Lengths 0, shorter than the window, equal and longer; fresh sequences; restore from
     a checkpoint slot into a running slot; skipped sequences keep their state."""
     sz = sizes_for(device)
@@ -124,8 +131,7 @@ def test_conv_state_update_matches_reference(device: torch.device, data: st.Data
     src_t = torch.tensor(src, dtype=torch.int64, device=device)
     dst_t = torch.tensor(dst, dtype=torch.int32, device=device)
     want = R.update_conv_state_ref(conv, x, qsl_t, src_t, dst_t, out)
-    update_conv_state(conv, x, qsl_t, src_t, dst_t, out_state=out,
-                      debug=data.draw(st.booleans()))
+    update_conv_state(conv, x, qsl_t, src_t, dst_t, out_state=out, debug=data.draw(st.booleans()))
     assert torch.equal(out if separate else conv, want)
 
 
@@ -136,8 +142,12 @@ def test_conv_state_short_prefill_by_hand(device: torch.device) -> None:
     slots = torch.tensor([0], device=device)
     update_conv_state(conv, x, torch.tensor([0, 1], dtype=torch.int32, device=device), slots)
     assert conv.flatten().tolist() == [2.0, 3.0, 9.0]
-    update_conv_state(conv, torch.zeros(0, 1, device=device),
-                      torch.tensor([0, 0], dtype=torch.int32, device=device), slots)
+    update_conv_state(
+        conv,
+        torch.zeros(0, 1, device=device),
+        torch.tensor([0, 0], dtype=torch.int32, device=device),
+        slots,
+    )
     assert conv.flatten().tolist() == [2.0, 3.0, 9.0]  # no new tokens: unchanged
     x5 = torch.arange(5.0, device=device).reshape(5, 1)
     update_conv_state(conv, x5, torch.tensor([0, 5], dtype=torch.int32, device=device), slots)

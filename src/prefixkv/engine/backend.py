@@ -32,13 +32,21 @@ class Backend(Protocol):
     name: str
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-        value_cache: torch.Tensor, meta: BatchMetadata,
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
     ) -> None: ...
 
     def attend(
-        self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...],
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
     ) -> torch.Tensor:
         """``q`` ``[tokens, q_heads, head_dim]`` -> same shape. ``host_lens`` holds each
         sequence's ``(cached, new)`` lengths as host ints (no device reads needed)."""
@@ -51,8 +59,12 @@ class TorchBackend:
     name = "torch"
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-        value_cache: torch.Tensor, meta: BatchMetadata,
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
     ) -> None:
         slots = meta.slot_mapping[: meta.num_tokens]
         kflat = key_cache.view(-1, *key_cache.shape[2:])
@@ -61,8 +73,12 @@ class TorchBackend:
         vflat[slots] = value[: meta.num_tokens].to(value_cache.dtype)
 
     def attend(
-        self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...],
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
     ) -> torch.Tensor:
         page = key_cache.shape[1]
         kflat = key_cache.view(-1, *key_cache.shape[2:])
@@ -98,22 +114,39 @@ class FastBackend:
         self._k = kernels
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-        value_cache: torch.Tensor, meta: BatchMetadata,
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
     ) -> None:
         self._k.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
 
     def attend(
-        self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...],
+        self,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
     ) -> torch.Tensor:
         if meta.max_query_len == 1 and meta.num_tokens == meta.num_seqs:
             return self._k.decode_attention(
-                q, key_cache, value_cache, meta.block_table, meta.seq_lens,
+                q,
+                key_cache,
+                value_cache,
+                meta.block_table,
+                meta.seq_lens,
                 max_seq_len=meta.max_seq_len,
             )
         return self._k.prefill_attention(
-            q, key_cache, value_cache, meta.block_table, meta.query_start_loc, meta.seq_lens,
+            q,
+            key_cache,
+            value_cache,
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
             max_query_len=meta.max_query_len,
         )
 

@@ -57,11 +57,15 @@ def build_step_batch(plan: StepPlan, block_size: int, device: torch.device) -> S
         rows.extend(range(base + s.num_tokens - n, base + s.num_tokens))
         for item in s.multimodal:
             lo, hi = max(item.span.start, s.start), min(item.span.end, s.end)
-            overrides.append(MultimodalOverride(base + lo - s.start, hi - lo, item,
-                                                lo - item.span.start))
+            overrides.append(
+                MultimodalOverride(base + lo - s.start, hi - lo, item, lo - item.span.start)
+            )
     meta = build_batch_metadata(
-        [s.start for s in plan.seqs], [s.num_tokens for s in plan.seqs],
-        [s.block_ids for s in plan.seqs], block_size, device=device,
+        [s.start for s in plan.seqs],
+        [s.num_tokens for s in plan.seqs],
+        [s.block_ids for s in plan.seqs],
+        block_size,
+        device=device,
     )
     return StepBatch(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),

@@ -115,15 +115,21 @@ class Engine:
         self.states: RecurrentStatePool | None = None
         if cfg.model.hybrid:
             self.hybrid = HybridPrefixCacheManager(
-                cfg.num_blocks, cfg.block_size, max_num_seqs=cfg.scheduler.max_num_seqs,
-                state_budget=cfg.state_budget, decode_state_interval=cfg.decode_state_interval,
+                cfg.num_blocks,
+                cfg.block_size,
+                max_num_seqs=cfg.scheduler.max_num_seqs,
+                state_budget=cfg.state_budget,
+                decode_state_interval=cfg.decode_state_interval,
             )
             self.states = RecurrentStatePool(
-                cfg.scheduler.max_num_seqs + cfg.state_budget, cfg.model.conv_width,
-                cfg.model.hidden_size, self.device,
+                cfg.scheduler.max_num_seqs + cfg.state_budget,
+                cfg.model.conv_width,
+                cfg.model.hidden_size,
+                self.device,
             )
         self.cache: PrefixCacheManager = (
-            self.hybrid if self.hybrid is not None
+            self.hybrid
+            if self.hybrid is not None
             else PrefixCacheManager(cfg.num_blocks, cfg.block_size)
         )
         self.speculative = cfg.scheduler.num_draft_tokens > 0
@@ -138,8 +144,13 @@ class Engine:
         self._first_token_at: dict[str, float] = {}
 
     def request(
-        self, request_id: str, prompt: Sequence[int], max_new_tokens: int, *,
-        multimodal: Sequence[MultimodalItem] = (), kv_token_limit: int | None = None,
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        multimodal: Sequence[MultimodalItem] = (),
+        kv_token_limit: int | None = None,
     ) -> GenerationRequest:
         """A request in this engine's namespace (speculative ones get the recompute window)."""
         vocab = self.config.model.vocab_size
@@ -147,8 +158,13 @@ class Engine:
         if bad:
             raise InvalidRequest(f"token ids {bad[:4]} outside the model's vocabulary of {vocab}")
         return GenerationRequest(
-            request_id, prompt, max_new_tokens, self.namespace, tuple(multimodal),
-            kv_token_limit, RECOMPUTE_BLOCKS if self.speculative else 0,
+            request_id,
+            prompt,
+            max_new_tokens,
+            self.namespace,
+            tuple(multimodal),
+            kv_token_limit,
+            RECOMPUTE_BLOCKS if self.speculative else 0,
         )
 
     def add(self, request: GenerationRequest) -> None:
@@ -232,7 +248,9 @@ class Engine:
         return plan, out
 
     def run(
-        self, workload: Sequence[Turn], *,
+        self,
+        workload: Sequence[Turn],
+        *,
         on_step: Callable[[Engine, StepPlan], None] | None = None,
         max_steps: int = 1_000_000,
     ) -> RunResult:
@@ -263,10 +281,15 @@ class Engine:
                     continue
                 history = list(parent.tokens) if parent is not None else []
                 items = [_shift(m, len(history)) for m in t.multimodal]
-                self.add(self.request(
-                    t.request_id, [*history, *t.tokens], t.max_new_tokens,
-                    multimodal=items, kv_token_limit=t.kv_token_limit,
-                ))
+                self.add(
+                    self.request(
+                        t.request_id,
+                        [*history, *t.tokens],
+                        t.max_new_tokens,
+                        multimodal=items,
+                        kv_token_limit=t.kv_token_limit,
+                    )
+                )
             pending = still
             plan, _ = self.step()
             steps += 1

@@ -20,7 +20,11 @@ class KVPool:
     """
 
     def __init__(
-        self, model: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
+        self,
+        model: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
         dtype: torch.dtype,
     ) -> None:
         self.num_blocks = num_blocks
@@ -29,8 +33,14 @@ class KVPool:
         # never written then gives zeros in both runs, and may slip past an on/off
         # comparison; reads of stale or wrong KV do not, which the corruption test shows.
         self.data = torch.zeros(
-            model.num_attention_layers, 2, num_blocks, block_size, model.num_kv_heads,
-            model.head_dim, device=device, dtype=dtype,
+            model.num_attention_layers,
+            2,
+            num_blocks,
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            device=device,
+            dtype=dtype,
         )
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (layer[0], layer[1]) for layer in self.data.unbind(0)

@@ -54,8 +54,13 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...], backend: Backend,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
+        backend: Backend,
     ) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
@@ -96,8 +101,13 @@ class DecoderLayer(nn.Module):
         self.mlp = Mlp(cfg)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...], backend: Backend,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
+        backend: Backend,
     ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), positions, kv, meta, host_lens, backend)
         mlp: torch.Tensor = self.mlp(self.mlp_norm(x))

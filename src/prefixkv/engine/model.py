@@ -59,9 +59,15 @@ class TinyDecoder(nn.Module):
         self.lm_head.weight.mul_(2.0)
 
     def forward(
-        self, input_embeds: torch.Tensor, positions: torch.Tensor, pool: KVPool,
-        meta: BatchMetadata, host_lens: tuple[tuple[int, int], ...], backend: Backend,
-        sample_rows: torch.Tensor, states: Sequence[RecurrentState | None] = (),
+        self,
+        input_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        pool: KVPool,
+        meta: BatchMetadata,
+        host_lens: tuple[tuple[int, int], ...],
+        backend: Backend,
+        sample_rows: torch.Tensor,
+        states: Sequence[RecurrentState | None] = (),
         capture: Sequence[Sequence[int]] = (),
     ) -> tuple[torch.Tensor, list[dict[int, RecurrentState]]]:
         """Logits ``[len(sample_rows), vocab]`` (float32) of the rows that are sampled, and

@@ -31,7 +31,11 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(
-        self, model: TinyDecoder, pool: KVPool, backend: Backend, encoder: StubEncoder,
+        self,
+        model: TinyDecoder,
+        pool: KVPool,
+        backend: Backend,
+        encoder: StubEncoder,
         device: torch.device,
     ) -> None:
         self.model = model
@@ -58,7 +62,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, plan: StepPlan, states: Sequence[RecurrentState | None] = (),
+        self,
+        plan: StepPlan,
+        states: Sequence[RecurrentState | None] = (),
         capture: Sequence[Sequence[int]] = (),
     ) -> RunnerOutput:
         """Run ``plan``. Hybrid model: ``states`` holds each sequence's recurrent state at
@@ -74,17 +80,30 @@ class ModelRunner:
         hybrid = self.model.recurrent is not None
         if hybrid and len(states) != len(plan.seqs):
             raise ValueError("the hybrid model needs each sequence's recurrent state")
-        relative = [
-            [p - s.start for p in want] for s, want in zip(plan.seqs, capture, strict=True)
-        ] if capture else []
-        logits, after = self.model(
-            embeds, batch.positions, self.pool, batch.meta, batch.host_lens, self.backend,
-            batch.sample_rows, states, relative,
+        relative = (
+            [[p - s.start for p in want] for s, want in zip(plan.seqs, capture, strict=True)]
+            if capture
+            else []
         )
-        absolute = tuple(
-            {s.start + k: state for k, state in by_rows.items()}
-            for s, by_rows in zip(plan.seqs, after, strict=True)
-        ) if hybrid else ()
+        logits, after = self.model(
+            embeds,
+            batch.positions,
+            self.pool,
+            batch.meta,
+            batch.host_lens,
+            self.backend,
+            batch.sample_rows,
+            states,
+            relative,
+        )
+        absolute = (
+            tuple(
+                {s.start + k: state for k, state in by_rows.items()}
+                for s, by_rows in zip(plan.seqs, after, strict=True)
+            )
+            if hybrid
+            else ()
+        )
         self.tokens_computed += batch.meta.num_tokens
         # One host transfer per step: the sampled tokens (and logits) go back to the host.
         tokens = logits.argmax(-1).tolist()
