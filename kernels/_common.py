@@ -39,7 +39,7 @@ def next_pow2(n: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    return index_math.ceil_div(a, b)
+    return int(index_math.ceil_div(a, b))
 
 
 def check_device(*tensors: torch.Tensor) -> torch.device:

@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
+# NOTE: Triton JIT kernels are untyped by nature (pointers and constexprs that only the
+# Triton compiler understands); the launchers around them are typed.
 """Paged attention: prefix-prefill (varlen, bottom-right causal) and split-K decode.
 
 Choice: keys and values are read *only* from the paged cache. The new tokens' K/V are

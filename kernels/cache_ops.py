@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
+# NOTE: Triton JIT kernels are untyped by nature (pointers and constexprs that only the
+# Triton compiler understands); the launchers around them are typed.
 """Cache data movement: write new K/V at slots, gather paged KV, copy blocks.
 
 These kernels move bytes and do no arithmetic on them, so they must match their torch
@@ -19,7 +22,7 @@ import triton.language as tl
 
 from . import _common as C
 from . import debug as D
-from .errors import KernelInputError
+from .errors import KernelIndexError, KernelInputError
 from .index_math import Layout
 from .metadata import BlockTable, cu_seqlens
 
@@ -304,7 +307,7 @@ def gather_kv(
         starts = D._host(cu_seqlens_k)
         for i, n in enumerate(lens):
             if starts[i] < 0 or starts[i] + n > min(out_k.shape[0], out_v.shape[0]):
-                raise D.KernelIndexError(f"sequence {i} rows [{starts[i]}, +{n}) outside out")
+                raise KernelIndexError(f"sequence {i} rows [{starts[i]}, +{n}) outside out")
     if num_seqs == 0 or max_seq_len == 0:
         return out_k, out_v
     block_n, block_d, num_warps = _gather_config(gk.head_dim)

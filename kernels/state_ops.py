@@ -1,3 +1,6 @@
+# mypy: allow-untyped-defs, allow-incomplete-defs, allow-untyped-decorators
+# NOTE: Triton JIT kernels are untyped by nature (pointers and constexprs that only the
+# Triton compiler understands); the launchers around them are typed.
 """Recurrent-state kernels: checkpoint save/restore by slot, and the causal-conv state update.
 
 A hybrid model keeps, per sequence, a recurrent state in a slot of a state tensor

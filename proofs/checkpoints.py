@@ -135,8 +135,14 @@ class CState:
     clock: Any
     ctr: dict[str, Any]
 
+    @classmethod
+    def of(cls, lists: Sequence[list[Any]], clock: Any, ctr: dict[str, Any]) -> CState:
+        """The state whose list fields are ``lists``, in ``_LIST_FIELDS`` order."""
+        fields: dict[str, Any] = dict(zip(_LIST_FIELDS, lists, strict=True))
+        return cls(**fields, clock=clock, ctr=ctr)
+
     def copy(self) -> CState:
-        return CState(*(list(getattr(self, f)) for f in _LIST_FIELDS), self.clock, dict(self.ctr))
+        return CState.of([list(getattr(self, f)) for f in _LIST_FIELDS], self.clock, dict(self.ctr))
 
     def leaves(self) -> list[Any]:
         out = [x for f in _LIST_FIELDS for x in getattr(self, f)]
@@ -216,8 +222,8 @@ class CkptModel:
             ]
             for f in _LIST_FIELDS
         ]
-        return CState(
-            *lists, z3.Int(prefix + "clock"), {k: z3.Int(f"{prefix}{k}") for k in COUNTERS}
+        return CState.of(
+            lists, z3.Int(prefix + "clock"), {k: z3.Int(f"{prefix}{k}") for k in COUNTERS}
         )
 
     def init_state(self) -> CState:
@@ -270,13 +276,13 @@ class CkptModel:
 
     # -- symbolic indexing -----------------------------------------------------------------
 
-    def at_seq(self, idx: Any, f: Callable[[int], Any]) -> Any:
+    def at_seq(self, idx: Any, f: Callable[..., Any]) -> Any:
         return z3.Or([z3.And(idx == q, f(q)) for q in range(self.S)])
 
-    def at_node(self, idx: Any, f: Callable[[int], Any]) -> Any:
+    def at_node(self, idx: Any, f: Callable[..., Any]) -> Any:
         return z3.Or([z3.And(idx == n, f(n)) for n in range(self.M)])
 
-    def at_slot(self, idx: Any, f: Callable[[int], Any]) -> Any:
+    def at_slot(self, idx: Any, f: Callable[..., Any]) -> Any:
         return z3.Or([z3.And(idx == s, f(s)) for s in range(self.K)])
 
     @staticmethod

@@ -165,9 +165,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             ),
         )
         cw = {} if args.no_witnesses else ckpt_prover.witnesses(ckpt_ops)
-        for r in ckpt_rows:
-            if r.operation in cw:
-                r.non_vacuous = cw[r.operation][1] == "sat"
+        for cr in ckpt_rows:
+            if cr.operation in cw:
+                cr.non_vacuous = cw[cr.operation][1] == "sat"
         ok &= all(r.status == "proved" for r in ckpt_rows)
         ok &= all(w[1] == "sat" for w in cw.values())
         doc["checkpoints"] = {
@@ -212,9 +212,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 f"obligations proved ({ckpt_prover.model.b.describe()})",
                 file=out,
             )
-        for r in [*rows, *ckpt_rows]:
-            if r.status != "proved":
-                print(f"\n{r.invariant} / {r.operation}: {r.status}\n{r.detail}", file=out)
+        failed: list[obligations.Row | checkpoints.CkptRow] = [
+            r for r in rows if r.status != "proved"
+        ]
+        failed += [cr for cr in ckpt_rows if cr.status != "proved"]
+        for fr in failed:
+            print(f"\n{fr.invariant} / {fr.operation}: {fr.status}\n{fr.detail}", file=out)
         if witnesses:
             bad = [w for w in witnesses.values() if w.status != "sat"]
             print(
@@ -392,10 +395,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 f"in {crep.seconds:.1f}s, no drift",
                 file=out,
             )
-            for s in cseeded:
+            for cs in cseeded:
                 print(
-                    f"  seeded drift {s.name:<24} "
-                    f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
+                    f"  seeded drift {cs.name:<24} "
+                    f"{'caught after ' + str(cs.checks) + ' checks' if cs.caught else 'MISSED'}",
                     file=out,
                 )
 

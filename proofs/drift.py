@@ -486,10 +486,10 @@ def model_step(
             sq = pre.seqs[slot]
             vals["accepted"] = len(call.accepted)
             if sq is not None:
-                toks = list(sq.tokens) + list(call.accepted)
+                after_toks = [*sq.tokens, *call.accepted]
                 vals["labels"] = [
-                    labels.tok(tuple(toks[j * bs : (j + 1) * bs]))
-                    if (j + 1) * bs <= len(toks)
+                    labels.tok(tuple(after_toks[j * bs : (j + 1) * bs]))
+                    if (j + 1) * bs <= len(after_toks)
                     else DONT_CARE
                     for j in range(M)
                 ]

@@ -37,6 +37,10 @@ from unittest import mock
 import z3
 from prefixkv.kernels import index_math as im
 
+#: NOTE: index_math is typed for ints and runs here over ``Sym``, which duck-types int;
+#: the symbolic calls go through this untyped alias on purpose.
+im_sym: Any = im
+
 __all__ = [
     "KERNEL_OBLIGATIONS",
     "KERNEL_VARIANTS",
@@ -485,7 +489,7 @@ def _offset_int(layout: im.Layout) -> Callable[[_Recorder, _SymOps, list[Any]], 
     def claim(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
         v = _offset_setup(rec, ops, hyp, layout, contiguous=False, with_slot=True)
         arith = [x for x, k in zip(rec.values, rec.kinds, strict=True) if k in "+-*"]
-        top = im.max_element_offset(v["shape"], v["strides"])  # the launcher's bound
+        top = im_sym.max_element_offset(v["shape"], v["strides"])  # the launcher's bound
         # Every sum and product of both offset formulas lies in [0, max_element_offset],
         # and the launcher uses int32 only when max_element_offset + 1 <= INT32_MAX.
         return z3.And(
@@ -567,9 +571,9 @@ def _run_int(rec: _Recorder, ops: _SymOps, hyp: list[Any]) -> Any:
     ]
     # the division lemma (KERNEL-RUN elem // numel, proved on its own)
     hyp.append(_u(elem) / _u(numel) < _u(length))
-    off = im.run_element(start, elem, numel, stride, ops)
+    off = im_sym.run_element(start, elem, numel, stride, ops)
     slot = _u(start) + _u(elem) / _u(numel)
-    top = im.max_element_offset([slots, numel], [stride, 1])
+    top = im_sym.max_element_offset([slots, numel], [stride, 1])
     return z3.And(slot < _u(slots), _u(off) >= 0, _u(off) <= _u(top))
 
 

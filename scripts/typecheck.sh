@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# mypy --strict on prefixkv.spec and prefixkv.impl, then on prefixkv.engine (the Triton
-# kernels it imports are untyped, so errors in them are not reported here).
+# mypy --strict over the whole prefixkv package.
 #
 # The source directories map onto subpackages through setuptools' package-dir, which mypy
 # cannot see through an editable install. Stage a tree of symlinks with the installed
@@ -10,10 +9,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/prefixkv"
-cp "$root/src/prefixkv/__init__.py" "$root/src/prefixkv/py.typed" "$stage/prefixkv/"
-for sub in spec impl kernels; do ln -s "$root/$sub" "$stage/prefixkv/$sub"; done
-ln -s "$root/src/prefixkv/engine" "$stage/prefixkv/engine"
+for entry in "$root"/src/prefixkv/*; do
+    case "$(basename "$entry")" in __pycache__) continue ;; esac
+    ln -s "$entry" "$stage/prefixkv/"
+done
+for sub in spec impl kernels proofs; do ln -s "$root/$sub" "$stage/prefixkv/$sub"; done
 cd "$stage"
-python -m mypy --config-file "$root/pyproject.toml" --strict -p prefixkv.spec -p prefixkv.impl
-python -m mypy --config-file "$root/pyproject.toml" --strict --follow-imports=silent \
-    -p prefixkv.engine
+python -m mypy --config-file "$root/pyproject.toml" -p prefixkv  # strict = true in pyproject

@@ -20,11 +20,12 @@ freed in one batch. When the pool runs dry, the oldest finished sequences are fr
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -125,7 +126,7 @@ SPEC_PRESET = Preset(
     live=4,
 )
 
-_IMAGES = {"image_tokens": 256, "image_pool": 16, "image_rate": 0.5}
+_IMAGES: dict[str, Any] = {"image_tokens": 256, "image_pool": 16, "image_rate": 0.5}
 _SPECULATIVE = Drive(recompute_blocks=1, draft_tokens=3, acceptance=0.7)
 
 #: ``--workload``: ``(impl preset, spec preset)`` per workload.
@@ -348,7 +349,7 @@ class _Driver:
         i = 1  # reply tokens sampled so far; reply[i - 1] is pending (its KV unwritten)
         while i < len(reply):
             k = min(d.draft_tokens, len(reply) - i - 1)
-            new = self._with_room(lambda n=1 + k: cache.append(seq_id, n))
+            new = self._with_room(functools.partial(cache.append, seq_id, 1 + k))
             self._tick()
             if new:
                 self._sample_used()

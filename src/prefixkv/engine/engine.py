@@ -17,7 +17,7 @@ every generated token, which :mod:`.equality` compares between cache on and cach
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 import torch
@@ -51,6 +51,10 @@ def _shift(item: MultimodalItem, by: int) -> MultimodalItem:
     )
 
 
+def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
+    return tuple(tokens)
+
+
 @attrs.frozen
 class Turn:
     """One request of a workload.
@@ -62,7 +66,7 @@ class Turn:
     """
 
     request_id: str
-    tokens: tuple[int, ...] = attrs.field(converter=tuple)
+    tokens: tuple[int, ...] = attrs.field(converter=_token_tuple)
     max_new_tokens: int
     follows: str | None = None
     arrival_step: int = 0
