@@ -18,6 +18,8 @@ from typing import TypeVar
 import attrs
 from prefixkv.spec.errors import InvalidRequest
 
+from prefixkv.errors import InvalidConfig, require_int
+
 __all__ = [
     "SchedulerConfig",
     "choose_victim",
@@ -31,13 +33,11 @@ T = TypeVar("T")
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"{attribute.name} must be an int >= 1, got {value!r}")
+    require_int(value, attribute.name, minimum=1)
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidRequest(f"{attribute.name} must be an int >= 0, got {value!r}")
+    require_int(value, attribute.name, minimum=0)
 
 
 @attrs.frozen
@@ -58,7 +58,7 @@ class SchedulerConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.min_prefill_tokens >= self.max_num_batched_tokens:
-            raise InvalidRequest(
+            raise InvalidConfig(
                 f"min_prefill_tokens={self.min_prefill_tokens} must leave room for decode in "
                 f"max_num_batched_tokens={self.max_num_batched_tokens}"
             )

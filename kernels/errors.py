@@ -7,8 +7,10 @@ and code that does can tell the cases apart.
 
 from __future__ import annotations
 
+from prefixkv.errors import PrefixKVError
 
-class KernelError(Exception):
+
+class KernelError(PrefixKVError):
     """Base of every error raised by ``prefixkv.kernels``."""
 
 

@@ -9,6 +9,8 @@ pending events included (INV-TXN).
 
 from __future__ import annotations
 
+from prefixkv.errors import PrefixKVError
+
 __all__ = [
     "CacheBusy",
     "DuplicateSequence",
@@ -22,8 +24,8 @@ __all__ = [
 ]
 
 
-class PrefixCacheError(Exception):
-    """Base class of every error prefixkv raises on purpose."""
+class PrefixCacheError(PrefixKVError):
+    """Base class of every error the prefix cache raises on purpose."""
 
 
 class InvalidRequest(PrefixCacheError, ValueError):

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from prefixkv.errors import PrefixKVError
+
 from .hybrid import save_point
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
@@ -58,7 +60,7 @@ class Violation:
         return f"{self.invariant}: {self.message}"
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(PrefixKVError, AssertionError):
     """An invariant does not hold. ``.invariant`` is its id, e.g. ``"INV-REF"``."""
 
     def __init__(self, violation: Violation, *more: Violation) -> None:

@@ -1,1 +1,68 @@
-"""prefixkv"""
+"""prefixkv: a reference prefix cache for LLM serving engines, backed by a formal model.
+
+The public surface in one import::
+
+    from prefixkv import Namespace, PrefixCacheManager, Request
+
+* the two cache managers (:class:`PrefixCacheManager`, :class:`HybridPrefixCacheManager`);
+* what a request is made of (:class:`Request`, :class:`Namespace`, :class:`MultimodalSpan`);
+* the errors, all under :class:`PrefixKVError`;
+* the runtime invariant checker (:func:`checked`, :func:`check`).
+
+The layers stay importable on their own: ``prefixkv.spec`` (the executable model),
+``prefixkv.impl`` (the managers and the scheduler), ``prefixkv.kernels`` (Triton),
+``prefixkv.proofs`` (Z3), ``prefixkv.engine`` (the reference engine) and
+``prefixkv.conformance`` (the kit). Importing this package pulls in neither torch nor z3.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .errors import InvalidConfig, PrefixKVError
+from .impl import HybridPrefixCacheManager, PrefixCacheManager
+from .spec import (
+    CacheBusy,
+    CheckedCache,
+    DuplicateSequence,
+    InvalidOperation,
+    InvalidRequest,
+    InvariantViolation,
+    MultimodalSpan,
+    Namespace,
+    OutOfBlocks,
+    OutOfStateSlots,
+    PrefixCacheError,
+    Request,
+    UnknownSequence,
+    WrongSlotRole,
+    check,
+    checked,
+)
+
+try:
+    __version__ = version("prefixkv")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "CacheBusy",
+    "CheckedCache",
+    "DuplicateSequence",
+    "HybridPrefixCacheManager",
+    "InvalidConfig",
+    "InvalidOperation",
+    "InvalidRequest",
+    "InvariantViolation",
+    "MultimodalSpan",
+    "Namespace",
+    "OutOfBlocks",
+    "OutOfStateSlots",
+    "PrefixCacheError",
+    "PrefixCacheManager",
+    "PrefixKVError",
+    "Request",
+    "UnknownSequence",
+    "WrongSlotRole",
+    "__version__",
+    "check",
+    "checked",
+]

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 import attrs
 
+from prefixkv.errors import PrefixKVError
 from prefixkv.spec.errors import PrefixCacheError
 from prefixkv.spec.invariants import InvariantViolation
 
@@ -59,7 +60,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
-class CommandError(Exception):
+class CommandError(PrefixKVError):
     """A command failed in an expected way; ``main`` prints the message and exits 1."""
 
 

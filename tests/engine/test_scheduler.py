@@ -20,6 +20,8 @@ from prefixkv.impl.step import Kind, StepOutput
 from prefixkv.spec import InvalidOperation, InvalidRequest, MultimodalSpan, Namespace, OutOfBlocks
 from prefixkv.spec.invariants import check
 
+from prefixkv.errors import InvalidConfig
+
 NS = Namespace("fake@1")
 
 # -- policies ---------------------------------------------------------------------------
@@ -62,10 +64,12 @@ def test_verify_greedy() -> None:
 
 
 def test_config_is_validated() -> None:
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidConfig):
         SchedulerConfig(max_num_batched_tokens=0)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidConfig):
         SchedulerConfig(max_num_batched_tokens=16, min_prefill_tokens=16)
+    with pytest.raises(InvalidConfig):
+        SchedulerConfig(max_num_batched_tokens=True)
     with pytest.raises(ValueError):
         GenerationRequest("r", [], 4, NS)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from prefixkv.errors import InvalidConfig, require_int
 from prefixkv.impl.policy import SchedulerConfig
-from prefixkv.spec.errors import InvalidRequest
 
 __all__ = ["BACKENDS", "DTYPES", "EngineConfig", "ModelConfig"]
 
@@ -15,13 +15,11 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidRequest(f"{attribute.name} must be an int >= 0, got {value!r}")
+    require_int(value, attribute.name, minimum=0)
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"{attribute.name} must be an int >= 1, got {value!r}")
+    require_int(value, attribute.name, minimum=1)
 
 
 @attrs.frozen
@@ -49,14 +47,14 @@ class ModelConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise InvalidRequest(
+            raise InvalidConfig(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
                 f"{self.num_kv_heads} (grouped-query attention)"
             )
         if self.head_dim % 2:
-            raise InvalidRequest(f"RoPE needs an even head_dim, got {self.head_dim}")
+            raise InvalidConfig(f"RoPE needs an even head_dim, got {self.head_dim}")
         if self.hybrid and self.num_layers < 2:
-            raise InvalidRequest("a hybrid model needs a recurrent and an attention layer")
+            raise InvalidConfig("a hybrid model needs a recurrent and an attention layer")
 
     @property
     def num_attention_layers(self) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from prefixkv.errors import PrefixKVError
+
 __all__ = ["BackendUnavailable", "EngineError", "EqualityMismatch"]
 
 
-class EngineError(Exception):
+class EngineError(PrefixKVError):
     """Base class of every error the reference engine raises on purpose."""
 
 
