@@ -24,7 +24,6 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from prefixkv.impl import PrefixCacheManager
@@ -50,14 +49,14 @@ class Lockstep:
         self.spec_seconds = 0.0
         self.impl_seconds = 0.0
 
-    def op(self, name: str, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn`` on both; the results (or error types) must be equal."""
+    def op(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the method ``name`` on both; the results (or error types) must be equal."""
         self.ops += 1
         results: list[tuple[Any, type[BaseException] | None]] = []
         for cache in (self.spec, self.impl):
             start = time.perf_counter()
             try:
-                results.append((fn(cache), None))
+                results.append((getattr(cache, name)(*args, **kwargs), None))
             except PrefixCacheError as exc:
                 results.append((None, type(exc)))
             elapsed = time.perf_counter() - start
@@ -100,51 +99,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start_wall, start_cpu = time.perf_counter(), time.process_time()
 
     def free(ids: list[int]) -> None:
-        pair.op("free", lambda c: c.free(ids))
+        pair.op("free", ids)
         for seq_id in ids:
             del live[seq_id]
 
     for step in range(1, args.steps + 1):
         roll = rng.random()
-        if roll < 0.45 and len(live) < args.seqs or not live:
+        if (roll < 0.45 and len(live) < args.seqs) or not live:
             system = rng.choice(systems)
             cut = rng.randrange(len(system) + 1)
             suffix = tuple(rng.randrange(1, 32_000) for _ in range(rng.randrange(1, max_suffix)))
             req = Request(next_id, system[:cut] + suffix, rng.choice(NAMESPACES))
             next_id += 1
-            pair.op("match", lambda c: c.match(req))
-            while not pair.op("can_admit", lambda c: c.can_admit(req)) and live:
+            pair.op("match", req)
+            while not pair.op("can_admit", req) and live:
                 free([next(iter(live))])  # preempt the oldest sequence
             try:
-                adm = pair.op("admit", lambda c: c.admit(req))
+                adm = pair.op("admit", req)
             except PrefixCacheError:
                 continue  # larger than the whole pool
             live[req.seq_id] = req.token_ids
             sampled = (rng.randrange(1, 32_000),)
-            pair.op("commit", lambda c: c.commit(req.seq_id, adm.num_scheduled_tokens, sampled))
+            pair.op("commit", req.seq_id, adm.num_scheduled_tokens, sampled)
             live[req.seq_id] += sampled
         elif roll < 0.90:
             seq_id = rng.choice(list(live))
             drafts = rng.randrange(0, 4)
-            if not pair.op("can_append", lambda c: c.can_append(seq_id, 1 + drafts)):
+            if not pair.op("can_append", seq_id, 1 + drafts):
                 free([seq_id])
                 continue
-            pair.op("append", lambda c: c.append(seq_id, 1 + drafts))
+            pair.op("append", seq_id, 1 + drafts)
             accepted = rng.randrange(0, drafts + 1)
             tokens = tuple(rng.randrange(1, 32_000) for _ in range(accepted + 1))
-            pair.op("commit", lambda c: c.commit(seq_id, 1 + accepted, tokens))
+            pair.op("commit", seq_id, 1 + accepted, tokens)
             live[seq_id] += tokens
             if drafts > accepted:
-                pair.op("rollback", lambda c: c.rollback(seq_id, drafts - accepted))
+                pair.op("rollback", seq_id, drafts - accepted)
         elif roll < 0.98:
             free(rng.sample(list(live), k=min(len(live), rng.randrange(1, 4))))
         elif roll < 0.999:
             n = rng.randrange(0, 16)
-            pair.op("evict", lambda c: c.evict(n))
+            pair.op("evict", n)
         else:
-            pair.op("reset", lambda c: c.reset(preserve_cache=True))
+            pair.op("reset", preserve_cache=True)
             live.clear()
-        pair.op("take_events", lambda c: c.take_events())
+        pair.op("take_events")
         if args.check_every and step % args.check_every == 0:
             pair.check_states(step)
     pair.check_states(args.steps)
