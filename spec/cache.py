@@ -30,7 +30,7 @@ import copy
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -192,7 +192,19 @@ class _Seq:
 
     def copy(self) -> _Seq:
         # The token and block lists are the only mutable parts; the rest is immutable.
-        return attrs.evolve(self, tokens=list(self.tokens), blocks=list(self.blocks))
+        return _Seq(
+            self.seq_id,
+            self.namespace,
+            list(self.tokens),
+            list(self.blocks),
+            self.num_computed,
+            self.num_reserved,
+            self.prompt_len,
+            self.num_cached,
+            self.window_blocks,
+            self.kv_token_limit,
+            self.spans,
+        )
 
 
 @attrs.define
@@ -328,9 +340,18 @@ class SpecCache:
         blk = self._s.blocks[b]
         return blk.identity is not None and blk.refcount == 0 and self._s.children[b] == 0
 
-    def _set(self, b: int, **changes: object) -> None:
+    def _set(self, b: int, **changes: Any) -> None:
         """Replace block ``b``'s record with one that has ``changes``."""
-        self._s.blocks[b] = attrs.evolve(self._s.blocks[b], **changes)  # type: ignore[arg-type]
+        old = self._s.blocks[b]
+        fields: dict[str, Any] = {
+            "refcount": old.refcount,
+            "identity": old.identity,
+            "block_hash": old.block_hash,
+            "depth": old.depth,
+            "last_use": old.last_use,
+        }
+        fields.update(changes)
+        self._s.blocks[b] = _Block(**fields)
 
     def _chain(
         self, namespace: bytes, tokens: Sequence[int], count: int, spans: Sequence[MultimodalSpan]
