@@ -530,8 +530,9 @@ class SpecCache:
         """Drop ``seq``'s hold on ``blocks``, tail first, so deeper blocks age first."""
         for b in reversed(blocks):
             blk = self._s.blocks[b]
-            if blk.refcount > 1:
-                self._set(b, refcount=blk.refcount - 1)
+            refcount = blk.refcount - 1
+            if refcount != 0:
+                self._set(b, refcount=refcount)
             elif blk.identity is None:
                 self._set(b, refcount=0)
                 self._s.free.append(b)
