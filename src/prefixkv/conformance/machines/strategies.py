@@ -8,12 +8,7 @@ The workload is shaped so that the interesting things happen often in a short ru
 * some prefixes repeat one token, so equal token blocks sit at different depths and only
   the parent link tells them apart (a weak hash then collides all the time);
 * pools are small (a few blocks of a few tokens), so eviction pressure is constant;
-* two or three namespaces that differ in exactly one field (adapter, salt) share tokens;
-* a third of the prompts are drawn from a family built to collide (:func:`colliding_prompts`):
-  under the weak and the tokens-only hashes, a lookup then meets a *different* identity in
-  its bucket within the first few steps, instead of by chance tens of seconds into a run.
-  That is when a hit trusted without the exact check, or checked against too little (the
-  parent, the namespace, the extra keys), gives a wrong answer.
+* two or three namespaces that differ in exactly one field (adapter, salt) share tokens.
 
 Every argument a rule draws is a small int, a tuple of ints or a namespace index, so a failing
 run prints a short replay that can be pasted and run.
@@ -32,9 +27,6 @@ __all__ = [
     "BAD_REQUEST_ARGS",
     "BAD_SPAN_ARGS",
     "BAD_SPAN_NAMES",
-    "COLLIDING_BRANCHES",
-    "COLLIDING_STEMS",
-    "COLLIDING_TAILS",
     "CRAFTED_NAMESPACE_PAIRS",
     "ITEM_KINDS",
     "NAMESPACES",
@@ -43,14 +35,12 @@ __all__ = [
     "SHARED_PREFIXES",
     "RichArgs",
     "budgets",
-    "colliding_prompts",
     "items",
     "kv_token_limits",
     "namespace_ids",
     "prompts",
     "rich_requests",
     "sampled_tokens",
-    "shared_prefix_prompts",
     "window_sizes",
 ]
 
@@ -85,61 +75,13 @@ def _join(parts: tuple[tuple[int, ...], int, list[int]]) -> tuple[int, ...]:
     return tokens or (1,)
 
 
-def shared_prefix_prompts(max_suffix: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+def prompts(max_suffix: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
     """A non-empty prompt: a cut of a shared prefix, then a few tokens of a tiny alphabet."""
     return st.tuples(
         st.sampled_from(SHARED_PREFIXES),
         st.integers(min_value=0, max_value=12),
         st.lists(_ALPHABET, max_size=max_suffix),
     ).map(_join)
-
-
-#: Four-token segments of :func:`colliding_prompts`. Four tokens make a whole number of
-#: blocks at block sizes 1, 2 and 4, so segments of different prompts line up as blocks.
-#: The branches are permutations of one another: equal sums, so the weak hash (the sum mod
-#: 4) buckets them together although their tokens differ. Each tail follows every branch,
-#: so the tokens-only hash buckets equal tail blocks that hang off different parents. The
-#: placeholder tail is text that looks like a multimodal item.
-COLLIDING_STEMS: tuple[tuple[int, ...], ...] = ((5, 6, 7, 8), (7, 7, 7, 7))
-COLLIDING_BRANCHES: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (4, 3, 2, 1), (2, 1, 4, 3))
-COLLIDING_TAILS: tuple[tuple[int, ...], ...] = ((3, 1, 4, 1), (9, 9, 9, 9))
-
-
-def _collide(
-    parts: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int],
-) -> tuple[int, ...]:
-    stem, branch, tail, length = parts
-    return (stem + branch + tail + tail)[:length]
-
-
-def colliding_prompts() -> st.SearchStrategy[tuple[int, ...]]:
-    """A prompt steered toward hash collisions: stem, branch, then a tail repeated, cut.
-
-    Two such prompts agree on the stem half the time and then differ only in the order of
-    the branch's tokens, so their later blocks are equal tokens under different parents:
-    the weak hash and the tokens-only hash put them in one bucket, and only the exact check
-    of the whole identity (parent, namespace, tokens, extra keys) tells them apart.
-    """
-    return st.tuples(
-        st.sampled_from(COLLIDING_STEMS),
-        st.sampled_from(COLLIDING_BRANCHES),
-        st.sampled_from(COLLIDING_TAILS),
-        st.integers(min_value=5, max_value=16),
-    ).map(_collide)
-
-
-def prompts(max_suffix: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
-    """A non-empty prompt: a cut of a shared prefix plus a short suffix, or (a third of the
-    time) a prompt of the colliding family.
-
-    NOTE: a third, not a half. The shared prefixes find most bug classes within the first
-    examples; with half the prompts spent on collisions, some (a stale canonical twin, a
-    match ending inside a span) took four times as many steps to show.
-    """
-    # Two equal strategies, not one listed twice: one_of drops a repeated branch.
-    return st.one_of(
-        shared_prefix_prompts(max_suffix), shared_prefix_prompts(max_suffix), colliding_prompts()
-    )
 
 
 def sampled_tokens(max_size: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
