@@ -7,18 +7,30 @@ Plain data and obvious code; O(num_blocks) per operation is fine here. The optim
 How the spec keeps its promises, in one place each:
 
 * INV-TXN: every public operation runs inside :meth:`SpecCache._transaction`, which restores
-  a deep copy of the whole state when a :class:`PrefixCacheError` escapes.
+  a copy of the whole state when a :class:`PrefixCacheError` escapes.
 * ``can_admit`` / ``can_append`` are exact by construction: they run the real operation on a
   copy and report whether it succeeded.
-* Eviction removes only leaves: it recomputes the set of leaves from scratch every time.
+* Eviction removes only leaves (published, refcount 0, no published child), in the order of
+  :meth:`SpecCache._eviction_key`.
+
+NOTE: "obvious" is not "quadratic". The spec runs in lockstep with engines on pools of
+realistic size, so each operation is at most linear in the pool, with small constants:
+
+* a block is a frozen record, so copying the state for a transaction copies lists and
+  dicts, never the blocks themselves;
+* each block counts its published children, so a leaf test is O(1) (it used to compare
+  every block's parent chain against every other block's);
+* a request's identity chain is built on top of the published identity objects
+  (:meth:`SpecCache._chain`), so an index lookup compares one level, not the whole prefix.
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -153,8 +165,10 @@ def check_growth(
         raise InvalidOperation(f"reserving up to {new_reserved} would split the span {cut!r}")
 
 
-@attrs.define
+@attrs.frozen
 class _Block:
+    """One block of the pool. Frozen: a change replaces the record (:meth:`SpecCache._set`)."""
+
     refcount: int = 0
     identity: BlockIdentity | None = None  # set iff published
     block_hash: int | None = None
@@ -175,6 +189,22 @@ class _Seq:
     window_blocks: int
     kv_token_limit: int | None
     spans: tuple[MultimodalSpan, ...]
+
+    def copy(self) -> _Seq:
+        # The token and block lists are the only mutable parts; the rest is immutable.
+        return _Seq(
+            self.seq_id,
+            self.namespace,
+            list(self.tokens),
+            list(self.blocks),
+            self.num_computed,
+            self.num_reserved,
+            self.prompt_len,
+            self.num_cached,
+            self.window_blocks,
+            self.kv_token_limit,
+            self.spans,
+        )
 
 
 @attrs.define
@@ -207,6 +237,30 @@ class _State:
     # "evicted" from "never cached" in LostReuse.
     evicted: dict[int, None]
     clock: int = 0
+    # children[b]: how many published blocks have b as their parent. Derived from blocks and
+    # index when not given (a state built by hand), then kept up to date by publish and evict.
+    children: list[int] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.children) != len(self.blocks):
+            self.children = [0] * len(self.blocks)
+            for blk in self.blocks:
+                if blk.identity is not None and blk.identity.parent is not None:
+                    self.children[self.index[blk.identity.parent]] += 1
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _State:
+        """A copy that shares nothing mutable: O(pool), but list and dict copies only."""
+        return _State(
+            blocks=list(self.blocks),
+            free=list(self.free),
+            index=dict(self.index),
+            seqs={seq_id: seq.copy() for seq_id, seq in self.seqs.items()},
+            counters=attrs.evolve(self.counters),
+            events=list(self.events),
+            evicted=dict(self.evicted),
+            clock=self.clock,
+            children=list(self.children),
+        )
 
 
 def _fresh_state(num_blocks: int) -> _State:
@@ -282,13 +336,51 @@ class SpecCache:
         return None if ident.parent is None else self._s.index[ident.parent]
 
     def _is_leaf(self, b: int) -> bool:
+        """Published, held by no sequence, and the parent of no published block."""
         blk = self._s.blocks[b]
-        if blk.identity is None or blk.refcount != 0:
-            return False
-        return not any(
-            other.identity is not None and other.identity.parent == blk.identity
-            for other in self._s.blocks
-        )
+        return blk.identity is not None and blk.refcount == 0 and self._s.children[b] == 0
+
+    def _set(self, b: int, **changes: Any) -> None:
+        """Replace block ``b``'s record with one that has ``changes``."""
+        old = self._s.blocks[b]
+        fields: dict[str, Any] = {
+            "refcount": old.refcount,
+            "identity": old.identity,
+            "block_hash": old.block_hash,
+            "depth": old.depth,
+            "last_use": old.last_use,
+        }
+        fields.update(changes)
+        self._s.blocks[b] = _Block(**fields)
+
+    def _chain(
+        self, namespace: bytes, tokens: Sequence[int], count: int, spans: Sequence[MultimodalSpan]
+    ) -> list[BlockIdentity]:
+        """:func:`identity_chain`, where each identity that is published is the published
+        object itself, so that the next one's parent is too.
+
+        Equal identities compare their parent chains; once both sides hold the same parent
+        object the comparison stops there. Without the sharing, each lookup of a fresh chain
+        would walk it to the root: quadratic in the prompt's length.
+        """
+        chain: list[BlockIdentity] = []
+        parent: BlockIdentity | None = None
+        for j in range(count):
+            start = j * self._block_size
+            ident = BlockIdentity(
+                namespace,
+                parent,
+                tuple(tokens[start : start + self._block_size]),
+                block_extra_keys(spans, start, self._block_size),
+            )
+            b = self._s.index.get(ident)
+            if b is not None:
+                published = self._s.blocks[b].identity
+                assert published is not None
+                ident = published
+            chain.append(ident)
+            parent = ident
+        return chain
 
     def match(self, req: Request) -> Match:
         """Walk the index, then apply the cap, the span clamp and the recompute window.
@@ -305,7 +397,7 @@ class SpecCache:
         bs, tokens, n = self._block_size, req.token_ids, req.num_tokens
         cap = (n - 1) // bs  # choice 4: at least one prompt token is computed
         full = n // bs
-        chain = identity_chain(req.namespace.key(), tokens, bs, full, req.spans)
+        chain = self._chain(req.namespace.key(), tokens, full, req.spans)
         matched: list[int] = []
         capped = False
         for j, ident in enumerate(chain):
@@ -375,55 +467,77 @@ class SpecCache:
 
     # -- eviction and allocation -----------------------------------------------------------
 
-    def _evict_one(self) -> bool:
-        """Evict the first leaf by (least recently used, deepest, lowest block id)."""
-        leaves = [b for b in range(self._num_blocks) if self._is_leaf(b)]
-        if not leaves:
-            return False
-        blocks = self._s.blocks
-        victim = min(leaves, key=lambda b: (blocks[b].last_use, -blocks[b].depth, b))
-        blk = blocks[victim]
+    def _eviction_key(self, b: int) -> tuple[int, int, int]:
+        """Choice 3's order: least recently used first, then deeper first, then lower id."""
+        blk = self._s.blocks[b]
+        return (blk.last_use, -blk.depth, b)
+
+    def _evict(self, count: int) -> int:
+        """Evict up to ``count`` leaves, one at a time, each the first leaf in eviction order
+        at the time. Returns how many were evicted.
+
+        The leaves are gathered once and kept in a heap: evicting a leaf changes no other
+        block's age, and can turn only its own parent into a leaf.
+        """
+        heap = [self._eviction_key(b) for b in range(self._num_blocks) if self._is_leaf(b)]
+        heapq.heapify(heap)
+        evicted = 0
+        while evicted < count and heap:
+            victim = heapq.heappop(heap)[-1]
+            parent = self._parent_block(victim)
+            self._remove(victim)
+            evicted += 1
+            if parent is not None and self._is_leaf(parent):
+                heapq.heappush(heap, self._eviction_key(parent))
+        return evicted
+
+    def _remove(self, victim: int) -> None:
+        """Unpublish the leaf ``victim`` and return it to the free queue."""
+        blk = self._s.blocks[victim]
         assert blk.identity is not None and blk.block_hash is not None
+        parent = self._parent_block(victim)
+        if parent is not None:
+            self._s.children[parent] -= 1
         del self._s.index[blk.identity]
         self._s.evicted.pop(blk.block_hash, None)
         self._s.evicted[blk.block_hash] = None
         if len(self._s.evicted) > self._num_blocks:
             del self._s.evicted[next(iter(self._s.evicted))]
         self._emit(BlockRemoved((blk.block_hash,)))
-        blocks[victim] = _Block()
+        self._s.blocks[victim] = _Block()
         self._s.free.append(victim)
         self._s.counters.evictions += 1
         self._on_evicted(victim)
-        return True
 
     def _on_evicted(self, block: int) -> None:
         """A published block was just evicted (a hook for what hangs off a node)."""
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` free blocks, evicting leaves first if the free queue is short."""
-        evicted = 0
-        while len(self._s.free) < count:
-            if not self._evict_one():
-                raise OutOfBlocks(
-                    f"need {count} new blocks; only {len(self._s.free)} can be freed "
-                    "(free + evictable), the rest are held by live sequences"
-                )
-            evicted += 1
+        short = count - len(self._s.free)
+        evicted = self._evict(short) if short > 0 else 0
+        if len(self._s.free) < count:
+            raise OutOfBlocks(
+                f"need {count} new blocks; only {len(self._s.free)} can be freed "
+                "(free + evictable), the rest are held by live sequences"
+            )
         taken, self._s.free = self._s.free[:count], self._s.free[count:]
         for b in taken:
-            self._s.blocks[b].refcount = 1
+            self._set(b, refcount=1)
         return taken, evicted
 
     def _release(self, seq: _Seq, blocks: Sequence[int]) -> None:
         """Drop ``seq``'s hold on ``blocks``, tail first, so deeper blocks age first."""
         for b in reversed(blocks):
             blk = self._s.blocks[b]
-            blk.refcount -= 1
-            if blk.refcount == 0:
-                if blk.identity is None:
-                    self._s.free.append(b)
-                else:
-                    blk.last_use = self._s.clock
+            refcount = blk.refcount - 1
+            if refcount != 0:
+                self._set(b, refcount=refcount)
+            elif blk.identity is None:
+                self._set(b, refcount=0)
+                self._s.free.append(b)
+            else:
+                self._set(b, refcount=0, last_use=self._s.clock)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -453,7 +567,7 @@ class SpecCache:
                 spans=req.spans,
             )
             for b in m.block_ids:  # pin the hit before evicting anything
-                self._s.blocks[b].refcount += 1
+                self._set(b, refcount=self._s.blocks[b].refcount + 1)
                 seq.blocks.append(b)
             need = _ceil_div(seq.num_reserved, self._block_size) - len(seq.blocks)
             new, evicted = self._allocate(need)
@@ -569,7 +683,7 @@ class SpecCache:
         publishing it would break INV-ANCESTOR.
         """
         bs = self._block_size
-        chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop, seq.spans)
+        chain = self._chain(seq.namespace.key(), seq.tokens, stop, seq.spans)
         for j in range(first, stop):
             ident = chain[j]
             if ident in self._s.index:
@@ -579,17 +693,17 @@ class SpecCache:
                 continue
             parent_hash = None if parent_block is None else self._s.blocks[parent_block].block_hash
             b = seq.blocks[j]
-            blk = self._s.blocks[b]
-            blk.identity = ident
-            blk.block_hash = self._hasher(
+            block_hash = self._hasher(
                 parent_hash, ident.namespace, ident.token_ids, ident.extra_keys
             )
-            blk.depth = j + 1
+            self._set(b, identity=ident, block_hash=block_hash, depth=j + 1)
+            if parent_block is not None:
+                self._s.children[parent_block] += 1
             self._s.index[ident] = b
             self._s.counters.blocks_published += 1
             self._emit(
                 BlockStored(
-                    block_hashes=(blk.block_hash,),
+                    block_hashes=(block_hash,),
                     parent_block_hash=parent_hash,
                     token_ids=ident.token_ids,
                     block_size=bs,
@@ -638,10 +752,7 @@ class SpecCache:
     def evict(self, num_blocks: int) -> int:
         with self._transaction():
             check_count(num_blocks, "num_blocks", minimum=0)
-            evicted = 0
-            while evicted < num_blocks and self._evict_one():
-                evicted += 1
-            return evicted
+            return self._evict(num_blocks)
 
     def reset(self, *, preserve_cache: bool) -> None:
         with self._transaction():

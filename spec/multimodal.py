@@ -34,14 +34,25 @@ def _check_bounds(instance: MultimodalSpan, _: attrs.Attribute[int], value: obje
         raise InvalidRequest(f"span bounds must be non-negative ints, got {value!r}")
 
 
+def _utf8(what: str, value: str) -> bytes:
+    """Encode a name, refusing what has no UTF-8 form (a lone surrogate) with a typed error."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"span {what} must be encodable as UTF-8, got {value!r}: {exc.reason}"
+        ) from None
+
+
 def _check_modality(_: object, __: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"span modality must be a non-empty str, got {value!r}")
+    _utf8("modality", value)  # key() encodes it on every match
 
 
 def _to_hash(value: object) -> bytes:
     if isinstance(value, str):
-        value = value.encode("utf-8")
+        value = _utf8("content_hash", value)
     if not isinstance(value, bytes) or not value:
         raise InvalidRequest(f"span content_hash must be non-empty bytes or str, got {value!r}")
     return value

@@ -31,17 +31,37 @@ def _field(value: str | bytes | None) -> bytes:
     return _TAG_BYTES + len(value).to_bytes(8, "big") + value
 
 
+def _encodable(what: str, value: str) -> None:
+    """A name must be valid Unicode: a lone surrogate (``"m\\ud800"``) has no UTF-8 form.
+
+    Checked at construction, so the error is a typed ``InvalidRequest`` here and never a raw
+    ``UnicodeEncodeError`` out of ``match`` or ``admit`` later, when ``key()`` encodes it.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"namespace {what} must be encodable as UTF-8, got {value!r}: {exc.reason}"
+        ) from None
+
+
 def _check_model(_: object, __: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"namespace model must be a non-empty str, got {value!r}")
+    _encodable("model", value)
 
 
 def _check_adapter(_: object, __: attrs.Attribute[str | None], value: object) -> None:
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return
+    if not isinstance(value, str):
         raise InvalidRequest(f"namespace adapter must be a str or None, got {value!r}")
+    _encodable("adapter", value)
 
 
 def _check_salt(_: object, __: attrs.Attribute[bytes | None], value: object) -> None:
+    # NOTE: bytes only. A bytearray is mutable (the key would change under the index), and a
+    # str salt would need an encoding the caller did not choose.
     if value is not None and not isinstance(value, bytes):
         raise InvalidRequest(f"namespace salt must be bytes or None, got {value!r}")
 

@@ -246,6 +246,49 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == ""
 
 
+#: Bad command lines: a usage error for every command (an unknown flag, checked for every
+#: registered command below), bad values caught by argparse, and a bad value caught late
+#: by the command itself (``prove --operations``).
+BAD_ARGV: tuple[tuple[str, ...], ...] = (
+    (),
+    ("no-such-command",),
+    ("simulate", "--num-blocks", "0"),
+    ("simulate", "--hash", "md5"),
+    ("simulate", "--conversations", "many"),
+    ("bench", "--out"),
+    ("serve-sim", "--num-blocks", "0"),
+    ("serve-sim", "--backend", "gpu"),
+    ("bench-engine", "--backend", "gpu"),
+    ("prove", "--seed", "x"),
+    ("prove", "--operations", "nope"),
+    *((command.name, "--no-such-flag") for command in cli.commands()),
+)
+
+
+@pytest.mark.parametrize("argv", BAD_ARGV, ids=" ".join)
+def test_json_errors_are_json(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    """Under --json every failure, a usage error included, prints one JSON object on stdout,
+    with the exit status the same command line has without --json."""
+    plain = cli.main(list(argv))
+    assert plain != 0 and capsys.readouterr().out == ""
+    for position in ("end", "first"):
+        line = [*argv, "--json"] if position == "end" else ["--json", *argv]
+        if position == "first" and argv:  # before the command: the top-level parser's error
+            line = [argv[0], "--json", *argv[1:]]
+        code = cli.main(line)
+        captured = capsys.readouterr()
+        report = json.loads(captured.out)  # the whole of stdout is one JSON document
+        assert code == plain
+        assert report["ok"] is False and report["exit_code"] == code
+        assert isinstance(report["error"], str) and report["error"]
+        assert "error" in captured.err  # the human-readable message is still on stderr
+
+
+def test_every_command_has_a_bad_argument_row() -> None:
+    covered = {argv[0] for argv in BAD_ARGV if argv}
+    assert {command.name for command in cli.commands()} <= covered
+
+
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     assert "simulate" in capsys.readouterr().out

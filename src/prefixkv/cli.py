@@ -21,8 +21,12 @@ Conventions every command follows, enforced here rather than trusted to each mod
   logs go to stderr).
 * The exit status is 0 on success and non-zero on failure: 1 when the command fails
   (a :class:`CommandError`, a :class:`~prefixkv.spec.errors.PrefixCacheError` or an
-  invariant violation escaping it, reported in one line; with ``--json`` also as
-  ``{"ok": false, "error": ...}`` on stdout), 2 for bad usage (argparse's convention).
+  invariant violation escaping it, reported in one line), 2 for bad usage (argparse's
+  convention), 130 when interrupted.
+* With ``--json`` anywhere on the command line, *every* failure, a usage error included,
+  also prints one JSON object on stdout, ``{"command": ..., "ok": false, "error": ...,
+  "exit_code": ...}``, so a script that parses stdout always gets JSON. The exit status is
+  the same as without ``--json``, and the human-readable message still goes to stderr.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import contextlib
 import importlib
 import json
 import sys
+import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import attrs
 
@@ -165,11 +170,28 @@ def _selected(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _fail(name: str, message: str, as_json: bool) -> int:
+def _fail(name: str | None, message: str, as_json: bool, code: int = EXIT_FAILURE) -> int:
     if as_json:
-        emit_json({"command": name, "ok": False, "error": message})
-    print(f"prefixkv {name}: error: {message}", file=sys.stderr)
-    return EXIT_FAILURE
+        emit_json({"command": name, "ok": False, "error": message, "exit_code": code})
+    print(f"prefixkv {name or ''}: error: {message}".replace(" :", ":"), file=sys.stderr)
+    return code
+
+
+class _UsageError(Exception):
+    """argparse rejected the command line (raised instead of printing and exiting)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are exceptions, so ``main`` can report them as
+    JSON under ``--json``. Subcommand parsers are of this class too (argparse builds them
+    with the parent's class). ``--help`` and ``--version`` still print and exit 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
 
 
 def _ensure_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +208,10 @@ def _ensure_json_flag(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    # NOTE: decided before parsing, from the raw words: a usage error must be reported as
+    # JSON even when the parser never got as far as the --json flag.
+    wants_json = "--json" in args_list
+    parser = _Parser(
         prog="prefixkv",
         description="prefixkv: a reference prefix cache for LLM serving engines.",
     )
@@ -209,24 +234,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         _ensure_json_flag(sub_parser)
     try:
         args = parser.parse_args(args_list)
-    except SystemExit as exc:  # usage error (2) or --help / --version (0)
+    except _UsageError as exc:
+        return _usage_error(chosen if chosen in _REGISTRY else None, exc, wants_json)
+    except SystemExit as exc:  # --help / --version (0)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     name: str = args.command
-    as_json: bool = bool(getattr(args, "json", False))
+    as_json: bool = bool(getattr(args, "json", False)) or wants_json
     if load_error is not None:
         return _fail(name, load_error, as_json)
     run: Runner = args._run
     try:
         return int(run(args))
     except KeyboardInterrupt:
-        print(f"prefixkv {name}: interrupted", file=sys.stderr)
-        return 130
+        return _fail(name, "interrupted", as_json, 130)
+    except _UsageError as exc:  # a command that calls parser.error() while it runs
+        return _usage_error(name, exc, as_json)
     except SystemExit as exc:  # a command that rejects its arguments late, argparse-style
         if exc.code is None or isinstance(exc.code, int):
-            return exc.code or EXIT_OK
-        print(f"prefixkv {name}: error: {exc.code}", file=sys.stderr)
-        return EXIT_USAGE
+            code = exc.code or EXIT_OK
+            if code != EXIT_OK and as_json:
+                emit_json({"command": name, "ok": False, "error": None, "exit_code": code})
+            return code
+        return _fail(name, str(exc.code), as_json, EXIT_USAGE)
     except (CommandError, PrefixCacheError, InvariantViolation, OSError) as exc:
-        # Expected failures of a run: report them in one line. Anything else is a bug in
-        # prefixkv and propagates with its traceback (still a non-zero exit).
+        # Expected failures of a run: report them in one line.
         return _fail(name, f"{type(exc).__name__}: {exc}", as_json)
+    except Exception as exc:
+        # A bug in prefixkv: the traceback goes to stderr; stdout stays JSON under --json.
+        if not as_json:
+            raise
+        traceback.print_exc()
+        return _fail(name, f"internal error: {type(exc).__name__}: {exc}", True)
+
+
+def _usage_error(name: str | None, exc: _UsageError, as_json: bool) -> int:
+    """Report a usage error as argparse would (usage and message on stderr, exit 2), and
+    under ``--json`` also as one JSON object on stdout."""
+    exc.parser.print_usage(sys.stderr)
+    message = f"{exc.parser.prog}: error: {exc}"
+    if as_json:
+        emit_json({"command": name, "ok": False, "error": message, "exit_code": EXIT_USAGE})
+    print(message, file=sys.stderr)
+    return EXIT_USAGE

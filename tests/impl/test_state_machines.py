@@ -46,10 +46,9 @@ def test_candidate_is_the_impl() -> None:
     assert candidate_class().__module__.startswith("prefixkv.impl")
 
 
-# fast_hash: the default configuration.
-SpecVsImplFast = build_machine("SpecVsImplFast", spec_vs_impl("fast"))
-TestSpecVsImplFast = SpecVsImplFast.TestCase
-TestSpecVsImplFast.settings = settings(max_examples=_examples(1.0), stateful_step_count=100)
+# NOTE: the colliding hashes run first. A bug that only shows under a hash collision (a hit
+# trusted without the exact check, or checked against too little) cannot show under
+# fast_hash at all; run after the fast machine, it failed only about 45 s into a CI run.
 
 # weak_hash: four buckets, so nearly every lookup collides. The spec keys its index by exact
 # identity and does not care; the impl must verify every hit exactly.
@@ -62,6 +61,11 @@ TestSpecVsImplWeak.settings = settings(max_examples=_examples(1.0), stateful_ste
 SpecVsImplTokens = build_machine("SpecVsImplTokens", spec_vs_impl("tokens"))
 TestSpecVsImplTokens = SpecVsImplTokens.TestCase
 TestSpecVsImplTokens.settings = settings(max_examples=_examples(0.5), stateful_step_count=100)
+
+# fast_hash: the default configuration.
+SpecVsImplFast = build_machine("SpecVsImplFast", spec_vs_impl("fast"))
+TestSpecVsImplFast = SpecVsImplFast.TestCase
+TestSpecVsImplFast.settings = settings(max_examples=_examples(1.0), stateful_step_count=100)
 
 # sha256: the hash for events that leave the process; a short run.
 SpecVsImplSha = build_machine("SpecVsImplSha256", spec_vs_impl("sha256"))

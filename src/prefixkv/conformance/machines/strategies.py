@@ -23,8 +23,11 @@ from prefixkv.spec import MultimodalSpan, Namespace
 __all__ = [
     "BAD_ACCEPTED",
     "BAD_COUNTS",
+    "BAD_NAMESPACE_ARGS",
     "BAD_REQUEST_ARGS",
     "BAD_SPAN_ARGS",
+    "BAD_SPAN_NAMES",
+    "CRAFTED_NAMESPACE_PAIRS",
     "ITEM_KINDS",
     "NAMESPACES",
     "NOT_A_REQUEST",
@@ -110,6 +113,39 @@ BAD_REQUEST_ARGS: tuple[dict[str, object], ...] = (
     {"seq_id": 1.5},
     {"seq_id": None},
     {"namespace": "tiny-llm@1"},
+)
+
+#: Keyword arguments of ``Namespace`` that must raise ``InvalidRequest`` on construction:
+#: wrong types, and names with no UTF-8 form (a lone surrogate), which ``key()`` could not
+#: encode later.
+BAD_NAMESPACE_ARGS: tuple[dict[str, object], ...] = (
+    {"model": ""},
+    {"model": 3},
+    {"model": "m\ud800"},
+    {"model": "m", "adapter": b"x"},
+    {"model": "m", "adapter": "lora-\udfff"},
+    {"model": "m", "salt": "s"},
+    {"model": "m", "salt": bytearray(b"s")},
+    {"model": "m", "salt": memoryview(b"s")},
+    {"model": "m", "salt": 7},
+)
+
+#: ``modality`` and ``content_hash`` of a ``MultimodalSpan`` that must raise
+#: ``InvalidRequest`` on construction because they have no UTF-8 form.
+BAD_SPAN_NAMES: tuple[dict[str, object], ...] = (
+    {"modality": "image\ud800", "content_hash": b"cat"},
+    {"modality": "image", "content_hash": "cat\udc80"},
+)
+
+#: Pairs of namespaces whose fields concatenate to the same bytes; an injective key keeps
+#: them apart.
+CRAFTED_NAMESPACE_PAIRS: tuple[tuple[Namespace, Namespace], ...] = (
+    (Namespace("m", adapter="ab", salt=b"c"), Namespace("m", adapter="a", salt=b"bc")),
+    (Namespace("ma", adapter="b"), Namespace("m", adapter="ab")),
+    (Namespace("m", adapter=None), Namespace("m", adapter="")),
+    (Namespace("m", salt=b"x"), Namespace("m", adapter="x")),
+    (Namespace("m", salt=None), Namespace("m", salt=b"")),
+    (Namespace("m", adapter="a", salt=b"b"), Namespace("m", adapter="a\x02", salt=b"b")),
 )
 
 #: Things passed to ``match``/``can_admit``/``admit`` in place of a ``Request``.
