@@ -9,8 +9,11 @@ fails. See docs/testing.md.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,86 @@ def test_a_stale_patch_fails_loudly(tmp_path: Path) -> None:
         apply_bug(Bug("gone", "-", (("cache.py", "no such text\n", ""),)), directory)
     with pytest.raises(PatchError, match=r"occurs [2-9]\d* times"):
         apply_bug(Bug("twice", "-", (("cache.py", "def ", "def "),)), directory)
+
+
+def _import_crash(directory: Path, error: str) -> tuple[str, str, str]:
+    """A patch that makes the impl package raise at import (whatever its code looks like)."""
+    text = (directory / "__init__.py").read_text()
+    return ("__init__.py", text, text + f"\nraise {error}('this mutant cannot be imported')\n")
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "ImportError", "SystemExit"])
+def test_an_import_crashing_mutant_is_killed_by_a_crash(tmp_path: Path, error: str) -> None:
+    """A mutant that raises at import is a kill by a crash: never a survivor, never an error."""
+    from mutation.run import Bug, copy_impl, format_table, ok, run_one
+
+    bug = Bug("import_crash", "raises at import", (_import_crash(copy_impl(tmp_path), error),))
+    row = run_one(bug, tmp_path / "run", shrink=False, timeout=300)
+    assert row["error"] is None, row
+    assert row["caught"] is True and row["killed_by"] == "crash", row
+    assert row["check"] == f"CRASH(import: {error})" and row["stage"] == "import", row
+    assert "this mutant cannot be imported" in row["message"]
+    assert ok(row)
+    assert "crash" in format_table([row]).splitlines()[-1]
+
+
+def test_an_import_crashing_control_fails(tmp_path: Path) -> None:
+    """The same crash in a control run is a failure of the run, not a pass."""
+    from mutation.run import CONTROL, ok
+
+    row = {"bug": CONTROL, "applies": True, "error": None, "caught": True, "killed_by": "crash"}
+    assert not ok(row)
+
+
+def start_harness(args: list[str], tmp: Path) -> tuple[subprocess.Popen[str], int]:
+    """Start a harness with its temporary files under ``tmp``; wait until a worker runs.
+
+    Returns the harness and its worker's pid.
+    """
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("start "):
+            return proc, int(line.split("(pid ")[1].split(")")[0])
+    proc.wait()
+    raise AssertionError(f"the harness ended before it started a worker ({proc.returncode})")
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited, waiting for it (a zombie nobody reaps counts as gone)."""
+    for _ in range(600):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_killing_the_cache_harness_leaves_the_checkout_untouched(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Kill ``tests.mutation.run`` while a mutant runs: the checkout keeps its bytes."""
+    from mutation.sandbox import checkout_digest
+
+    before = checkout_digest(ROOT)
+    args = ["tests.mutation.run", "--bug", "free_queue_lifo", "--jobs", "1"]
+    proc, worker = start_harness(args, tmp_path)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    assert proc.returncode != 0
+    assert checkout_digest(ROOT) == before
+    assert gone(worker), "the worker outlived its harness"
+    if sig != signal.SIGKILL:  # an orderly stop also removes its temporary copies
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("prefixkv-")]

@@ -128,15 +128,28 @@ class Finished:
         return self.returncode is None
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# NOTE: looked up here, in the parent: the child of a threaded harness must not load libraries
+# between fork and exec, only call what is already loaded.
+_PRCTL = _load_prctl()
+_PPID = os.getpid()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask for SIGKILL when the parent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            # the parent may already be gone: then nobody would ever deliver the signal
-            if os.getppid() == 1:
-                os._exit(1)
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        # the parent may already be gone: then nobody would ever deliver the signal
+        if os.getppid() != _PPID:
+            os._exit(1)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
