@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -117,25 +116,12 @@ def start_harness(args: list[str], tmp: Path) -> tuple[subprocess.Popen[str], in
     raise AssertionError(f"the harness ended before it started a worker ({proc.returncode})")
 
 
-def gone(pid: int) -> bool:
-    """Whether ``pid`` has exited, waiting for it (a zombie nobody reaps counts as gone)."""
-    for _ in range(600):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_killing_the_cache_harness_leaves_the_checkout_untouched(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
     """Kill ``tests.mutation.run`` while a mutant runs: the checkout keeps its bytes."""
-    from mutation.sandbox import checkout_digest
+    from mutation.sandbox import checkout_digest, process_gone
 
     before = checkout_digest(ROOT)
     args = ["tests.mutation.run", "--bug", "free_queue_lifo", "--jobs", "1"]
@@ -144,6 +130,6 @@ def test_killing_the_cache_harness_leaves_the_checkout_untouched(
     proc.wait(timeout=120)
     assert proc.returncode != 0
     assert checkout_digest(ROOT) == before
-    assert gone(worker), "the worker outlived its harness"
+    assert process_gone(worker), "the worker outlived its harness"
     if sig != signal.SIGKILL:  # an orderly stop also removes its temporary copies
         assert not [p for p in tmp_path.iterdir() if p.name.startswith("prefixkv-")]

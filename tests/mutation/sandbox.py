@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ __all__ = [
     "checkout_digest",
     "module_of",
     "package_dirs",
+    "process_gone",
     "run_isolated",
     "stage_sources",
     "terminate_on_sigterm",
@@ -223,3 +225,19 @@ def checkout_digest(root: Path = ROOT) -> dict[str, str]:
         for path in _walk(root)
         if path.is_file()
     }
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (Linux ``/proc``), polling up to a minute for it.
+
+    A zombie that nobody reaps counts as gone: it runs nothing.
+    """
+    for _ in range(600):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
