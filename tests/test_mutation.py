@@ -3,7 +3,9 @@
 Runs ``python -m tests.mutation.run --json`` (a subprocess per bug, two at a time), which
 re-inserts each bug into a temporary copy of impl/ and runs the differential machines on it.
 It also fails when a patch no longer applies to the impl, or when the unpatched control run
-fails. See docs/testing.md.
+fails. The faster tests pin the harness itself: a mutant that crashes at import is killed by
+a crash (never a survivor or an error), and killing the harness leaves the checkout as it
+was. See docs/testing.md.
 """
 
 from __future__ import annotations

@@ -219,10 +219,17 @@ def _walk(root: Path) -> Iterator[Path]:
 
 
 def checkout_digest(root: Path = ROOT) -> dict[str, str]:
-    """sha256 of every source file under ``root`` (caches and build outputs excluded)."""
+    """sha256 of every source file a harness copies from ``root``, by relative path.
+
+    That is every file a patch could name: the package directories, the tests and
+    ``pyproject.toml`` (caches and build outputs excluded). Other directories are left out,
+    so that another test writing, say, a report under ``docs/`` cannot make this differ.
+    """
+    tops = sorted({*package_dirs(root).values(), "tests"})
+    files = [root / "pyproject.toml", *(f for top in tops for f in _walk(root / top))]
     return {
         str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in _walk(root)
+        for path in files
         if path.is_file()
     }
 
