@@ -361,6 +361,8 @@ def _copy_blocks_kernel(
     pair = tl.program_id(0)
     head = tl.program_id(1)
     tok_block = tl.program_id(2)
+    if USE_INT64:  # a strided block_mapping may itself be past 2^31 elements
+        pair = pair.to(tl.int64)
     src = tl.load(block_mapping_ptr + pair * stride_map_pair)
     dst = tl.load(block_mapping_ptr + pair * stride_map_pair + stride_map_col)
     if (src < 0) | (dst < 0):
@@ -420,6 +422,6 @@ def copy_blocks(
             PAGE_SIZE=g.page_size,
             BLOCK_T=block_t,
             BLOCK_D=block_d,
-            USE_INT64=C.needs_int64(cache),
+            USE_INT64=C.needs_int64(cache, block_mapping),
             num_warps=4,
         )

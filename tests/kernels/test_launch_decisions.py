@@ -216,6 +216,16 @@ def test_copy_blocks_decides_int64_per_cache(launches: list[Launch], huge: bool)
         check_launch(launch, {"cache": cache, "block_mapping": mapping})
 
 
+def test_copy_blocks_counts_a_strided_block_mapping(launches: list[Launch]) -> None:
+    """The pairs are read through their strides: a mapping whose rows lie 2^30 apart."""
+    small = meta(64, 16, 8, 128)
+    mapping = meta(3, 2, dtype=torch.int64, stride=(2**30, 1))
+    cache_ops.copy_blocks([small], mapping, debug=False)
+    (launch,) = launches
+    assert not fits(mapping)
+    check_launch(launch, {"cache": small, "block_mapping": mapping})
+
+
 # ---------------------------------------------------------------------------------------
 # attention
 # ---------------------------------------------------------------------------------------
