@@ -70,6 +70,12 @@ def check_index_tensor(
         raise KernelDtypeError(f"{name} has dtype {t.dtype}; expected one of {dtypes}")
     if t.dim() != ndim:
         raise KernelInputError(f"{name} must be {ndim}-d, got shape {tuple(t.shape)}")
+    # NOTE: the kernels read 1-d index tensors as ``ptr + i``, without a stride: a strided
+    # view (a column of a 2-d tensor) would be read as if it were contiguous.
+    if ndim == 1 and t.shape[0] > 1 and t.stride(0) != 1:
+        raise KernelInputError(
+            f"{name} must be contiguous, got stride {t.stride(0)}; pass {name}.contiguous()"
+        )
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,9 @@ def _write_kv_kernel(
     if slot < 0:  # padding or a token whose KV must not be stored
         return
     if USE_INT64:
+        # an int32 slot_mapping would keep page * stride in int32 and wrap past 2^31
         tok = tok.to(tl.int64)
+        slot = slot.to(tl.int64)
     else:
         slot = slot.to(tl.int32)
     # index_math.split_slot
@@ -213,9 +215,12 @@ def _gather_kv_kernel(
     pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     valid = pos < seq_len
+    seq_off = seq * stride_bt_seq
+    if USE_INT64:  # the block table itself may be past 2^31 entries
+        seq_off = seq.to(tl.int64) * stride_bt_seq
     # index_math.block_index / offset_in_block
     page = tl.load(
-        block_table_ptr + seq * stride_bt_seq + (pos // PAGE_SIZE) * stride_bt_entry,
+        block_table_ptr + seq_off + (pos // PAGE_SIZE) * stride_bt_entry,
         mask=valid,
         other=0,
     )
@@ -329,7 +334,7 @@ def gather_kv(
         PAGE_SIZE=gk.page_size,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
-        USE_INT64=C.needs_int64(key_cache, value_cache, out_k, out_v),
+        USE_INT64=C.needs_int64(key_cache, value_cache, out_k, out_v, block_table.table),
         num_warps=num_warps,
     )
     return out_k, out_v
@@ -359,6 +364,8 @@ def _copy_blocks_kernel(
     pair = tl.program_id(0)
     head = tl.program_id(1)
     tok_block = tl.program_id(2)
+    if USE_INT64:  # a strided block_mapping may itself be past 2^31 elements
+        pair = pair.to(tl.int64)
     src = tl.load(block_mapping_ptr + pair * stride_map_pair)
     dst = tl.load(block_mapping_ptr + pair * stride_map_pair + stride_map_col)
     if (src < 0) | (dst < 0):
@@ -418,6 +425,6 @@ def copy_blocks(
             PAGE_SIZE=g.page_size,
             BLOCK_T=block_t,
             BLOCK_D=block_d,
-            USE_INT64=C.needs_int64(cache),
+            USE_INT64=C.needs_int64(cache, block_mapping),
             num_warps=4,
         )

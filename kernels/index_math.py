@@ -348,7 +348,9 @@ SUPPORTED_RANGES: dict[str, SizeRange] = {
         SizeRange("max_blocks_per_seq", 1, 2**20, "columns of the block table"),
         SizeRange("max_seq_len", 0, 2**22, "tokens of one sequence (cached + new)"),
         SizeRange("num_tokens", 0, 2**22, "new tokens in one batch"),
-        SizeRange("num_seqs", 0, 2**16, "sequences in one batch"),
+        # NOTE: sequences are a grid y or z dimension (gather, prefill), and CUDA caps those
+        # at 65535, not 2^16.
+        SizeRange("num_seqs", 0, 2**16 - 1, "sequences in one batch"),
         SizeRange("num_state_slots", 1, 2**20, "slots of a recurrent-state tensor"),
         SizeRange("conv_width", 2, 16, "causal-conv kernel width (state keeps width - 1)"),
     )

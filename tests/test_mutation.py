@@ -3,12 +3,16 @@
 Runs ``python -m tests.mutation.run --json`` (a subprocess per bug, two at a time), which
 re-inserts each bug into a temporary copy of impl/ and runs the differential machines on it.
 It also fails when a patch no longer applies to the impl, or when the unpatched control run
-fails. See docs/testing.md.
+fails. The faster tests pin the harness itself: a mutant that crashes at import is killed by
+a crash (never a survivor or an error), and killing the harness leaves the checkout as it
+was. See docs/testing.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +65,73 @@ def test_a_stale_patch_fails_loudly(tmp_path: Path) -> None:
         apply_bug(Bug("gone", "-", (("cache.py", "no such text\n", ""),)), directory)
     with pytest.raises(PatchError, match=r"occurs [2-9]\d* times"):
         apply_bug(Bug("twice", "-", (("cache.py", "def ", "def "),)), directory)
+
+
+def _import_crash(directory: Path, error: str) -> tuple[str, str, str]:
+    """A patch that makes the impl package raise at import (whatever its code looks like)."""
+    text = (directory / "__init__.py").read_text()
+    return ("__init__.py", text, text + f"\nraise {error}('this mutant cannot be imported')\n")
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "ImportError", "SystemExit"])
+def test_an_import_crashing_mutant_is_killed_by_a_crash(tmp_path: Path, error: str) -> None:
+    """A mutant that raises at import is a kill by a crash: never a survivor, never an error."""
+    from mutation.run import Bug, copy_impl, format_table, ok, run_one
+
+    bug = Bug("import_crash", "raises at import", (_import_crash(copy_impl(tmp_path), error),))
+    row = run_one(bug, tmp_path / "run", shrink=False, timeout=300)
+    assert row["error"] is None, row
+    assert row["caught"] is True and row["killed_by"] == "crash", row
+    assert row["check"] == f"CRASH(import: {error})" and row["stage"] == "import", row
+    assert "this mutant cannot be imported" in row["message"]
+    assert ok(row)
+    assert "crash" in format_table([row]).splitlines()[-1]
+
+
+def test_an_import_crashing_control_fails(tmp_path: Path) -> None:
+    """The same crash in a control run is a failure of the run, not a pass."""
+    from mutation.run import CONTROL, ok
+
+    row = {"bug": CONTROL, "applies": True, "error": None, "caught": True, "killed_by": "crash"}
+    assert not ok(row)
+
+
+def start_harness(args: list[str], tmp: Path) -> tuple[subprocess.Popen[str], int]:
+    """Start a harness with its temporary files under ``tmp``; wait until a worker runs.
+
+    Returns the harness and its worker's pid.
+    """
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("start "):
+            return proc, int(line.split("(pid ")[1].split(")")[0])
+    proc.wait()
+    raise AssertionError(f"the harness ended before it started a worker ({proc.returncode})")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_killing_the_cache_harness_leaves_the_checkout_untouched(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Kill ``tests.mutation.run`` while a mutant runs: the checkout keeps its bytes."""
+    from mutation.sandbox import checkout_digest, process_gone
+
+    before = checkout_digest(ROOT)
+    args = ["tests.mutation.run", "--bug", "free_queue_lifo", "--jobs", "1"]
+    proc, worker = start_harness(args, tmp_path)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    assert proc.returncode != 0
+    assert checkout_digest(ROOT) == before
+    assert process_gone(worker), "the worker outlived its harness"
+    if sig != signal.SIGKILL:  # an orderly stop also removes its temporary copies
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("prefixkv-")]

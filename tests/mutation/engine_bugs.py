@@ -4,26 +4,48 @@
 Each bug is one exact source replacement; the old text must occur exactly once, so a bug
 whose code moved fails loudly (``tests/engine/test_engine_bugs.py`` checks that in CI).
 
-Run them all (sequentially, a few minutes; each patch is applied in place and always
-restored)::
+Each bug is applied to a temporary copy of the sources (:mod:`tests.mutation.sandbox`), never
+to the checkout, and the engine tests run on that copy in a child pytest (``-x``, so it stops
+at the first failure). A crash, a timeout, Ctrl-C or SIGKILL therefore leaves the checkout
+byte for byte as it was. Run them all (sequentially, about a CPU-minute each)::
 
-    python -m tests.mutation.engine_bugs            # or: ... engine_bugs 3 7  (by index)
+    python -m tests.mutation.engine_bugs                 # every bug and the control, a table
+    python -m tests.mutation.engine_bugs --json
+    python -m tests.mutation.engine_bugs 3 7             # by index (see --list)
+    python -m tests.mutation.engine_bugs --bug "chunk samples at every chunk"
 
-A bug marked ``equivalent`` cannot change behaviour: it is listed to say why it is not
-caught, not counted as a miss.
+A control run on an unpatched copy must pass the engine tests (otherwise every bug would
+look caught). A bug marked ``equivalent`` cannot change behaviour: it is listed to say why
+it is not caught, not counted as a miss. A mutant whose code crashes at import fails the
+collection: it is reported as killed by a crash (verdict ``crash``), not as caught by a check.
 """
 
 from __future__ import annotations
 
-import subprocess
+import argparse
+import json
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-__all__ = ["ENGINE_BUGS", "EngineBug", "main"]
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # when run as a script: python tests/mutation/engine_bugs.py
+    sys.path.insert(0, str(ROOT))
+
+from tests.mutation.sandbox import (  # noqa: E402
+    module_of,
+    run_isolated,
+    stage_sources,
+    terminate_on_sigterm,
+)
+
+__all__ = ["CONTROL", "ENGINE_BUGS", "EngineBug", "apply", "main", "run_bug"]
+
+CONTROL = "(control: no bug)"
 
 
 @dataclass(frozen=True)
@@ -107,11 +129,8 @@ ENGINE_BUGS: tuple[EngineBug, ...] = (
         "src/prefixkv/engine/runner.py",
         "            rows = self.encoder.encode(o.item)[o.offset : o.offset + o.length]",
         "            rows = self.encoder.encode(o.item)[: o.length]",
-        equivalent=(
-            "a chunk never splits a span (choice 8) and a match never ends inside one (choice"
-            " 5), so an item's positions always start in the step that covers its start: the "
-            "offset is 0"
-        ),
+        # NOTE: the reference scheduler never starts a step inside a span (choices 5 and 8),
+        # so only tests/engine/test_runner_chunks.py, which drives the runner directly, sees it
     ),
     EngineBug(
         "torch backend: causal mask lets a multi-token step see one key ahead",
@@ -164,57 +183,161 @@ ENGINE_BUGS: tuple[EngineBug, ...] = (
 )
 
 
-def apply(bug: EngineBug) -> str:
-    """Insert ``bug``; returns the original text of its file (to restore)."""
-    path = ROOT / bug.path
+class PatchError(ValueError):
+    """A bug's old text does not occur exactly once in its file (the code moved)."""
+
+
+def apply(bug: EngineBug, root: Path) -> Path:
+    """Insert ``bug`` into the copy of the sources under ``root``; returns the patched file.
+
+    Refuses the checkout itself: the harness patches copies only.
+    """
+    if root.resolve() == ROOT.resolve():
+        raise ValueError("engine bugs are applied to a copy of the sources, never the checkout")
+    path = root / bug.path
     text = path.read_text(encoding="utf-8")
     count = text.count(bug.old)
     if count != 1:
-        raise ValueError(f"{bug.name}: the patched text occurs {count} times in {bug.path}")
+        raise PatchError(f"{bug.name}: the patched text occurs {count} times in {bug.path}")
     path.write_text(text.replace(bug.old, bug.new), encoding="utf-8")
-    return text
+    return path
 
 
-def main(argv: list[str]) -> int:
-    chosen = [ENGINE_BUGS[int(i)] for i in argv] if argv else list(ENGINE_BUGS)
-    caught = missed = 0
-    for bug in chosen:
-        original = apply(bug)
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_bug(
+    bug: EngineBug | None,
+    workdir: Path,
+    *,
+    tests: str = "tests/engine",
+    jobs: int = 2,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run the engine tests on a copy of the sources with ``bug`` in it (None: the control).
+
+    Returns a row: ``verdict`` is ``caught`` (a test failed), ``crash`` (the collection
+    failed: the mutant crashed at import), ``missed``, ``equivalent`` (missed, but the bug
+    cannot change behaviour), ``passed`` (the control), ``error`` or ``timeout``; ``check``
+    is the first failing test, ``first_failure`` its time in seconds from the start of the
+    child pytest, ``wall`` the whole child run.
+    """
+    name = bug.name if bug else CONTROL
+    row: dict[str, Any] = {"bug": name, "verdict": "error", "check": None, "message": ""}
+    row.update(first_failure=None, wall=None, error=None)
+    copy = workdir / "src"
+    src = stage_sources(copy)
+    env = {**os.environ, "CI": "true", "PREFIXKV_MUTANT_SRC": str(src)}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(src), str(copy), os.environ.get("PYTHONPATH", "")) if p
+    )
+    env["PREFIXKV_MUTANT_REPORT"] = report = str(workdir / "report.json")
+    if bug is not None:
         try:
-            t0 = time.perf_counter()
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-x",
-                    "-n",
-                    "2",
-                    "-p",
-                    "no:cacheprovider",
-                    "tests/engine",
-                    # NOTE: that file checks each patch's text is present, which an applied
-                    # patch removes: with it every bug would count as caught.
-                    "--ignore=tests/engine/test_engine_bugs.py",
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=False,
-                env={**__import__("os").environ, "CI": "true"},
+            patched = apply(bug, copy)
+        except PatchError as exc:
+            return {**row, "error": str(exc)}
+        env["PREFIXKV_MUTANT_MODULE"] = module_of(bug.path)
+        env["PREFIXKV_MUTANT_FILE"] = str(patched)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    cmd += ["-p", "tests.mutation.first_failure", *(["-n", str(jobs)] if jobs > 1 else [])]
+    # NOTE: that file checks each patch's text is present, which an applied patch removes:
+    # with it every bug would count as caught.
+    cmd += [tests, "--ignore=tests/engine/test_engine_bugs.py"]
+    start = time.perf_counter()
+    done = run_isolated(
+        cmd,
+        cwd=copy,
+        env=env,
+        timeout=timeout,
+        on_start=lambda pid: _progress(f"start {name} (pid {pid}) in {copy}"),
+    )
+    row["wall"] = round(time.perf_counter() - start, 1)
+    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+    if done.timed_out:
+        return {**row, "verdict": "timeout", "error": f"timeout after {timeout:.0f} s: {tail}"}
+    try:
+        result = json.loads(Path(report).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {**row, "error": f"pytest exited {done.returncode} without a report: {tail}"}
+    first = result["first"]
+    if first is not None:
+        row.update(check=first["nodeid"], message=first["message"])
+        row["first_failure"] = first["seconds"]
+        if first["when"] == "collect":
+            return {**row, "verdict": "crash"}
+        return {**row, "verdict": "caught"}
+    if done.returncode != 0:
+        return {**row, "error": f"pytest exited {done.returncode} with no failure: {tail}"}
+    if bug is None:
+        return {**row, "verdict": "passed"}
+    return {**row, "verdict": "equivalent" if bug.equivalent else "missed"}
+
+
+def ok(row: dict[str, Any]) -> bool:
+    """Whether a row is what the harness wants: the control passes, each bug is killed."""
+    if row["bug"] == CONTROL:
+        return bool(row["verdict"] == "passed")
+    return row["verdict"] in ("caught", "crash", "equivalent")
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'verdict':<10} {'first failure':>13} {'wall':>7}  bug: check", "-" * 100]
+    for row in rows:
+        first = f"{row['first_failure']:.1f} s" if row["first_failure"] is not None else ""
+        wall = f"{row['wall']:.0f} s" if row["wall"] is not None else ""
+        what = row["error"] or row["check"] or ""
+        out.append(f"{row['verdict']:<10} {first:>13} {wall:>7}  {row['bug']}: {what}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Inject each engine bug; the tests must catch it.")
+    parser.add_argument("index", nargs="*", type=int, help="run only these bugs (see --list)")
+    parser.add_argument("--bug", action="append", default=[], help="run only this bug, by name")
+    parser.add_argument("--list", action="store_true", help="list the bugs and exit")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-control", action="store_true", help="skip the unpatched run")
+    parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers per run")
+    parser.add_argument("--tests", default="tests/engine", help="the tests to run (in the copy)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per bug")
+    args = parser.parse_args(argv)
+    if args.list:
+        for i, bug in enumerate(ENGINE_BUGS):
+            print(f"{i:>3}  {bug.name}" + ("  (equivalent)" if bug.equivalent else ""))
+        return 0
+    known = {bug.name: bug for bug in ENGINE_BUGS}
+    unknown = [name for name in args.bug if name not in known]
+    if unknown or any(not 0 <= i < len(ENGINE_BUGS) for i in args.index):
+        parser.error(f"unknown bug(s): {unknown or args.index}; see --list")
+    chosen: list[EngineBug | None] = [ENGINE_BUGS[i] for i in args.index]
+    chosen += [known[name] for name in args.bug]
+    if not chosen:
+        chosen = [None, *ENGINE_BUGS] if not args.no_control else list(ENGINE_BUGS)
+    terminate_on_sigterm()
+    start = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prefixkv-engine-mutants-") as tmp:
+        for i, bug in enumerate(chosen):
+            row = run_bug(
+                bug, Path(tmp) / str(i), tests=args.tests, jobs=args.jobs, timeout=args.timeout
             )
-        finally:
-            (ROOT / bug.path).write_text(original, encoding="utf-8")
-        red = proc.returncode != 0
-        caught += red
-        missed += not red and not bug.equivalent
-        verdict = "caught" if red else ("equivalent" if bug.equivalent else "MISSED")
-        tail = proc.stdout.strip().splitlines()[-1:] or [""]
-        print(f"{verdict:10s} {bug.name} ({time.perf_counter() - t0:.0f} s): {tail[0]}", flush=True)
-    print(f"{caught} caught, {missed} missed, of {len(chosen)}")
-    return 1 if missed else 0
+            rows.append(row)
+            _progress(f"{row['verdict']:<10} {row['bug']}: {row['error'] or row['check'] or ''}")
+    wall = time.perf_counter() - start
+    failed = [row["bug"] for row in rows if not ok(row)]
+    if args.json:
+        print(json.dumps({"rows": rows, "wall": round(wall, 1), "failed": failed}, indent=2))
+    else:
+        print(format_table(rows))
+        killed = sum(row["verdict"] in ("caught", "crash") for row in rows)
+        bugs = sum(row["bug"] != CONTROL for row in rows)
+        print(f"\n{killed}/{bugs} bugs caught in {wall:.0f} s ({args.jobs} jobs)")
+        if failed:
+            print("FAILED: " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

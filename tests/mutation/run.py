@@ -12,6 +12,15 @@ patches, and a subprocess (:mod:`tests.mutation.worker`) loads that copy as
 ``prefixkv.impl`` and runs the differential machines until a check fails. A control run on
 an unpatched copy must survive every stage (otherwise the harness would "catch" anything).
 
+The checkout is only ever read: each worker runs in its own process group and dies with the
+harness (:mod:`tests.mutation.sandbox`), so a crash, a timeout, Ctrl-C or SIGKILL leaves the
+checkout byte for byte as it was, and nothing running.
+
+A bug is killed by a check (``killed_by: "check"``: a check of the machines failed) or by a
+crash (``"crash"``: its code raised something no check names, at import included). A row
+that could not run (a stale patch, a failed worker, a timeout) has ``caught: null`` and an
+``error``: it is neither a survivor nor a kill.
+
 Exit status: 0 when every bug is caught and the control passes; 1 when a bug survives, a
 patch no longer applies (the impl changed under it: update the patch), a worker fails, or
 the control run fails.
@@ -20,12 +29,14 @@ the control run fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +47,7 @@ if str(ROOT) not in sys.path:  # when run as a script: python tests/mutation/run
     sys.path.insert(0, str(ROOT))
 
 from tests.mutation.bugs import BUGS, Bug  # noqa: E402
+from tests.mutation.sandbox import run_isolated, terminate_on_sigterm  # noqa: E402
 
 IMPL = ROOT / "impl"
 CONTROL = "(control: no bug)"
@@ -74,6 +86,24 @@ def copy_impl(destination: Path) -> Path:
     return target
 
 
+#: Process groups of the workers now running (killed at once if the harness is interrupted).
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _started(name: str, pid: int) -> None:
+    with _LIVE_LOCK:
+        _LIVE.add(pid)
+    print(f"start {name} (pid {pid})", file=sys.stderr, flush=True)
+
+
+def _kill_live() -> None:
+    with _LIVE_LOCK:
+        for pid in _LIVE:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
 def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> dict[str, Any]:
     name = bug.name if bug else CONTROL
     row: dict[str, Any] = {
@@ -86,7 +116,7 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
         try:
             apply_bug(bug, directory)
         except PatchError as exc:
-            return {**row, "applies": False, "caught": False, "check": None, "error": str(exc)}
+            return {**row, "applies": False, "caught": None, "check": None, "error": str(exc)}
     cmd = [sys.executable, "-m", "tests.mutation.worker", "--impl", str(directory)]
     # a bug is hunted by its own machines; each control must survive its machines' stages
     cmd += ["--machine", "text" if bug is None else bug.machine]
@@ -94,23 +124,31 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
         cmd.append("--shrink")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.perf_counter()
+    pids: list[int] = []
     try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        done = run_isolated(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            timeout=timeout,
+            on_start=lambda pid: (pids.append(pid), _started(name, pid)),
         )
-    except subprocess.TimeoutExpired:
-        return {**row, "caught": False, "check": None, "error": f"timeout after {timeout:.0f} s"}
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.difference_update(pids)
+    if done.timed_out:
+        return {**row, "caught": None, "check": None, "error": f"timeout after {timeout:.0f} s"}
     wall = time.perf_counter() - start
-    lines = proc.stdout.strip().splitlines()
+    lines = done.stdout.strip().splitlines()
     try:
         result = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         return {
             **row,
-            "caught": False,
+            "caught": None,
             "check": None,
-            "error": "worker failed: " + " | ".join(tail),
+            "error": f"worker failed (exit {done.returncode}): " + " | ".join(tail),
         }
     return {**row, **result, "wall": round(wall, 2), "error": None}
 
@@ -130,7 +168,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if not row["applies"] or row.get("error"):
             out.append(f"{row['bug']:<32} {'ERROR':<7} {'':>13}  {row.get('error', '')}")
             continue
-        caught = "yes" if row["caught"] else "no"
+        caught = ("crash" if row.get("killed_by") == "crash" else "yes") if row["caught"] else "no"
         secs = f"{row['seconds']:.2f} s" if row["caught"] else f"({row['seconds']:.0f} s run)"
         out.append(
             f"{row['bug']:<32} {caught:<7} {secs:>13}  {row['check'] or '-':<28} "
@@ -169,17 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_control and not args.bug:
         bugs[:0] = [None, _HYBRID_CONTROL]
 
+    terminate_on_sigterm()
     start = time.perf_counter()
-    with (
-        tempfile.TemporaryDirectory(prefix="prefixkv-mutants-") as tmp,
-        ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool,
-    ):
-        rows = list(
-            pool.map(
-                lambda b: run_one(b, Path(tmp), shrink=args.shrink, timeout=timeout),
-                bugs,
+    with tempfile.TemporaryDirectory(prefix="prefixkv-mutants-") as tmp:
+        pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        try:
+            rows = list(
+                pool.map(
+                    lambda b: run_one(b, Path(tmp), shrink=args.shrink, timeout=timeout),
+                    bugs,
+                )
             )
-        )
+        except BaseException:
+            # NOTE: Ctrl-C reaches this thread only; the workers' threads wait on their
+            # children, so kill those, or the pool's shutdown would wait for every stage.
+            pool.shutdown(wait=False, cancel_futures=True)
+            _kill_live()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     wall = time.perf_counter() - start
     failed = [row["bug"] for row in rows if not ok(row)]
     if args.json:
@@ -187,8 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_table(rows))
         caught = sum(1 for row in rows if row["bug"] not in CONTROLS and ok(row))
+        crashed = sum(
+            1
+            for row in rows
+            if row["bug"] not in CONTROLS and ok(row) and row["killed_by"] == "crash"
+        )
         total = sum(1 for row in rows if row["bug"] not in CONTROLS)
-        print(f"\n{caught}/{total} bugs caught in {wall:.0f} s ({args.jobs} jobs)")
+        print(
+            f"\n{caught}/{total} bugs caught ({crashed} by a crash) in {wall:.0f} s "
+            f"({args.jobs} jobs)"
+        )
         if args.shrink:
             for row in rows:
                 if row.get("replay"):

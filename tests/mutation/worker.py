@@ -7,9 +7,15 @@ Used by :mod:`tests.mutation.run`, one subprocess per bug::
 ``DIR`` is a copy of ``impl/`` (with a bug patched in). It is loaded as ``prefixkv.impl``
 before anything imports the real one. The machines then run stage by stage (each with a fixed seed,
 so runs are reproducible) until the first check fails. The last line of stdout is a JSON object:
-``caught``, ``check`` (the failing check or invariant), ``seconds`` (time to the first
+``caught``, ``killed_by`` (``"check"``: a check of the machines failed; ``"crash"``: the mutant
+raised something no check names, at import or while the machines ran; null when not caught),
+``check`` (the failing check or invariant, or ``CRASH(...)``), ``seconds`` (time to the first
 failure, before any shrinking), ``stage``, ``message`` and, with ``--shrink``, ``replay``
 (the minimal failing program Hypothesis printed).
+
+NOTE: a mutant whose code raises at import is killed by a crash, as in any mutation tool: the
+worker reports it (stage ``import``) instead of dying without a result, which the harness
+could not tell from a failure of the harness itself.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import importlib.util
 import json
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -76,10 +83,18 @@ MACHINES: dict[str, tuple[Stage, ...]] = {
 }
 
 
+class LoadError(RuntimeError):
+    """The copy could not take the place of ``prefixkv.impl``: a harness error, never a kill."""
+
+
 def install_impl(directory: Path) -> ModuleType:
-    """Load ``directory`` as the package ``prefixkv.impl`` (and its submodules)."""
+    """Load ``directory`` as the package ``prefixkv.impl`` (and its submodules).
+
+    Raises :class:`LoadError` when the copy cannot be installed; whatever the copy's own code
+    raises while it is executed propagates unchanged.
+    """
     if "prefixkv.impl" in sys.modules:
-        raise RuntimeError("prefixkv.impl was imported before the patched copy was installed")
+        raise LoadError("prefixkv.impl was imported before the patched copy was installed")
     spec = importlib.util.spec_from_file_location(
         "prefixkv.impl",
         directory / "__init__.py",
@@ -92,14 +107,41 @@ def install_impl(directory: Path) -> ModuleType:
     import prefixkv
 
     prefixkv.impl = module  # type: ignore[attr-defined]
-    cache_file = Path(sys.modules["prefixkv.impl.cache"].__file__ or "")
+    cache = sys.modules.get("prefixkv.impl.cache")
+    cache_file = Path(getattr(cache, "__file__", None) or "")
     if cache_file.resolve().parent != directory.resolve():
-        raise RuntimeError(f"prefixkv.impl.cache loaded from {cache_file}, not {directory}")
+        raise LoadError(f"prefixkv.impl.cache loaded from {cache_file}, not {directory}")
     return module
 
 
+def _crash_at_import(exc: BaseException, seconds: float) -> dict[str, Any]:
+    where = next(
+        (
+            f"{Path(frame.filename).name}:{frame.lineno}"
+            for frame in reversed(traceback.extract_tb(exc.__traceback__))
+        ),
+        "?",
+    )
+    return {
+        "caught": True,
+        "killed_by": "crash",
+        "check": f"CRASH(import: {type(exc).__name__})",
+        "seconds": round(seconds, 3),
+        "stage": "import",
+        "rules": 0,
+        "message": f"{type(exc).__name__} at {where}: {exc}".splitlines()[0][:300],
+        "replay": "",
+    }
+
+
 def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) -> dict[str, Any]:
-    install_impl(directory)
+    start = time.perf_counter()
+    try:
+        install_impl(directory)
+    except (LoadError, KeyboardInterrupt):
+        raise  # the harness is broken (or stopped), not the mutant
+    except BaseException as exc:  # the mutant's own code raised while it was imported
+        return _crash_at_import(exc, time.perf_counter() - start)
     from hypothesis import HealthCheck, Phase, seed, settings
     from hypothesis.stateful import get_state_machine_test
 
@@ -160,6 +202,8 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
             notes = "\n".join(getattr(exc, "__notes__", []))
             return {
                 "caught": True,
+                # a check names the failure; anything else the mutant raised is a crash
+                "killed_by": "check" if first else "crash",
                 "check": check,
                 "seconds": round(seconds, 3),
                 "stage": f"{stage.config}#{stage.seed}",
@@ -170,6 +214,7 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
         rules += machine.coverage.report().total_rules
     return {
         "caught": False,
+        "killed_by": None,
         "check": None,
         "seconds": round(time.perf_counter() - start, 3),
         "stage": None,
