@@ -96,6 +96,12 @@ def test_an_import_crashing_control_fails(tmp_path: Path) -> None:
     assert not ok(row)
 
 
+def _interruptible() -> None:
+    """In the harness's process: take SIGINT as Ctrl-C would, even under a pytest-xdist
+    worker, which ignores SIGINT (and children inherit an ignored signal)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_harness(args: list[str], tmp: Path) -> tuple[subprocess.Popen[str], int]:
     """Start a harness with its temporary files under ``tmp``; wait until a worker runs.
 
@@ -109,6 +115,7 @@ def start_harness(args: list[str], tmp: Path) -> tuple[subprocess.Popen[str], in
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
     assert proc.stderr is not None
     for line in proc.stderr:

@@ -76,6 +76,12 @@ def test_the_copy_is_what_gets_imported(tmp_path: Path) -> None:
         assert not file.resolve().is_relative_to(ROOT), file
 
 
+def _interruptible() -> None:
+    """In the harness's process: take SIGINT as Ctrl-C would, even under a pytest-xdist
+    worker, which ignores SIGINT (and children inherit an ignored signal)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_killing_the_harness_leaves_the_checkout_untouched(
@@ -99,6 +105,7 @@ def test_killing_the_harness_leaves_the_checkout_untouched(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
     assert proc.stderr is not None
     line = next((line for line in proc.stderr if line.startswith("start ")), "")
