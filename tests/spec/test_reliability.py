@@ -86,7 +86,7 @@ def test_per_tenant_salts_do_not_grow_the_memo(make: Callable[..., Any]) -> None
 # -- names without a UTF-8 form, salts that are not bytes ----------------------------------
 
 
-@pytest.mark.parametrize("kwargs", BAD_NAMESPACE_ARGS, ids=repr)
+@pytest.mark.parametrize("kwargs", BAD_NAMESPACE_ARGS, ids=ascii)
 def test_bad_namespaces_are_refused_at_construction(
     make: Callable[..., Any], kwargs: dict[str, Any]
 ) -> None:
@@ -99,7 +99,7 @@ def test_bad_namespaces_are_refused_at_construction(
     invariants.check_unchanged(before, c.snapshot(), "admit")
 
 
-@pytest.mark.parametrize("kwargs", BAD_SPAN_NAMES, ids=repr)
+@pytest.mark.parametrize("kwargs", BAD_SPAN_NAMES, ids=ascii)
 def test_bad_span_names_are_refused_at_construction(
     make: Callable[..., Any], kwargs: dict[str, Any]
 ) -> None:
@@ -177,7 +177,7 @@ def test_bad_inputs_raise_typed_errors_and_change_nothing(
 # -- crafted namespaces ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("left", "right"), CRAFTED_NAMESPACE_PAIRS, ids=repr)
+@pytest.mark.parametrize(("left", "right"), CRAFTED_NAMESPACE_PAIRS, ids=ascii)
 def test_crafted_namespaces_never_share_a_block(
     make: Callable[..., Any], left: Namespace, right: Namespace
 ) -> None:
