@@ -25,7 +25,7 @@ pytest.importorskip("z3")
 import z3
 from prefixkv.proofs import broken, cli, drift, kernel_index, obligations
 from prefixkv.proofs.concrete import AbsState, Labels, abstract, bind, concretize
-from prefixkv.proofs.encoding import Bounds, Encoding
+from prefixkv.proofs.encoding import TXN_ERRORS, Bounds, Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 
@@ -43,7 +43,8 @@ def prover() -> obligations.Prover:
 @pytest.mark.parametrize("operation", list(obligations.OPERATIONS))
 def test_every_invariant_is_inductive_over(operation: str, prover: obligations.Prover) -> None:
     rows = prover.rows(operations=[operation])
-    expected = set(obligations.INVARIANT_IDS) | ({"INV-MATCH"} if operation == "admit" else set())
+    expected = set(obligations.INVARIANT_IDS) | {"INV-MATCH"}
+    expected |= {"INV-TXN"} if operation in TXN_ERRORS else set()
     assert {r.invariant for r in rows} == expected
     failed = [f"{r.invariant}: {r.status}\n{r.detail}" for r in rows if r.status != "proved"]
     assert not failed, "\n".join(failed)
@@ -103,6 +104,44 @@ def test_the_unbroken_encoding_has_no_such_counterexample() -> None:
             obligations.find_counterexample(Encoding(Bounds()), v.invariant, v.step, max_pool=3)
             is None
         )
+
+
+NEW_VARIANTS = [v for v in broken.VARIANTS if v.invariant == "INV-TXN" or v.step != "attach"]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [v for v in NEW_VARIANTS if v.invariant in ("INV-TXN", "INV-MATCH")],
+    ids=lambda v: v.name,
+)
+def test_lookup_and_txn_variants_need_their_bug(variant: broken.Variant) -> None:
+    """The counterexample comes from the variant's bug, not from the obligation."""
+    assert (
+        obligations.find_counterexample(
+            Encoding(Bounds()), variant.invariant, variant.step, max_pool=3
+        )
+        is None
+    )
+
+
+def test_txn_rows_cover_every_error_class_with_a_witness(prover: obligations.Prover) -> None:
+    rows = {r.operation: r for r in prover.rows([obligations.TXN])}
+    assert set(rows) == set(TXN_ERRORS)  # evict and reset_keep refuse nothing in the model
+    for op, r in rows.items():
+        assert r.steps == TXN_ERRORS[op] and r.kind == "txn"
+        assert r.status == "proved" and r.non_vacuous, (op, r.detail)
+    # each failing precondition holds in a state satisfying every invariant: OutOfBlocks too
+    w = prover.txn_witnesses("admit")["OutOfBlocks"]
+    assert w.status == "sat" and "admit(" in w.state
+
+
+def test_lookup_rows_prove_admissions_own_match_too(prover: obligations.Prover) -> None:
+    """INV-MATCH over attach also proves the admission's own match (the postcondition): the
+    old attach-only variants are refuted through it."""
+    rows = {r.operation: r for r in prover.rows([obligations.MATCH])}
+    assert set(rows) == set(obligations.OPERATIONS)
+    assert rows["admit"].steps == ("attach", "evict", "grow")
+    assert all(r.kind == "lookup" and r.status == "proved" for r in rows.values())
 
 
 def test_invariants_alone_are_not_all_inductive() -> None:
