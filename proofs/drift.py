@@ -381,7 +381,7 @@ class DriftChecker:
         fail_vals = self._values(c.fail_names, pre, None, values)
         mro = error.__mro__ if error is not None else ()
         cls = next((k.__name__ for k in mro if k.__name__ in c.errors), None)
-        if c.errors and cls is None:
+        if error is not None and c.errors and cls is None:
             raise DriftError(f"the spec raises {error} from {what or op}, no class the model knows")
         if cls is not None:
             fr = c.fail_subst(c.errors[cls], fail_vals)
