@@ -368,6 +368,36 @@ def test_cli_json_subset() -> None:
     assert "at most 3 live sequences" in doc["bounds"]
 
 
+def test_cli_json_lists_txn_and_lookup_rows() -> None:
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefixkv.proofs",
+            "--json",
+            "--invariants",
+            "INV-MATCH,INV-TXN",
+            "--operations",
+            "free,reset_full",
+            "--no-kernels",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert code.returncode == 0, code.stderr
+    rows = json.loads(code.stdout)["obligations"]
+    assert [(o["invariant"], o["operation"], o["kind"]) for o in rows] == [
+        ("INV-MATCH", "free", "lookup"),
+        ("INV-TXN", "free", "txn"),
+        ("INV-MATCH", "reset_full", "lookup"),
+        ("INV-TXN", "reset_full", "txn"),
+    ]
+    assert rows[3]["steps"] == ["CacheBusy"]
+    assert all(o["status"] == "proved" and o["non_vacuous"] for o in rows)
+
+
 def test_cli_exits_non_zero_when_an_obligation_fails(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
