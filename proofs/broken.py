@@ -403,6 +403,15 @@ class AppendAllocatesBeforeCheck(Encoding):
         return self.allocate(st, z3.If(need > 0, need, 0))[0]
 
 
+class OutOfBlocksNotRefused(Encoding):
+    def make_room(
+        self, d: Domain, st: State, need: Term, victims: Sequence[Term]
+    ) -> tuple[State, Term, Term]:
+        post, _, choice = super().make_room(d, st, need, victims)
+        # BUG: making room never fails: victims need not be leaves, nor the queue long enough
+        return post, z3.BoolVal(True), choice
+
+
 class CommitWithoutReservedCheck(Encoding):
     def commit_guard(self, sq: SeqState, n: Term, acc: Term) -> Term:
         # BUG: committing past the reserved slots is not refused
@@ -746,6 +755,14 @@ VARIANTS: tuple[Variant, ...] = (
         "transition",
         "a refused append keeps the blocks it took from the free queue",
         AppendAllocatesBeforeCheck,
+    ),
+    Variant(
+        "out-of-blocks-not-refused",
+        "INV-TXN",
+        "append",
+        "dropped conjunct",
+        "making room never fails, so an append with no leaf left to evict goes ahead",
+        OutOfBlocksNotRefused,
     ),
     Variant(
         "commit-without-reserved-check",
