@@ -18,7 +18,12 @@ What is modelled, and how (see docs/proofs.md for the full list of abstractions)
   (``Step.bounded`` is false), never silently truncated.
 * **Recompute windows and chunked prefill** are per-sequence fields (``nca``: cached
   tokens, ``win``: window blocks, ``np``: prompt length, ``lim``: ``kv_token_limit`` or 0).
-  Multimodal spans are not modelled (without spans the match clamp is the identity).
+  Multimodal spans appear only in :meth:`Encoding.lookup` (one span per prompt, INV-MATCH
+  after every step); admission's match and the sequences have none (there the clamp is the
+  identity).
+* **Refusals** (INV-TXN): :meth:`Encoding.refusals` lists the spec's raise sites of each
+  operation as conditions on the pre-state and arguments; :meth:`Encoding.outcome` is the
+  successor when enabled and :meth:`Encoding.refused` (the pre-state) otherwise.
 * Token arithmetic keeps the block size ``BS`` symbolic. Every product of a count with ``BS``
   is unrolled over the (bounded) table positions, so all arithmetic stays linear.
 
@@ -833,10 +838,15 @@ class Encoding:
         """The spec's raise sites of ``op``, in the order it checks them: ``(error class,
         condition on the pre-state and arguments)``. :meth:`failures` turns them into one
         failing precondition per class (its condition, no earlier check failing)."""
-        sq = st.seqs[s] if s < len(st.seqs) else st.seqs[0]
+        sq = st.seqs[s]
         if op == "admit":
             att, scheduled = self.attach(d, st, a, s)
             mid = att.post
+            # NOTE: an empty prompt, a negative recompute_blocks or kv_token_limit are
+            # refused when the Request is built, before admit runs; the model has no
+            # Request, so they are admission's first check here. OutOfBlocks is decided
+            # after the hit is pinned (the spec pins, evicts, then raises; the transaction
+            # puts it all back).
             return [
                 ("InvalidRequest", z3.Or(a["ntok"] < 1, a["recompute_blocks"] < 0, a["limit"] < 0)),
                 ("InvalidRequest", z3.And(z3.Not(a["whole"]), a["num_new"] < 1)),

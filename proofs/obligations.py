@@ -12,6 +12,12 @@ for one invariant ``I`` and the conjunction ``Inv`` of all invariants, including
 auxiliary ones (the strengthening: see :data:`STRENGTHENINGS`). Steps that act on one
 sequence are proved for every slot. ``init`` is the obligation ``init(s) ==> I(s)``.
 
+Two more properties have a row per operation. INV-MATCH: after every proof step, a
+lookup of any prompt (any hash candidates, one multimodal span) returns only blocks of the
+prompt's identity chain (:data:`MATCH`). INV-TXN: per operation and error class, the
+failing precondition makes the call's outcome the pre-state (:data:`TXN`); the stutter is by
+construction, the content is that each of the spec's raise sites disables the transition.
+
 Each solver call has a fixed ``rlimit`` and ``random_seed``, so "proved" does not depend on
 the machine's speed. Non-vacuity is checked per operation: the hypotheses of each step, and
 of the whole operation together with an interesting scenario (a hit, an eviction, a block
