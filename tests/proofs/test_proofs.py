@@ -144,6 +144,12 @@ def test_lookup_rows_prove_admissions_own_match_too(prover: obligations.Prover) 
     assert all(r.kind == "lookup" and r.status == "proved" for r in rows.values())
 
 
+def test_lookup_hits_and_clamps_in_some_valid_state(prover: obligations.Prover) -> None:
+    w = prover.lookup_witness()
+    assert w.status == "sat", w
+    assert "span_start=" in w.state
+
+
 def test_invariants_alone_are_not_all_inductive() -> None:
     """The strengthening is needed: some invariants fail alone, and each failure comes with
     a printed counterexample. INV-STATS is inductive alone; INV-LIMIT's chunk form needs
