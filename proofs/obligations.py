@@ -41,6 +41,7 @@ from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State, Step
 __all__ = [
     "DEFAULT_RLIMIT",
     "INVARIANT_IDS",
+    "MATCH",
     "OPERATIONS",
     "POSTCONDITIONS",
     "PROPERTY_IDS",
@@ -236,11 +237,12 @@ def goal(
     return enc.invariants(d, post)[invariant]
 
 
+TXN_SLOT_OPS = frozenset({"admit", "append", "continue_prefill", "commit", "rollback"})
+"""Operations on one sequence: INV-TXN is proved for every sequence slot."""
+
+
 def txn_slots(enc: Encoding, op: str) -> range:
     return range(enc.bounds.seqs) if op in TXN_SLOT_OPS else range(1)
-
-
-TXN_SLOT_OPS = frozenset({"admit", "append", "continue_prefill", "commit", "rollback"})
 
 
 def txn_formula(
