@@ -366,6 +366,65 @@ class MatchIgnoresPrefix(Encoding):
         return [st.idx.get((ns, z3.IntVal(-1), lab)) for lab in labels]
 
 
+class LookupTrustsHash(Encoding):
+    def verify(self, st: State, c: Term, key: tuple[Term, Term, Term]) -> Term:
+        # BUG: a hit is trusted when the stored identity's hash equals the key's hash
+        h = z3.Function("identity_hash", z3.IntSort(), z3.IntSort(), z3.IntSort(), z3.IntSort())
+        return z3.And(st.pub[c], h(*st.key(c)) == h(*key))
+
+
+class LookupChecksOwnTokens(Encoding):
+    def verify(self, st: State, c: Term, key: tuple[Term, Term, Term]) -> Term:
+        # BUG: the candidate's own namespace and tokens are checked, its parent is not
+        ns, _, label = key
+        return z3.And(st.pub[c], st.bns[c] == ns, st.btok[c] == label)
+
+
+class MatchEndsInsideSpan(Encoding):
+    def span_clamp(self, BS: Term, raw: list[Term], q: dict[str, Any]) -> list[Term]:
+        return raw  # BUG: no clamp: a match may end in the middle of an image
+
+
+# -- INV-TXN ---------------------------------------------------------------------------------
+
+
+class AdmitCountsBeforeCheck(Encoding):
+    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+        # BUG: the query is counted before the admission's checks, outside the transaction
+        return st.count("queries", a["ntok"]) if op == "admit" else st
+
+
+class AppendAllocatesBeforeCheck(Encoding):
+    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+        if op != "append":
+            return st
+        # BUG: the new blocks are taken from the free queue before the checks, and kept
+        need = self.need(st, s, a["n"])
+        return self.allocate(st, z3.If(need > 0, need, 0))[0]
+
+
+class OutOfBlocksNotRefused(Encoding):
+    def make_room(
+        self, d: Domain, st: State, need: Term, victims: Sequence[Term]
+    ) -> tuple[State, Term, Term]:
+        post, _, choice = super().make_room(d, st, need, victims)
+        # BUG: making room never fails: victims need not be leaves, nor the queue long enough
+        return post, z3.BoolVal(True), choice
+
+
+class CommitWithoutReservedCheck(Encoding):
+    def commit_guard(self, sq: SeqState, n: Term, acc: Term) -> Term:
+        # BUG: committing past the reserved slots is not refused
+        return z3.And(sq.live, n >= 0, acc >= 0, sq.nc + n <= sq.ntok + acc)
+
+
+class FullResetWhileBusy(Encoding):
+    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+        step = super().op_reset_full(d, st, a)
+        # BUG: a full reset goes ahead while sequences are live
+        return Step(step.op, z3.BoolVal(True), step.bounded, step.choice, step.post, a)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free-once-per-block",
@@ -656,6 +715,70 @@ VARIANTS: tuple[Variant, ...] = (
         "transition",
         "a full reset zeroes the skipped-token counter only",
         ResetClearsSkipped,
+    ),
+    Variant(
+        "lookup-trusts-hash",
+        "INV-MATCH",
+        "reset_keep",
+        "transition",
+        "a lookup trusts a hash match without comparing the stored identity",
+        LookupTrustsHash,
+    ),
+    Variant(
+        "lookup-checks-own-tokens",
+        "INV-MATCH",
+        "evict",
+        "dropped conjunct",
+        "a lookup verifies the block's own tokens but not its parent",
+        LookupChecksOwnTokens,
+    ),
+    Variant(
+        "match-ends-inside-span",
+        "INV-MATCH",
+        "reset_keep",
+        "dropped conjunct",
+        "the match is not clamped out of a multimodal span",
+        MatchEndsInsideSpan,
+    ),
+    Variant(
+        "admit-counts-before-check",
+        "INV-TXN",
+        "admit",
+        "transition",
+        "a refused admission has already counted its query",
+        AdmitCountsBeforeCheck,
+    ),
+    Variant(
+        "append-allocates-before-check",
+        "INV-TXN",
+        "append",
+        "transition",
+        "a refused append keeps the blocks it took from the free queue",
+        AppendAllocatesBeforeCheck,
+    ),
+    Variant(
+        "out-of-blocks-not-refused",
+        "INV-TXN",
+        "append",
+        "dropped conjunct",
+        "making room never fails, so an append with no leaf left to evict goes ahead",
+        OutOfBlocksNotRefused,
+    ),
+    Variant(
+        "commit-without-reserved-check",
+        "INV-TXN",
+        "commit",
+        "dropped conjunct",
+        "a commit past the reserved slots is not refused",
+        CommitWithoutReservedCheck,
+    ),
+    Variant(
+        "full-reset-while-busy",
+        "INV-TXN",
+        "reset_full",
+        "dropped conjunct",
+        "a full reset is not refused while sequences are live",
+        FullResetWhileBusy,
     ),
 )
 

@@ -56,7 +56,7 @@ from .concrete import (
     model_reader,
     read,
 )
-from .encoding import Bounds, Domain, Encoding, State
+from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State
 
 __all__ = [
     "DriftChecker",
@@ -139,6 +139,7 @@ class _Compiled:
     subst: _Substituter
     fail_subst: _Substituter  # every variable but the victims
     fail_names: list[str]
+    errors: dict[str, Any]  # INV-TXN: error class -> failing precondition or out of bounds
 
 
 @dataclass
@@ -155,6 +156,9 @@ class DriftReport:
     """Checks whose pre-state holds a window block that is still to be written."""
     seconds: float = 0.0
     by_op: dict[str, int] = field(default_factory=dict)
+    by_error: dict[str, int] = field(default_factory=dict)
+    """Rejections by ``"operation: error class"`` (each matched to the model's failing
+    precondition of that class)."""
 
     def merge(self, other: DriftReport) -> None:
         for f in (
@@ -171,6 +175,8 @@ class DriftReport:
             setattr(self, f, getattr(self, f) + getattr(other, f))
         for k, v in other.by_op.items():
             self.by_op[k] = self.by_op.get(k, 0) + v
+        for k, v in other.by_error.items():
+            self.by_error[k] = self.by_error.get(k, 0) + v
 
 
 class _Substituter:
@@ -296,6 +302,16 @@ class DriftChecker:
                 subst=_Substituter(variables),
                 fail_subst=_Substituter([variables[i] for i in fail_idx]),
                 fail_names=[names[i] for i in fail_idx],
+                # A refusal whose successor would not fit the bounds (a table past
+                # ``Bounds.table`` blocks) is outside the model; its class is not checked.
+                errors={
+                    e: z3.And(shape, z3.Or(f, z3.Not(st.bounded)))
+                    for e, f in (
+                        self.enc.failures(self.d, self.pre, op, args, slot)
+                        if op in TXN_ERRORS
+                        else {}
+                    ).items()
+                },
             )
         return self._compiled[key]
 
@@ -343,8 +359,11 @@ class DriftChecker:
         values: dict[str, Any],
         post: AbsState | None,
         what: str = "",
+        error: type[BaseException] | None = None,
     ) -> str:
-        """One drift check. ``post`` is the spec's successor, or None if the spec raised.
+        """One drift check. ``post`` is the spec's successor, or None if the spec raised
+        ``error``: then the model's failing precondition of that error class must hold
+        (INV-TXN's classes are the spec's), and its transition must be disabled.
 
         Returns ``"ok"``, ``"failed-ok"`` (both sides reject) or ``"skipped"`` (the spec's
         successor does not fit the model's bounds); raises :class:`DriftError` on drift.
@@ -361,7 +380,22 @@ class DriftChecker:
             if z3.is_false(z3.simplify(z3.substitute(c.parts["bounded"], *pairs))):
                 return "skipped"
             raise DriftError(self._diagnose(c, pairs, pre, post, op, slot, what))
-        r = c.fail_subst(c.fail, self._values(c.fail_names, pre, None, values))
+        fail_vals = self._values(c.fail_names, pre, None, values)
+        mro = error.__mro__ if error is not None else ()
+        cls = next((k.__name__ for k in mro if k.__name__ in c.errors), None)
+        if error is not None and c.errors and cls is None:
+            raise DriftError(f"the spec raises {error} from {what or op}, no class the model knows")
+        if cls is not None:
+            fr = c.fail_subst(c.errors[cls], fail_vals)
+            if not z3.is_true(fr):
+                s = z3.Solver()
+                s.add(fr)
+                if z3.is_false(fr) or s.check() != z3.sat:
+                    raise DriftError(
+                        f"the spec raises {cls} from {what or op} (slot {slot}) but the model's "
+                        f"failing precondition for {cls} does not hold\n" + format_state(pre)
+                    )
+        r = c.fail_subst(c.fail, fail_vals)
         if z3.is_false(r):
             return "failed-ok"
         if not z3.is_true(r):
@@ -654,7 +688,8 @@ def _run_call(
     except OutOfBounds:
         report.skipped += 1
         return
-    outcome = checker.check(pre, op, slot, values, post, str(call))
+    error = type(result) if isinstance(result, PrefixCacheError) else None
+    outcome = checker.check(pre, op, slot, values, post, str(call), error)
     if outcome == "skipped":
         report.skipped += 1
         return
@@ -663,6 +698,8 @@ def _run_call(
     report.window_states += _pending_window(pre)
     if post is None:
         report.failures += 1
+        key = f"{op}: {type(result).__name__}"
+        report.by_error[key] = report.by_error.get(key, 0) + 1
         report.solver_calls += outcome.endswith("solver")
     else:
         report.successes += 1
@@ -1017,6 +1054,18 @@ class _ContinueBeforeCommit(Encoding):
         return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np)
 
 
+class _ErrorClassSwapped(Encoding):
+    def refusals(
+        self, d: Domain, st: State, op: str, a: dict[str, Any], s: int
+    ) -> list[tuple[str, Any]]:
+        out = super().refusals(d, st, op, a, s)
+        if op != "rollback":
+            return out
+        # DRIFT: an unwritten-slot shortfall is labelled a bad argument, not a bad operation
+        swap = {"InvalidOperation": "InvalidRequest", "InvalidRequest": "InvalidOperation"}
+        return [(swap.get(cls, cls), cond) for cls, cond in out]
+
+
 SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
     ("lifo-free-queue", "allocation takes the most recently freed block (LIFO)", _LifoQueue),
     ("newest-first-eviction", "eviction picks the most recently used leaf", _NewestFirstEviction),
@@ -1043,6 +1092,11 @@ SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
         "continue-before-commit",
         "continue_prefill does not wait for the chunk's commit",
         _ContinueBeforeCommit,
+    ),
+    (
+        "error-class-swapped",
+        "rollback's refusals carry each other's error class (INV-TXN's classes drift)",
+        _ErrorClassSwapped,
     ),
 )
 

@@ -18,7 +18,12 @@ What is modelled, and how (see docs/proofs.md for the full list of abstractions)
   (``Step.bounded`` is false), never silently truncated.
 * **Recompute windows and chunked prefill** are per-sequence fields (``nca``: cached
   tokens, ``win``: window blocks, ``np``: prompt length, ``lim``: ``kv_token_limit`` or 0).
-  Multimodal spans are not modelled (without spans the match clamp is the identity).
+  Multimodal spans appear only in :meth:`Encoding.lookup` (one span per prompt, INV-MATCH
+  after every step); admission's match and the sequences have none (there the clamp is the
+  identity).
+* **Refusals** (INV-TXN): :meth:`Encoding.refusals` lists the spec's raise sites of each
+  operation as conditions on the pre-state and arguments; :meth:`Encoding.outcome` is the
+  successor when enabled and :meth:`Encoding.refused` (the pre-state) otherwise.
 * Token arithmetic keeps the block size ``BS`` symbolic. Every product of a count with ``BS``
   is unrolled over the (bounded) table positions, so all arithmetic stays linear.
 
@@ -51,6 +56,7 @@ __all__ = [
     "NONE",
     "OPS",
     "ROOT",
+    "TXN_ERRORS",
     "Bounds",
     "Domain",
     "Encoding",
@@ -64,6 +70,19 @@ NONE = -1
 """No block: an index miss."""
 ROOT = -1
 """Parent key of a root block (shares the value of ``NONE``; a miss is never a parent)."""
+
+TXN_ERRORS: dict[str, tuple[str, ...]] = {
+    "admit": ("InvalidRequest", "DuplicateSequence", "OutOfBlocks"),
+    "append": ("UnknownSequence", "InvalidRequest", "InvalidOperation", "OutOfBlocks"),
+    "continue_prefill": ("UnknownSequence", "InvalidRequest", "InvalidOperation", "OutOfBlocks"),
+    "commit": ("UnknownSequence", "InvalidRequest", "InvalidOperation"),
+    "rollback": ("UnknownSequence", "InvalidRequest", "InvalidOperation"),
+    "free": ("UnknownSequence",),
+    "reset_full": ("CacheBusy",),
+}
+"""The error classes each modelled operation can raise (``evict`` and ``reset_keep`` raise
+none inside the model: their only refusals are argument types and ``evict``'s negative
+count, which the model's arguments cannot express)."""
 
 OPS = (
     "admit",
@@ -711,6 +730,244 @@ class Encoding:
             ident_ok, parent = published, look
         out.append(raw <= M)
         return z3.And(out)
+
+    # -- INV-MATCH after any operation: a lookup of any prompt ----------------------------
+
+    def fresh_query(self, prefix: str) -> dict[str, Any]:
+        """A prompt to look up: namespace, length, one label per block, one multimodal span
+        (``[span_start, span_end)``; none when empty) and the *candidates*: for each block
+        position, whatever block a hash bucket may return. The candidates are free, so a
+        proof over them holds for every hash function, colliding ones included."""
+        M = self.bounds.table
+        return {
+            "ns": z3.Int(f"{prefix}ns"),
+            "ntok": z3.Int(f"{prefix}ntok"),
+            "labels": tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
+            "cands": tuple(z3.Int(f"{prefix}cand{j}") for j in range(M)),
+            "span_start": z3.Int(f"{prefix}span_start"),
+            "span_end": z3.Int(f"{prefix}span_end"),
+        }
+
+    def verify(self, st: State, c: Term, key: tuple[Term, Term, Term]) -> Term:
+        """A candidate is a hit only if it is published and its *stored* identity equals the
+        key exactly (namespace, parent block, tokens and extra keys): a hash is only an
+        index."""
+        ns, parent, label = key
+        return z3.And(st.pub[c], st.bns[c] == ns, st.par[c] == parent, st.btok[c] == label)
+
+    def lookup(self, st: State, q: dict[str, Any]) -> list[Term]:
+        """``spec``'s match over the hash index: ``hits[j]`` says block position ``j`` is
+        matched (by candidate ``q["cands"][j]``). Consecutive verified hits, capped so that
+        one prompt token stays to compute (choice 4), then clamped back to the block
+        boundary at or before the span's start when the match would end inside the span
+        (choice 5, ``clamp_out_of_spans`` for one span)."""
+        M, BS = self.bounds.table, st.BS
+        ok, parent, raw = z3.BoolVal(True), z3.IntVal(ROOT), []
+        for j in range(M):
+            c = q["cands"][j]
+            ok = z3.And(
+                ok,
+                self.within_cap(BS, j, q["ntok"]),
+                st.inb(c),
+                self.verify(st, c, (q["ns"], parent, q["labels"][j])),
+            )
+            raw.append(ok)
+            parent = c
+        return self.span_clamp(BS, raw, q)
+
+    def span_clamp(self, BS: Term, raw: list[Term], q: dict[str, Any]) -> list[Term]:
+        """Choice 5: a match of ``m`` blocks whose end ``m * BS`` lies strictly inside the
+        span is cut back to ``span_start // BS`` blocks (unrolled: linear in ``BS``)."""
+        M = len(raw)
+        m = z3.Sum([z3.If(h, 1, 0) for h in raw])
+        inside = z3.Or(
+            [
+                z3.And(m == k, q["span_start"] < k * BS, k * BS < q["span_end"])
+                for k in range(1, M + 1)
+            ]
+        )
+        return [
+            z3.And(raw[j], z3.Or(z3.Not(inside), (j + 1) * BS <= q["span_start"])) for j in range(M)
+        ]
+
+    def lookup_ok(self, d: Domain, st: State, q: dict[str, Any]) -> Term:
+        """INV-MATCH of a lookup in state ``st``: the match is a prefix of block positions,
+        leaves at least one prompt token to compute, does not end strictly inside the span,
+        and every matched block is published with exactly the prompt's identity chain
+        (parent = the previous matched block) and *is* the index's block for that identity,
+        so which candidate the hash offered cannot change the result."""
+        M, BS = self.bounds.table, st.BS
+        hits = self.lookup(st, q)
+        m = z3.Sum([z3.If(h, 1, 0) for h in hits])
+        chain = self.chain(st, q["ns"], q["labels"])
+        out = [
+            z3.And(
+                [
+                    z3.Implies(
+                        m == k, z3.Not(z3.And(q["span_start"] < k * BS, k * BS < q["span_end"]))
+                    )
+                    for k in range(1, M + 1)
+                ]
+            )
+        ]
+        for j in range(M):
+            c = q["cands"][j]
+            parent = z3.IntVal(ROOT) if j == 0 else q["cands"][j - 1]
+            out.append(
+                z3.Implies(
+                    hits[j],
+                    z3.And(
+                        (j + 1) * BS <= q["ntok"] - 1,
+                        st.inb(c),
+                        st.pub[c],
+                        st.bns[c] == q["ns"],
+                        st.par[c] == parent,
+                        st.btok[c] == q["labels"][j],
+                        c == chain[j],
+                        *([hits[j - 1]] if j else []),
+                    ),
+                )
+            )
+        return z3.And(out)
+
+    # -- INV-TXN: a refused operation changes nothing -------------------------------------
+
+    def refusals(
+        self, d: Domain, st: State, op: str, a: dict[str, Any], s: int
+    ) -> list[tuple[str, Term]]:
+        """The spec's raise sites of ``op``, in the order it checks them: ``(error class,
+        condition on the pre-state and arguments)``. :meth:`failures` turns them into one
+        failing precondition per class (its condition, no earlier check failing)."""
+        sq = st.seqs[s]
+        if op == "admit":
+            att, scheduled = self.attach(d, st, a, s)
+            mid = att.post
+            # NOTE: an empty prompt, a negative recompute_blocks or kv_token_limit are
+            # refused when the Request is built, before admit runs; the model has no
+            # Request, so they are admission's first check here. OutOfBlocks is decided
+            # after the hit is pinned (the spec pins, evicts, then raises; the transaction
+            # puts it all back).
+            return [
+                ("InvalidRequest", z3.Or(a["ntok"] < 1, a["recompute_blocks"] < 0, a["limit"] < 0)),
+                ("InvalidRequest", z3.And(z3.Not(a["whole"]), a["num_new"] < 1)),
+                ("DuplicateSequence", sq.live),
+                (
+                    "OutOfBlocks",
+                    self.out_of_room(d, mid, self.need(mid, s, scheduled), a["victims"]),
+                ),
+            ]
+        if op == "append":
+            n = a["n"]
+            return [
+                ("UnknownSequence", z3.Not(sq.live)),
+                ("InvalidRequest", n < 1),
+                ("InvalidOperation", z3.And(sq.nr < sq.np, sq.lim > 0, sq.nr + n - sq.nc > sq.lim)),
+                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a["victims"])),
+            ]
+        if op == "continue_prefill":
+            n = self.chunk_size(sq.np - sq.nr, a["whole"], a["num_new"], sq.lim)
+            return [
+                ("UnknownSequence", z3.Not(sq.live)),
+                ("InvalidRequest", z3.And(z3.Not(a["whole"]), a["num_new"] < 1)),
+                ("InvalidOperation", sq.nr >= sq.np),
+                ("InvalidOperation", sq.nc != sq.nr),
+                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a["victims"])),
+            ]
+        if op == "commit":
+            nc = sq.nc + a["n"]
+            return [
+                ("UnknownSequence", z3.Not(sq.live)),
+                ("InvalidRequest", z3.Or(a["n"] < 0, a["accepted"] < 0)),
+                ("InvalidOperation", nc > sq.nr),
+                ("InvalidOperation", nc > sq.ntok + a["accepted"]),
+            ]
+        if op == "rollback":
+            return [
+                ("UnknownSequence", z3.Not(sq.live)),
+                ("InvalidRequest", a["n"] < 1),
+                ("InvalidOperation", sq.nr - a["n"] < sq.nc),
+            ]
+        if op == "free":
+            return [
+                (
+                    "UnknownSequence",
+                    z3.Or(
+                        [
+                            z3.And(f, z3.Not(q.live))
+                            for f, q in zip(a["freed"], st.seqs, strict=True)
+                        ]
+                    ),
+                )
+            ]
+        if op == "reset_full":
+            return [("CacheBusy", z3.Or([q.live for q in st.seqs]))]
+        return []
+
+    def failures(self, d: Domain, st: State, op: str, a: dict[str, Any], s: int) -> dict[str, Term]:
+        """Error class -> the failing precondition under which the spec raises it: one of
+        its raise sites fires and no earlier check does."""
+        out: dict[str, list[Term]] = {}
+        earlier: list[Term] = []
+        for cls, cond in self.refusals(d, st, op, a, s):
+            out.setdefault(cls, []).append(z3.And(cond, *[z3.Not(e) for e in earlier]))
+            earlier.append(cond)
+        return {cls: z3.Or(cs) for cls, cs in out.items()}
+
+    def out_of_room(self, d: Domain, st: State, need: Term, victims: Sequence[Term]) -> Term:
+        """``SpecCache._allocate`` raises OutOfBlocks: evicting leaves one at a time (the given
+        victims, each a leaf while blocks are short), the free queue is still short of
+        ``need`` when no leaf is left."""
+        out, ok = [], z3.BoolVal(True)
+        for v in victims:
+            short = st.num_free() < need
+            out.append(z3.And(ok, short, z3.Not(self.exists_leaf(d, st))))
+            ok = z3.And(ok, z3.Implies(short, self.is_leaf(d, st, v)))
+            st = self.evict_one(st, v, short)
+        out.append(z3.And(ok, st.num_free() < need))
+        return z3.Or(out)
+
+    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+        """What a refused operation leaves: the pre-state (``SpecCache._transaction`` puts
+        back its snapshot, statistics included)."""
+        return st
+
+    def outcome(self, d: Domain, st: State, op: str, a: dict[str, Any], s: int) -> State:
+        """The state after calling ``op``: its successor if enabled, else what a refusal
+        leaves (:meth:`refused`)."""
+        step = self.step(d, st, op, a, s)
+        return State.ite(step.enabled, step.post, self.refused(st, op, a, s))
+
+    def same_state(self, a: State, b: State) -> Term:
+        """Every component of two states is equal (arrays extensionally), counters and
+        clock included."""
+        eqs = [
+            getattr(a, f) == getattr(b, f)
+            for f in (
+                "N",
+                "BS",
+                "rc",
+                "pub",
+                "par",
+                "bns",
+                "btok",
+                "depth",
+                "lu",
+                "q",
+                "qpos",
+                "qh",
+                "qt",
+                "clock",
+            )
+        ]
+        eqs.append(a.idx.arr == b.idx.arr)
+        eqs += [a.ctr[k] == b.ctr[k] for k in a.ctr]
+        for sa, sb in zip(a.seqs, b.seqs, strict=True):
+            for x, y in zip(dataclasses.astuple(sa), dataclasses.astuple(sb), strict=True):
+                if isinstance(x, tuple):
+                    eqs += [xi == yi for xi, yi in zip(x, y, strict=True)]
+                else:
+                    eqs.append(x == y)
+        return z3.And(eqs)
 
     def invariants(self, d: Domain, st: State) -> dict[str, Term]:
         """Every invariant of the model by id (INV-* of the design, AUX-* strengthenings)."""

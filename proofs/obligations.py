@@ -12,6 +12,12 @@ for one invariant ``I`` and the conjunction ``Inv`` of all invariants, including
 auxiliary ones (the strengthening: see :data:`STRENGTHENINGS`). Steps that act on one
 sequence are proved for every slot. ``init`` is the obligation ``init(s) ==> I(s)``.
 
+Two more properties have a row per operation. INV-MATCH: after every proof step, a
+lookup of any prompt (any hash candidates, one multimodal span) returns only blocks of the
+prompt's identity chain (:data:`MATCH`). INV-TXN: per operation and error class, the
+failing precondition makes the call's outcome the pre-state (:data:`TXN`); the stutter is by
+construction, the content is that each of the spec's raise sites disables the transition.
+
 Each solver call has a fixed ``rlimit`` and ``random_seed``, so "proved" does not depend on
 the machine's speed. Non-vacuity is checked per operation: the hypotheses of each step, and
 of the whole operation together with an interesting scenario (a hit, an eviction, a block
@@ -30,15 +36,17 @@ from typing import Any
 import z3
 
 from .concrete import format_state, model_reader, read
-from .encoding import Bounds, Domain, Encoding, State, Step
+from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State, Step
 
 __all__ = [
     "DEFAULT_RLIMIT",
     "INVARIANT_IDS",
+    "MATCH",
     "OPERATIONS",
     "POSTCONDITIONS",
     "PROPERTY_IDS",
     "STRENGTHENINGS",
+    "TXN",
     "Counterexample",
     "Prover",
     "Row",
@@ -77,10 +85,20 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
 SLOT_STEPS = frozenset({"attach", "grow", "commit", "rollback"})
 
 POSTCONDITIONS: dict[str, tuple[str, str]] = {"INV-MATCH": ("admit", "attach")}
-"""Properties of one step's result rather than of states: id -> (operation, step)."""
+"""Properties of one step's result rather than of states: id -> (operation, step). The
+INV-MATCH row of ``admit`` proves this postcondition of ``attach`` besides the lookup."""
 
-PROPERTY_IDS = (*INVARIANT_IDS, *POSTCONDITIONS)
-"""Everything the default run proves: the invariants, then the postconditions."""
+MATCH = "INV-MATCH"
+"""A lookup of *any* prompt, after every proof step, returns only blocks whose identity
+chain is the prompt's prefix (:meth:`~.encoding.Encoding.lookup_ok`). Not a hypothesis of
+the other obligations: it follows from them, and is proved, not assumed."""
+
+TXN = "INV-TXN"
+"""Per operation and error class: under the failing precondition the operation's outcome
+is the pre-state, every component and counter included (:meth:`~.encoding.Encoding.outcome`)."""
+
+PROPERTY_IDS = (*INVARIANT_IDS, MATCH, TXN)
+"""Everything the default run proves: the invariants, INV-MATCH, then INV-TXN."""
 
 STRENGTHENINGS = {
     "AUX-CHAIN": "a published block at table position j is the canonical (indexed) block of "
@@ -199,10 +217,51 @@ def hypothesis(enc: Encoding, d: Domain, pre: State) -> z3.BoolRef:
     return z3.And(enc.shape(pre), enc.in_bounds(pre), *enc.invariants(d, pre).values())
 
 
+def goal(
+    enc: Encoding,
+    d: Domain,
+    pre: State,
+    st: Step | None,
+    slot: int,
+    invariant: str,
+    query: dict[str, Any] | None = None,
+) -> Any:
+    """What the obligation (invariant, step) requires after the step (``st`` None: init).
+    INV-MATCH looks up ``query`` (fresh when None) in the successor."""
+    post = pre if st is None else st.post
+    if invariant == MATCH:
+        g = enc.lookup_ok(d, post, query or enc.fresh_query("q."))
+        if st is not None and st.op == "attach":  # and admission's own match (postcondition)
+            g = z3.And(g, enc.inv_match(d, pre, st, slot))
+        return g
+    return enc.invariants(d, post)[invariant]
+
+
+TXN_SLOT_OPS = frozenset({"admit", "append", "continue_prefill", "commit", "rollback"})
+"""Operations on one sequence: INV-TXN is proved for every sequence slot."""
+
+
+def txn_slots(enc: Encoding, op: str) -> range:
+    return range(enc.bounds.seqs) if op in TXN_SLOT_OPS else range(1)
+
+
+def txn_formula(
+    enc: Encoding, d: Domain, pre: State, op: str, error: str, slot: int, prefix: str = "a."
+) -> tuple[Any, Any, State, dict[str, Any]]:
+    """INV-TXN for (op, error class): ``(failing precondition, outcome == pre, outcome,
+    args)``."""
+    args = enc.fresh_args(op, prefix)
+    fail = enc.failures(d, pre, op, args, slot)[error]
+    out = enc.outcome(d, pre, op, args, slot)
+    return fail, enc.same_state(out, pre), out, args
+
+
 def format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
     parts = []
     for name, v in args.items():
-        if isinstance(v, tuple):
+        if isinstance(v, str):
+            parts.append(f"{name}={v}")
+        elif isinstance(v, tuple):
             parts.append(f"{name}=[{', '.join(str(ev(x)) for x in v)}]")
         else:
             parts.append(f"{name}={ev(v)}")
@@ -219,30 +278,43 @@ def find_counterexample(
     slots: Iterable[int] | None = None,
 ) -> Counterexample | None:
     """A smallest concrete counterexample to (invariant, step), pools of 1..max_pool blocks."""
-    slot_list = (
-        list(slots)
-        if slots is not None
-        else (list(range(enc.bounds.seqs)) if step in SLOT_STEPS else [0])
-    )
+    if slots is not None:
+        slot_list = list(slots)
+    elif invariant == TXN:
+        slot_list = list(txn_slots(enc, step))
+    else:
+        slot_list = list(range(enc.bounds.seqs)) if step in SLOT_STEPS else [0]
     for n in range(1, max_pool + 1):
         d = Domain(n)
         pre = enc.fresh_state(d, "")
         hyp = hypothesis(enc, d, pre)
+        cases: list[tuple[int, Any, Any, State, dict[str, Any]]] = []
+        query = enc.fresh_query("q.") if invariant == MATCH else None
         for slot in slot_list:
-            if step == "init":
-                post, guard, args = pre, enc.init_state(d, pre), {}
+            if invariant == TXN:
+                for error in TXN_ERRORS[step]:
+                    fail, g, post, args = txn_formula(enc, d, pre, step, error, slot)
+                    cases.append((slot, z3.And(hyp, fail), g, post, {"error": error, **args}))
+            elif step == "init":
+                cases.append(
+                    (
+                        slot,
+                        enc.init_state(d, pre),
+                        goal(enc, d, pre, None, 0, invariant, query),
+                        pre,
+                        {},
+                    )
+                )
             else:
                 st = step_formula(enc, d, pre, step, slot)
-                post, guard, args = st.post, z3.And(st.enabled, st.bounded), st.args
-                guard = z3.And(hyp, guard)
-            if invariant in POSTCONDITIONS:
-                assert step != "init"
-                goal = enc.inv_match(d, pre, st, slot)
-            else:
-                goal = enc.invariants(d, post)[invariant]
+                guard = z3.And(hyp, st.enabled, st.bounded)
+                cases.append(
+                    (slot, guard, goal(enc, d, pre, st, slot, invariant, query), st.post, st.args)
+                )
+        for slot, guard, g, post, args in cases:
             s = z3.Solver()
             s.set("random_seed", seed)
-            s.add(enc.shape(pre), guard, z3.Not(goal))
+            s.add(enc.shape(pre), guard, z3.Not(g))
             # prefer small numbers (readable); any counterexample will do otherwise
             if s.check(*_small_values(pre)) != z3.sat and s.check() != z3.sat:
                 continue
@@ -254,7 +326,8 @@ def find_counterexample(
                 step=step,
                 slot=slot,
                 pre=format_state(read(pre, ev, n, M)),
-                args=format_args(args, ev),
+                args=format_args(args, ev)
+                + ("" if query is None else f") then lookup({format_args(query, ev)}"),
                 post=format_state(read(post, ev, n, M)),
                 pool=n,
             )
@@ -404,9 +477,11 @@ class Prover:
         rlimit: int = DEFAULT_RLIMIT,
         seed: int = 0,
         witness_pool: int = 4,
+        txn_witness: bool = True,
     ) -> None:
         self.enc = enc or Encoding(Bounds())
         self.rlimit, self.seed, self.witness_pool = rlimit, seed, witness_pool
+        self.txn_witness = txn_witness
         self.d = Domain(None)
         self.pre = self.enc.fresh_state(self.d, "")
         self._hyp = hypothesis(self.enc, self.d, self.pre)
@@ -430,8 +505,6 @@ class Prover:
         key = (invariant, step)
         if key in self._results:
             return self._results[key]
-        if invariant in POSTCONDITIONS:
-            return self._prove_post(invariant, step)
         slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
         t0 = time.perf_counter()
         status, used, detail = "proved", 0, ""
@@ -442,7 +515,10 @@ class Prover:
                 s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
             else:
                 s.add(self._hyp, st.enabled, st.bounded)
-            s.add(z3.Not(post_inv[invariant]))
+            if invariant in post_inv:
+                s.add(z3.Not(post_inv[invariant]))
+            else:
+                s.add(z3.Not(goal(self.enc, self.d, self.pre, st, slot, invariant)))
             before = _rlimit_count(s)
             r = s.check()
             used = max(used, _rlimit_count(s) - before)
@@ -462,30 +538,92 @@ class Prover:
         self._results[key] = res
         return res
 
-    def _prove_post(self, name: str, step: str) -> StepResult:
-        """A postcondition (INV-MATCH of attach) for every slot."""
+    def prove_txn(self, op: str, error: str) -> StepResult:
+        """INV-TXN for (op, error class), every slot the operation can act on."""
+        key = (f"{TXN}:{error}", op)
+        if key in self._results:
+            return self._results[key]
         t0 = time.perf_counter()
         status, used, detail = "proved", 0, ""
-        for slot in range(self.enc.bounds.seqs):
-            st, _ = self._step(step, slot)
-            assert st is not None
+        for slot in txn_slots(self.enc, op):
+            fail, g, _, _ = txn_formula(self.enc, self.d, self.pre, op, error, slot)
             s = _solver(self.rlimit, self.seed)
-            s.add(
-                self._hyp,
-                st.enabled,
-                st.bounded,
-                z3.Not(self.enc.inv_match(self.d, self.pre, st, slot)),
-            )
+            s.add(self._hyp, fail, z3.Not(g))
             before = _rlimit_count(s)
             r = s.check()
             used = max(used, _rlimit_count(s) - before)
-            if r != z3.unsat:
-                status = "counterexample" if r == z3.sat else "unknown"
-                detail = f"slot {slot}: {r}"
-                break
-        res = StepResult(name, step, status, time.perf_counter() - t0, used, detail)
-        self._results[(name, step)] = res
+            if r == z3.unsat:
+                continue
+            cex = find_counterexample(self.enc, TXN, op, slots=[slot], max_pool=4)
+            if cex is not None:
+                status, detail = "counterexample", str(cex)
+            elif r == z3.sat:
+                status, detail = "counterexample", "counterexample (symbolic model only)"
+            else:
+                status, detail = "unknown", f"{error}, slot {slot}: {s.reason_unknown()}"
+            break
+        res = StepResult(TXN, op, status, time.perf_counter() - t0, used, detail)
+        self._results[key] = res
         return res
+
+    def lookup_witness(self) -> Witness:
+        """Non-vacuity of the INV-MATCH lookup: in a state satisfying every invariant, a
+        lookup verifies two blocks, and the span clamp cuts the match back to one."""
+        n, M = self.witness_pool, self.enc.bounds.table
+        d = Domain(n)
+        pre = self.enc.fresh_state(d, "w.")
+        q = self.enc.fresh_query("w.q.")
+        BS = pre.BS
+        raw = [
+            z3.And(
+                (j + 1) * BS <= q["ntok"] - 1,
+                pre.inb(q["cands"][j]),
+                self.enc.verify(
+                    pre,
+                    q["cands"][j],
+                    (q["ns"], z3.IntVal(-1) if j == 0 else q["cands"][j - 1], q["labels"][j]),
+                ),
+            )
+            for j in range(2)
+        ]
+        hits = self.enc.lookup(pre, q)
+        t0 = time.perf_counter()
+        s = _solver(self.rlimit, self.seed)
+        s.add(hypothesis(self.enc, d, pre), *raw, hits[0], z3.Not(hits[1]))
+        r = s.check()
+        text = ""
+        if r == z3.sat:
+            ev = model_reader(s.model())
+            text = format_state(read(pre, ev, n, M)) + f"\n  lookup({format_args(q, ev)})"
+        scenario = "two verified blocks, the span clamp keeps one"
+        return Witness("lookup", scenario, str(r), time.perf_counter() - t0, text)
+
+    def txn_witnesses(self, op: str) -> dict[str, Witness]:
+        """Non-vacuity of INV-TXN: every failing precondition of ``op`` holds in some state
+        that satisfies every invariant (a pool of ``witness_pool`` blocks)."""
+        n, M = self.witness_pool, self.enc.bounds.table
+        d = Domain(n)
+        pre = self.enc.fresh_state(d, "w.")
+        hyp = hypothesis(self.enc, d, pre)
+        out = {}
+        for error in TXN_ERRORS[op]:
+            t0 = time.perf_counter()
+            fail, _, _, args = txn_formula(self.enc, d, pre, op, error, 0, prefix="w.a.")
+            s = _solver(self.rlimit, self.seed)
+            s.add(hyp, fail)
+            r = s.check()
+            text = ""
+            if r == z3.sat:
+                ev = model_reader(s.model())
+                text = format_state(read(pre, ev, n, M)) + f"\n  {op}({format_args(args, ev)})"
+            out[error] = Witness(
+                op,
+                f"{op} raises {error}",
+                "sat" if r == z3.sat else str(r),
+                time.perf_counter() - t0,
+                text,
+            )
+        return out
 
     def rows(
         self,
@@ -496,13 +634,21 @@ class Prover:
         out = []
         for op in operations:
             for inv in invariants:
-                if inv in POSTCONDITIONS:
-                    if POSTCONDITIONS[inv][0] != op:
+                kind, non_vacuous = "state", None
+                if inv == TXN:
+                    if op not in TXN_ERRORS:
                         continue
-                    steps: tuple[str, ...] = (POSTCONDITIONS[inv][1],)
+                    steps: tuple[str, ...] = TXN_ERRORS[op]
+                    results = [self.prove_txn(op, e) for e in steps]
+                    kind = "txn"
+                    if self.txn_witness:
+                        ws = self.txn_witnesses(op)
+                        non_vacuous = all(w.status == "sat" for w in ws.values())
                 else:
                     steps = OPERATIONS[op]
-                results = [self.prove_step(inv, s) for s in steps]
+                    results = [self.prove_step(inv, s) for s in steps]
+                    if inv == MATCH:
+                        kind = "lookup"
                 bad = [r for r in results if r.status != "proved"]
                 row = Row(
                     invariant=inv,
@@ -512,6 +658,8 @@ class Prover:
                     steps=steps,
                     rlimit_used=max(r.rlimit_used for r in results),
                     detail="\n".join(r.detail for r in bad),
+                    kind=kind,
+                    non_vacuous=non_vacuous,
                 )
                 out.append(row)
                 if progress:

@@ -25,7 +25,7 @@ pytest.importorskip("z3")
 import z3
 from prefixkv.proofs import broken, cli, drift, kernel_index, obligations
 from prefixkv.proofs.concrete import AbsState, Labels, abstract, bind, concretize
-from prefixkv.proofs.encoding import Bounds, Encoding
+from prefixkv.proofs.encoding import TXN_ERRORS, Bounds, Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 
@@ -43,7 +43,8 @@ def prover() -> obligations.Prover:
 @pytest.mark.parametrize("operation", list(obligations.OPERATIONS))
 def test_every_invariant_is_inductive_over(operation: str, prover: obligations.Prover) -> None:
     rows = prover.rows(operations=[operation])
-    expected = set(obligations.INVARIANT_IDS) | ({"INV-MATCH"} if operation == "admit" else set())
+    expected = set(obligations.INVARIANT_IDS) | {"INV-MATCH"}
+    expected |= {"INV-TXN"} if operation in TXN_ERRORS else set()
     assert {r.invariant for r in rows} == expected
     failed = [f"{r.invariant}: {r.status}\n{r.detail}" for r in rows if r.status != "proved"]
     assert not failed, "\n".join(failed)
@@ -103,6 +104,50 @@ def test_the_unbroken_encoding_has_no_such_counterexample() -> None:
             obligations.find_counterexample(Encoding(Bounds()), v.invariant, v.step, max_pool=3)
             is None
         )
+
+
+LOOKUP_AND_TXN_VARIANTS = [
+    v
+    for v in broken.VARIANTS
+    if v.invariant == "INV-TXN" or (v.invariant == "INV-MATCH" and v.step != "attach")
+]
+
+
+@pytest.mark.parametrize("variant", LOOKUP_AND_TXN_VARIANTS, ids=lambda v: v.name)
+def test_lookup_and_txn_variants_need_their_bug(variant: broken.Variant) -> None:
+    """The counterexample comes from the variant's bug, not from the obligation."""
+    assert (
+        obligations.find_counterexample(
+            Encoding(Bounds()), variant.invariant, variant.step, max_pool=3
+        )
+        is None
+    )
+
+
+def test_txn_rows_cover_every_error_class_with_a_witness(prover: obligations.Prover) -> None:
+    rows = {r.operation: r for r in prover.rows([obligations.TXN])}
+    assert set(rows) == set(TXN_ERRORS)  # evict and reset_keep refuse nothing in the model
+    for op, r in rows.items():
+        assert r.steps == TXN_ERRORS[op] and r.kind == "txn"
+        assert r.status == "proved" and r.non_vacuous, (op, r.detail)
+    # each failing precondition holds in a state satisfying every invariant: OutOfBlocks too
+    w = prover.txn_witnesses("admit")["OutOfBlocks"]
+    assert w.status == "sat" and "admit(" in w.state
+
+
+def test_lookup_rows_prove_admissions_own_match_too(prover: obligations.Prover) -> None:
+    """INV-MATCH over attach also proves the admission's own match (the postcondition): the
+    old attach-only variants are refuted through it."""
+    rows = {r.operation: r for r in prover.rows([obligations.MATCH])}
+    assert set(rows) == set(obligations.OPERATIONS)
+    assert rows["admit"].steps == ("attach", "evict", "grow")
+    assert all(r.kind == "lookup" and r.status == "proved" for r in rows.values())
+
+
+def test_lookup_hits_and_clamps_in_some_valid_state(prover: obligations.Prover) -> None:
+    w = prover.lookup_witness()
+    assert w.status == "sat", w
+    assert "span_start=" in w.state
 
 
 def test_invariants_alone_are_not_all_inductive() -> None:
@@ -173,6 +218,19 @@ def test_no_drift_on_ten_thousand_checks() -> None:
         "reset_full",
     ):
         assert report.by_op.get(op, 0) >= 200, (op, report.by_op)
+    # every rejection matched the model's failing precondition of the spec's error class
+    assert set(report.by_error) >= {
+        "admit: DuplicateSequence",
+        "admit: OutOfBlocks",
+        "append: InvalidOperation",
+        "append: OutOfBlocks",
+        "commit: InvalidOperation",
+        "continue_prefill: InvalidOperation",
+        "continue_prefill: OutOfBlocks",
+        "free: UnknownSequence",
+        "reset_full: CacheBusy",
+        "rollback: InvalidOperation",
+    }, report.by_error
 
 
 @pytest.mark.parametrize("seeded", drift.SEEDED_DRIFTS, ids=lambda s: s[0])
@@ -314,6 +372,36 @@ def test_cli_json_subset() -> None:
     ]
     assert all(o["status"] == "proved" and o["non_vacuous"] for o in doc["obligations"])
     assert "at most 3 live sequences" in doc["bounds"]
+
+
+def test_cli_json_lists_txn_and_lookup_rows() -> None:
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefixkv.proofs",
+            "--json",
+            "--invariants",
+            "INV-MATCH,INV-TXN",
+            "--operations",
+            "free,reset_full",
+            "--no-kernels",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert code.returncode == 0, code.stderr
+    rows = json.loads(code.stdout)["obligations"]
+    assert [(o["invariant"], o["operation"], o["kind"]) for o in rows] == [
+        ("INV-MATCH", "free", "lookup"),
+        ("INV-TXN", "free", "txn"),
+        ("INV-MATCH", "reset_full", "lookup"),
+        ("INV-TXN", "reset_full", "txn"),
+    ]
+    assert rows[3]["steps"] == ["CacheBusy"]
+    assert all(o["status"] == "proved" and o["non_vacuous"] for o in rows)
 
 
 def test_cli_exits_non_zero_when_an_obligation_fails(
