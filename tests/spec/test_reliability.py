@@ -40,6 +40,13 @@ MANAGERS: dict[str, Callable[..., Any]] = {"spec": SpecCache, "impl": PrefixCach
 NS = Namespace("tiny-llm@1")
 
 
+def _case_id(kwargs: dict[str, Any]) -> str:
+    """A stable ASCII id: parallel workers must collect the same names (no addresses, no
+    lone surrogates)."""
+    shown = {k: type(v).__name__ if isinstance(v, memoryview) else v for k, v in kwargs.items()}
+    return ascii(shown)
+
+
 @pytest.fixture(params=sorted(MANAGERS))
 def make(request: pytest.FixtureRequest) -> Callable[..., Any]:
     return MANAGERS[request.param]
@@ -86,7 +93,7 @@ def test_per_tenant_salts_do_not_grow_the_memo(make: Callable[..., Any]) -> None
 # -- names without a UTF-8 form, salts that are not bytes ----------------------------------
 
 
-@pytest.mark.parametrize("kwargs", BAD_NAMESPACE_ARGS, ids=ascii)
+@pytest.mark.parametrize("kwargs", BAD_NAMESPACE_ARGS, ids=_case_id)
 def test_bad_namespaces_are_refused_at_construction(
     make: Callable[..., Any], kwargs: dict[str, Any]
 ) -> None:
@@ -99,7 +106,7 @@ def test_bad_namespaces_are_refused_at_construction(
     invariants.check_unchanged(before, c.snapshot(), "admit")
 
 
-@pytest.mark.parametrize("kwargs", BAD_SPAN_NAMES, ids=ascii)
+@pytest.mark.parametrize("kwargs", BAD_SPAN_NAMES, ids=_case_id)
 def test_bad_span_names_are_refused_at_construction(
     make: Callable[..., Any], kwargs: dict[str, Any]
 ) -> None:
