@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import engine_style
 import pytest
-from engine_style import BUGS, make_manager
 from prefixkv.spec import invariants
 
+from examples import engine_style
+from examples.engine_style import BUGS, make_manager
 from prefixkv.conformance import (
     Capabilities,
     ConformanceFailure,
@@ -20,7 +20,7 @@ from prefixkv.conformance import (
     load_factory,
     run_conformance,
 )
-from prefixkv.conformance.adapters import impl_adapter, spec_adapter
+from prefixkv.conformance.reference_adapters import impl_adapter, spec_adapter
 
 # The CI profile is derandomized, so these runs are the same on every machine; a passing
 # run stops early, so only the correct managers pay for all of them.

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-_HERE = Path(__file__).parent
+_ROOT = Path(__file__).parents[2]  # the examples package lives at the top level
 _ARGS = ("-p", "no:cacheprovider", "--prefixkv-profile=ci", "--prefixkv-steps=30")
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    pytester.syspathinsert(_HERE)
+    pytester.syspathinsert(_ROOT)
     return pytester.runpytest_inprocess(*_ARGS, *args)
 
 
@@ -26,7 +26,7 @@ def test_a_conforming_adapter_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_other():\n    pass\n")
     result = _run(
         pytester,
-        "--prefixkv-adapter=engine_style:make_manager",
+        "--prefixkv-adapter=examples.engine_style:make_manager",
         "--prefixkv-examples=20",
         "--prefixkv-only",
     )
@@ -34,11 +34,11 @@ def test_a_conforming_adapter_passes(pytester: pytest.Pytester) -> None:
 
 
 def test_a_bug_fails_with_a_replay(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, "--prefixkv-adapter=engine_style:make_stale_hash_after_reuse")
+    result = _run(pytester, "--prefixkv-adapter=examples.engine_style:make_stale_hash_after_reuse")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*engine_style:make_stale_hash_after_reuse failed INV-INDEX*",
+            "*examples.engine_style:make_stale_hash_after_reuse failed INV-INDEX*",
             "*minimal replay (* steps, * adapter calls):*",
             "*cache = make(num_blocks=*",
         ]
@@ -50,19 +50,24 @@ def test_a_bug_fails_with_a_replay(pytester: pytest.Pytester) -> None:
 def test_capabilities_from_the_command_line(pytester: pytest.Pytester) -> None:
     """The engine-style manager evicts FIFO: declared exact, it must fail."""
     result = _run(
-        pytester, "--prefixkv-adapter=engine_style:make_manager", "--prefixkv-capabilities=+exact"
+        pytester,
+        "--prefixkv-adapter=examples.engine_style:make_manager",
+        "--prefixkv-capabilities=+exact",
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*engine_style:make_manager failed *"])
+    result.stdout.fnmatch_lines(["*examples.engine_style:make_manager failed *"])
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--prefixkv-adapter=nowhere:make",), "*No module named 'nowhere'*"),
-        (("--prefixkv-adapter=engine_style",), "*expected MODULE:FACTORY*"),
+        (("--prefixkv-adapter=examples.engine_style",), "*expected MODULE:FACTORY*"),
         (
-            ("--prefixkv-adapter=engine_style:make_manager", "--prefixkv-capabilities=-multimodl"),
+            (
+                "--prefixkv-adapter=examples.engine_style:make_manager",
+                "--prefixkv-capabilities=-multimodl",
+            ),
             "*unknown capability 'multimodl'*",
         ),
     ],

@@ -3,7 +3,7 @@
 * :class:`Capabilities`: what the manager under test supports, and whether it must match
   the spec step for step (``exact``) or only keep every safety invariant.
 * :func:`run_conformance`, :func:`conformance_machine`: run the machines against an adapter
-  factory (see :mod:`.adapter`); the pytest plugin does the same from the command line
+  factory (see :mod:`.runner`); the pytest plugin does the same from the command line
   (``pytest --prefixkv-adapter=module:factory``, see :mod:`.plugin`).
 * :mod:`.machines`: the differential Hypothesis state machines themselves.
 * :mod:`.profiles`: the Hypothesis profiles ``dev``, ``ci`` and ``thorough``.
@@ -11,7 +11,8 @@
 Needs the ``conformance`` extra (Hypothesis and pytest): ``pip install "prefixkv[conformance]"``.
 """
 
-from .adapter import (
+from .capabilities import Capabilities
+from .runner import (
     AdapterFactory,
     BlockManagerAdapter,
     ConformanceFailure,
@@ -20,7 +21,6 @@ from .adapter import (
     load_factory,
     run_conformance,
 )
-from .capabilities import Capabilities
 
 __all__ = [
     "AdapterFactory",

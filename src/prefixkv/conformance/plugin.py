@@ -86,7 +86,7 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         """Load the factory and run the machines; a load error fails with one line."""
-        from .adapter import capabilities_of, load_factory, run_conformance
+        from .runner import capabilities_of, load_factory, run_conformance
 
         opt = self.config.getoption
         try:
@@ -111,7 +111,7 @@ class ConformanceItem(pytest.Item):
         style: Any = None,
     ) -> Any:
         """The failed check and the replay, without a traceback of the machines."""
-        from .adapter import ConformanceFailure
+        from .runner import ConformanceFailure
 
         if isinstance(excinfo.value, ConformanceFailure):
             return f"{self.target} failed {excinfo.value.check}: {excinfo.value}"
