@@ -65,7 +65,7 @@ from .checks import CheckFailed, bad_inputs_due, counted, failure_listeners
 from .coverage import RuleCoverage
 from .factories import PairFactory, PoolConfig
 from .features import FeatureRules, admission_checks
-from .replay import HEADER, Recording
+from ..replay import HEADER, Recording
 from .strategies import (
     BAD_ACCEPTED,
     BAD_COUNTS,
