@@ -90,6 +90,18 @@ class MachineBase(RuleBasedStateMachine):
         assert self.cfg is not None
         return self.cfg.block_size
 
+    @property
+    def scale(self) -> int:
+        """Tokens per drawn token: the workload is drawn for blocks of up to 4 tokens, so on
+        larger blocks (an engine that needs 256) each drawn token becomes a run of
+        ``block_size // 4`` tokens, and prompts still share, fill and outgrow blocks."""
+        return max(1, self.block_size // 4)
+
+    def _prompt(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """A drawn prompt at this pool's scale (see :attr:`scale`)."""
+        n = self.scale
+        return tokens if n == 1 else tuple(t for t in tokens for _ in range(n))
+
     def _start(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         cls = type(self)
