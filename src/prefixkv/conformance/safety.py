@@ -5,27 +5,28 @@ publish after compute, leaf-only eviction, private duplicates. Engines that chos
 declare it (:class:`~prefixkv.conformance.Capabilities`), and each declaration swaps one
 policy check for the weakest safety property that still catches real bugs:
 
-======================  ===================================================================
-declared                checked instead
-======================  ===================================================================
-``publish=schedule``    INV-PUBLISH / INV-WRITE: a published block whose KV is not written
-                        yet must belong to a live writer that will write it; a hit (or a
-                        match) on a block whose writer was freed before writing it is
-                        INV-PUBLISH. Only the writer writes it, readers never do.
-``eviction=any``        INV-ANCESTOR is dropped. A match through an evicted parent fails
-                        INV-MATCH (the child no longer extends the matched chain), and
-                        ``evict(n)`` must reach every refcount-0 published block (EVICT):
-                        unreachable blocks are evictable, never leaked.
-``duplicates=shared``   INV-INDEX allows several published blocks per identity; every one is
-                        indexed and verified.
-``duplicates=last-wins`` as ``shared``, and older copies may leave the index while they stay
-                        published and read-only.
-======================  ===================================================================
+* ``publish=schedule``: INV-PUBLISH and INV-WRITE allow a published block whose KV is not
+  written yet, if it belongs to a live writer that will write it; a hit (or a match) on a
+  block whose writer was freed before writing it is INV-PUBLISH. Only the writer writes it,
+  readers never do.
+* ``eviction=any``: INV-ANCESTOR is dropped. A match through an evicted parent fails
+  INV-MATCH (the child no longer extends the matched chain), and ``evict(n)`` must reach
+  every refcount-0 published block (EVICT): unreachable blocks are evictable, never leaked.
+* ``duplicates=shared``: INV-INDEX allows several published blocks per identity; every one
+  is indexed and verified.
+* ``duplicates=last-wins``: as ``shared``, and older copies may leave the index while they
+  stay published and read-only.
 
 What a block's KV holds is not in a :class:`~prefixkv.spec.CacheState`, so
 :class:`KVLedger` follows it from consecutive snapshots: a block allocated fresh to a
 sequence is *unwritten* until that sequence commits past its end. The ledger needs nothing
 from the engine beyond the snapshot.
+
+Steps, for ``publish=schedule``: the kit drives no batches, so one sequence's step runs from
+its scheduling (``admit``, ``append``) to the ``commit`` that reports its forward pass. A
+hit on a pending block is a reader scheduled in its writer's step or a later one, whose
+forward runs with or after the writer's: allowed. Once the writer is freed or rolled back
+without committing, the block holds nothing, and no later step may be served it.
 
 NOTE: the ledger's hit check applies under every policy in the safety mode: with publish
 after compute it can never fire on a correct cache (a block is published only once it is
