@@ -3,7 +3,7 @@
 They need no wrapping (both already speak the adapter protocol), so these factories only
 fix the constructor's signature. They serve as the known-good baseline of the kit::
 
-    pytest --prefixkv-adapter=prefixkv.conformance.adapters:impl_adapter
+    pytest --prefixkv-adapter=prefixkv.conformance.reference_adapters:impl_adapter
 
 and as the template of an adapter factory for another block manager.
 """

@@ -400,7 +400,7 @@ def factory_for(cls: type[EngineStyleManager]) -> Any:
     return make
 
 
-#: The adapter factory (``--prefixkv-adapter=tests.conformance.engine_style:make_manager``).
+#: The adapter factory (``--prefixkv-adapter=examples.engine_style:make_manager``).
 make_manager = factory_for(EngineStyleManager)
 
 
@@ -460,7 +460,7 @@ BUGS: dict[str, type[EngineStyleManager]] = {
 }
 
 # One factory per bug, for the pytest plugin:
-# ``--prefixkv-adapter=tests.conformance.engine_style:make_stale_hash_after_reuse``.
+# ``--prefixkv-adapter=examples.engine_style:make_stale_hash_after_reuse``.
 make_stale_hash_after_reuse = factory_for(StaleHashAfterReuse)
 make_hit_verified_on_own_block = factory_for(HitVerifiedOnOwnBlock)
 make_can_admit_ignores_hits = factory_for(CanAdmitIgnoresHits)

@@ -1,0 +1,402 @@
+"""Helpers for writing an adapter, so that an adapter is the translation and nothing else.
+
+An adapter turns the kit's calls into the engine's and renders the engine's state as a
+:class:`~prefixkv.spec.CacheState`. Everything else an adapter used to carry is here:
+
+* **Argument checks** (:func:`check_count`, :func:`check_seq_id`, :func:`check_request`,
+  :func:`check_tokens`, :func:`check_flag`, :func:`check_free_batch`, :func:`live`) raise
+  the exact :class:`~prefixkv.spec.PrefixCacheError` subclasses the kit expects, before the
+  engine is touched, so a refused call changes nothing (INV-TXN).
+* **Statistics from a snapshot** (:class:`Counters`, :func:`stats_from`,
+  :class:`AdapterBase`) for engines that
+  keep no :class:`~prefixkv.spec.CacheStats`: occupancy is derived from the blocks, and
+  the token counters from what the adapter saw at admission.
+* **Snapshots of hash-chained caches** (:class:`Block`, :func:`build_snapshot`): engines
+  that store a chained hash per block but no parent pointer, and engines that keep cached
+  blocks inside their free queue (a cached block there counts as evictable, not free).
+* **Dry runs on a copy** (:func:`dry_run`, :func:`check_deepcopy`) for engines whose
+  allocation is not transactional: decide success on a deep copy, then apply to the real
+  manager only if it succeeded.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from prefixkv.spec import (
+    BlockView,
+    CacheState,
+    CacheStats,
+    DuplicateSequence,
+    InvalidRequest,
+    PrefixCacheError,
+    Request,
+    SeqId,
+    SeqView,
+    UnknownSequence,
+)
+
+__all__ = [
+    "AdapterBase",
+    "Block",
+    "Counters",
+    "build_snapshot",
+    "check_count",
+    "check_deepcopy",
+    "check_flag",
+    "check_free_batch",
+    "check_request",
+    "check_seq_id",
+    "check_tokens",
+    "dry_run",
+    "live",
+    "stats_from",
+]
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
+#: Token ids the kit's workloads use fit here; the kit's bad inputs fall outside.
+MAX_TOKEN_ID = 2**32
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+
+def check_count(value: object, what: str, minimum: int = 1) -> int:
+    """An ``int`` (not a ``bool``) at least ``minimum``, else ``InvalidRequest``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidRequest(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_seq_id(value: object) -> SeqId:
+    """A sequence id is an ``int`` (not a ``bool``) or a ``str``, else ``InvalidRequest``."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidRequest(f"a sequence id is an int or a str, got {value!r}")
+    return value
+
+
+def check_request(value: object) -> Request:
+    """A :class:`~prefixkv.spec.Request`, else ``InvalidRequest``."""
+    if not isinstance(value, Request):
+        raise InvalidRequest(f"expected a Request, got {value!r}")
+    return value
+
+
+def check_tokens(value: object) -> list[int]:
+    """``accepted_tokens``: a sequence (not a string) of token ids, else ``InvalidRequest``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidRequest(f"accepted_tokens must be a sequence of token ids, got {value!r}")
+    tokens = list(value)
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < MAX_TOKEN_ID:
+            raise InvalidRequest(f"bad token id {t!r}")
+    return tokens
+
+
+def check_flag(value: object, what: str = "preserve_cache") -> bool:
+    """A real ``bool`` (``1`` is refused: a typo there would wipe a cache), else
+    ``InvalidRequest``."""
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{what} must be a bool, got {value!r}")
+    return value
+
+
+def live(table: Mapping[Any, _V], seq_id: object) -> _V:
+    """``table[seq_id]`` for a live sequence: ``InvalidRequest`` for a malformed id,
+    ``UnknownSequence`` for one that is not live."""
+    key = check_seq_id(seq_id)
+    try:
+        return table[key]
+    except KeyError:
+        raise UnknownSequence(f"sequence {seq_id!r} is not live") from None
+
+
+def check_free_batch(seq_ids: object, table: Mapping[Any, Any]) -> list[SeqId]:
+    """The ids of a batched ``free``, all checked before anything is released: an iterable
+    (not one id), no id twice (``DuplicateSequence``), every id live (``UnknownSequence``)."""
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):
+        raise InvalidRequest(f"free takes an iterable of sequence ids, got {seq_ids!r}")
+    ids = [check_seq_id(s) for s in seq_ids]
+    if len(set(ids)) != len(ids):
+        raise DuplicateSequence(f"a sequence is listed twice in {ids!r}")
+    for s in ids:
+        live(table, s)
+    return ids
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+class AdapterBase:
+    """The part every adapter of an engine without statistics or KV events shares: the pool
+    shape, the :class:`Counters`, ``stats()`` read from the adapter's own ``snapshot()``,
+    and no events (declare ``events=False``). Subclasses translate the rest."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.counters = Counters()
+
+    def snapshot(self) -> CacheState:
+        raise NotImplementedError("render the engine's state with build_snapshot")
+
+    def stats(self) -> CacheStats:
+        """Statistics derived from the snapshot (see :func:`stats_from`)."""
+        return self.snapshot().stats
+
+    def take_events(self) -> list[Any]:
+        """No KV events: the engine publishes none."""
+        return []
+
+
+@attrs.define
+class Counters:
+    """The token and event counters an adapter keeps for an engine without statistics.
+
+    Call :meth:`admitted` after each admission and :meth:`evicted` / :meth:`published` as
+    the engine reports them; :func:`stats_from` adds the occupancy.
+    """
+
+    queries: int = 0
+    hits: int = 0
+    admissions: int = 0
+    evictions: int = 0
+    published: int = 0
+
+    def admitted(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        self.queries += num_prompt_tokens
+        self.hits += num_cached_tokens
+        self.admissions += 1
+
+
+def stats_from(
+    blocks: Sequence[BlockView],
+    num_free: int,
+    num_sequences: int,
+    counters: Counters,
+    *,
+    block_size: int,
+) -> CacheStats:
+    """:class:`~prefixkv.spec.CacheStats` derived from the block views and ``counters``.
+
+    Every uncached prompt token is reported as never cached: an engine that does not split
+    lost reuse by cause declares ``lost_reuse=False``.
+    """
+    cached = sum(1 for b in blocks if b.published and b.refcount == 0)
+    used = sum(1 for b in blocks if b.refcount > 0)
+    c = counters
+    return CacheStats(
+        num_blocks=len(blocks),
+        block_size=block_size,
+        num_free_blocks=num_free,
+        num_cached_blocks=cached,
+        num_used_blocks=used,
+        num_published_blocks=sum(1 for b in blocks if b.published),
+        num_sequences=num_sequences,
+        queries=c.queries,
+        hits=c.hits,
+        prefill_tokens=c.queries,
+        prefill_tokens_computed=c.queries - c.hits,
+        prefill_tokens_skipped=c.hits,
+        admissions=c.admissions,
+        evictions=c.evictions,
+        blocks_published=c.published,
+        lost_never_cached=c.queries - c.hits,
+    )
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Block:
+    """One engine block as an adapter reads it.
+
+    ``block_hash`` is set iff the block is findable (published). ``parent_hash`` is the
+    chained hash of the block before it (``None`` for a first block); the builder turns it
+    into a parent block id. ``token_ids`` and ``namespace`` are the stored identity the
+    engine verifies a hit against (or the request's, if it verifies nothing).
+    """
+
+    block_id: int
+    refcount: int
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    namespace: bytes = b""
+    extra_keys: tuple[tuple[int, bytes], ...] = ()
+    last_use: int = 0
+
+
+def build_snapshot(
+    blocks: Sequence[Block],
+    sequences: Iterable[SeqView],
+    free_queue: Iterable[int],
+    counters: Counters,
+    *,
+    block_size: int,
+    index: Iterable[tuple[int, int]] | None = None,
+    stats: CacheStats | None = None,
+) -> CacheState:
+    """A :class:`~prefixkv.spec.CacheState` for a hash-chained cache.
+
+    * Parent ids come from ``parent_hash``: the block indexed under that hash (the first
+      one in ``index`` order when several share it). A parent hash that is no longer
+      indexed (a parent evicted before its child) leaves the parent unknown: the block is
+      rendered with the parent id ``-1``, so no match through it can pass INV-MATCH.
+    * ``free_queue`` may hold cached blocks (engines that evict lazily from the free
+      queue): only the unpublished ones are free; the cached ones count as evictable.
+    * ``index`` defaults to ``(hash, block_id)`` of every published block.
+
+    Fill each :class:`~prefixkv.spec.SeqView`'s ``num_cached_tokens`` (the tokens attached
+    from the cache at admission): the kit tells the blocks a sequence hit from the blocks
+    it writes by it.
+    """
+    by_id = {b.block_id: b for b in blocks}
+    if index is None:
+        index = [(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None]
+    entries = sorted(index)
+    owner: dict[int, int] = {}
+    for h, b in entries:
+        owner.setdefault(h, b)
+
+    def depth(b: Block, seen: int = 0) -> int:
+        if b.parent_hash is None or seen > len(blocks):
+            return 1
+        parent = owner.get(b.parent_hash)
+        return 1 + (depth(by_id[parent], seen + 1) if parent is not None else 0)
+
+    views: list[BlockView] = []
+    for blk in sorted(blocks, key=lambda x: x.block_id):
+        if blk.block_hash is None:
+            views.append(BlockView(blk.block_id, blk.refcount, False))
+            continue
+        parent = None if blk.parent_hash is None else owner.get(blk.parent_hash, -1)
+        views.append(
+            BlockView(
+                blk.block_id,
+                blk.refcount,
+                True,
+                blk.namespace,
+                parent,
+                tuple(blk.token_ids),
+                tuple(blk.extra_keys),
+                blk.block_hash,
+                depth(blk),
+                blk.last_use,
+            )
+        )
+    free = tuple(q for q in free_queue if by_id[q].block_hash is None)  # cached: evictable
+    seqs = tuple(sequences)
+    return CacheState(
+        num_blocks=len(views),
+        block_size=block_size,
+        blocks=tuple(views),
+        free_queue=free,
+        index=tuple(entries),
+        sequences=seqs,
+        stats=stats
+        if stats is not None
+        else stats_from(views, len(free), len(seqs), counters, block_size=block_size),
+        pending_events=(),
+    )
+
+
+# -- dry runs -------------------------------------------------------------------------------
+
+
+def dry_run(manager: _T, operation: Callable[[_T], Any]) -> Any:
+    """Run ``operation`` on a deep copy of ``manager`` first; only if it succeeds, run it on
+    ``manager`` and return its result. A failure raises from the copy and leaves
+    ``manager`` untouched, which makes a non-transactional engine call transactional.
+
+    Exceptions that are not a :class:`~prefixkv.spec.PrefixCacheError` are left for the
+    adapter to translate. The copy costs O(state): a testing tool, never a serving path.
+    Run :func:`check_deepcopy` once on a populated manager to be sure the copy is faithful.
+    """
+    operation(copy.deepcopy(manager))
+    return operation(manager)
+
+
+def _fields(obj: object) -> dict[str, Any]:
+    out: dict[str, Any] = dict(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                out[name] = getattr(obj, name)
+    return out
+
+
+def check_deepcopy(manager: object) -> list[str]:
+    """The fields a deep copy of ``manager`` gets wrong (empty when it is faithful).
+
+    Walks attributes (``__dict__`` and ``__slots__``), lists, tuples, dicts and deques, and
+    compares plain values with ``==``. A field that the copy shares with the original (a
+    mutable object that survived the copy by reference, e.g. through a custom
+    ``__deepcopy__``) or that differs is reported with its path; so is a
+    ``PrefixCacheError`` from copying.
+    """
+    try:
+        twin = copy.deepcopy(manager)
+    except PrefixCacheError as exc:  # pragma: no cover - engines rarely raise ours here
+        return [f"deepcopy raised {exc!r}"]
+    problems: list[str] = []
+    seen: set[int] = set()
+
+    def walk(a: object, b: object, path: str) -> None:
+        if id(a) in seen:
+            return
+        if isinstance(a, (int, float, str, bytes, bool, type(None), frozenset)):
+            if a != b:
+                problems.append(f"{path}: {a!r} became {b!r}")
+            return
+        seen.add(id(a))
+        # Immutable values may be shared by a deep copy (tuples of ints are); mutable
+        # containers and objects with fields may not: the dry run would change the original.
+        mutable = not isinstance(a, (tuple, frozenset)) and (
+            isinstance(a, (list, dict, set, bytearray)) or bool(_fields(a))
+        )
+        if a is b and (mutable or type(a).__name__ == "deque"):
+            problems.append(f"{path} is shared with the copy, not copied")
+            return
+        if type(a) is not type(b):
+            problems.append(f"{path}: {type(a).__name__} became {type(b).__name__}")
+            return
+        if isinstance(a, Mapping):
+            assert isinstance(b, Mapping)
+            if list(a) != list(b):
+                problems.append(f"{path}: keys differ")
+                return
+            for k in a:
+                walk(a[k], b[k], f"{path}[{k!r}]")
+            return
+        if isinstance(a, (list, tuple)) or type(a).__name__ == "deque":
+            la, lb = list(a), list(b)  # type: ignore[call-overload]
+            if len(la) != len(lb):
+                problems.append(f"{path}: length {len(la)} became {len(lb)}")
+                return
+            for i, (x, y) in enumerate(zip(la, lb, strict=True)):
+                walk(x, y, f"{path}[{i}]")
+            return
+        if isinstance(a, (set, frozenset)):
+            if a != b:
+                problems.append(f"{path}: set differs")
+            return
+        fa, fb = _fields(a), _fields(b)
+        if not fa:
+            if a != b and type(a).__eq__ is not object.__eq__:
+                problems.append(f"{path}: {a!r} became {b!r}")
+            return
+        if set(fa) != set(fb):
+            problems.append(f"{path}: fields {sorted(set(fa) ^ set(fb))} lost in the copy")
+        for name in fa:
+            if name in fb:
+                walk(fa[name], fb[name], f"{path}.{name}")
+
+    walk(manager, twin, type(manager).__name__)
+    return problems
