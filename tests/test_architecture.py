@@ -84,6 +84,17 @@ def test_facade_imports_neither_torch_nor_z3() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_the_model_loads_without_the_managers() -> None:
+    # The façade exports the managers lazily: importing the spec must not load the impl
+    # (a harness that installs its own prefixkv.impl first relies on it).
+    code = (
+        "import sys, prefixkv.spec; print('prefixkv.impl' in sys.modules); "
+        "from prefixkv import PrefixCacheManager; print('prefixkv.impl' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
 def test_every_layer_error_is_a_prefixkv_error() -> None:
     from prefixkv.kernels.errors import KernelError
     from prefixkv.spec.invariants import InvariantViolation

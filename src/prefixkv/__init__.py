@@ -15,10 +15,11 @@ The layers stay importable on their own: ``prefixkv.spec`` (the executable model
 ``prefixkv.conformance`` (the kit). Importing this package pulls in neither torch nor z3.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidConfig, PrefixKVError
-from .impl import HybridPrefixCacheManager, PrefixCacheManager
 from .spec import (
     CacheBusy,
     CheckedCache,
@@ -37,6 +38,22 @@ from .spec import (
     check,
     checked,
 )
+
+if TYPE_CHECKING:
+    from .impl import HybridPrefixCacheManager, PrefixCacheManager
+
+#: NOTE: the managers are exported lazily (PEP 562). ``prefixkv.impl`` imports
+#: ``prefixkv.spec``, which runs this module first; an eager import of ``.impl`` here would
+#: make every ``import prefixkv.spec`` load the managers too, and would break tools that
+#: install their own ``prefixkv.impl`` before the package (the mutation harness does).
+_LAZY = {"PrefixCacheManager": "prefixkv.impl", "HybridPrefixCacheManager": "prefixkv.impl"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'prefixkv' has no attribute {name!r}")
+
 
 try:
     __version__ = version("prefixkv")
