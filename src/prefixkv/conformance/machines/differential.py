@@ -61,6 +61,7 @@ from prefixkv.spec import (
 from prefixkv.spec import invariants as inv
 
 from ..capabilities import Capabilities
+from ..events_check import EventStreams
 from .checks import CheckFailed, bad_inputs_due, counted, failure_listeners
 from .coverage import RuleCoverage
 from .factories import PairFactory, PoolConfig
@@ -233,6 +234,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         self._next_id = 0
         self._since_bad = 3  # rules since the last bad-input rule (the first may fire at once)
         self._rule_raised = False
+        self._streams = EventStreams(False)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -248,6 +250,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
     def _start(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         self.ref, self.cand = type(self).make_pair(cfg)
+        self._streams = EventStreams(cfg.record_events)
         calls = [
             HEADER,
             f"cache = make(num_blocks={cfg.num_blocks}, block_size={cfg.block_size}, "
@@ -326,6 +329,7 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
                 ) from out.error
         snap = self._snapshot_candidate(name)
         self._check_invariants(name, None, snap)
+        self._streams.after(name, "candidate", out.value, out.raised, snap)
         if out.raised or pure:
             try:
                 inv.check_unchanged(before, snap, name)
@@ -357,6 +361,8 @@ class DifferentialMachine(FeatureRules, RuleBasedStateMachine):
         snap_r = self.ref.snapshot()
         snap_c = self._snapshot_candidate(name)
         self._check_invariants(name, snap_r, snap_c)
+        self._streams.after(name, "candidate", out_c.value, out_c.raised, snap_c)
+        self._streams.after(name, "reference", out_r.value, out_r.raised, snap_r)
         if out_r.raised or pure:
             check = "INV-TXN" if out_r.raised else "PURE"
             for who, before, after in (
