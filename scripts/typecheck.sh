@@ -13,7 +13,10 @@ mkdir -p "$stage/prefixkv"
 cp "$root/src/prefixkv/__init__.py" "$root/src/prefixkv/py.typed" "$stage/prefixkv/"
 for sub in spec impl kernels; do ln -s "$root/$sub" "$stage/prefixkv/$sub"; done
 ln -s "$root/src/prefixkv/engine" "$stage/prefixkv/engine"
+ln -s "$root/src/prefixkv/events" "$stage/prefixkv/events"
 cd "$stage"
 python -m mypy --config-file "$root/pyproject.toml" --strict -p prefixkv.spec -p prefixkv.impl
 python -m mypy --config-file "$root/pyproject.toml" --strict --follow-imports=silent \
     -p prefixkv.engine
+python -m mypy --config-file "$root/pyproject.toml" --strict --follow-imports=silent \
+    -p prefixkv.events

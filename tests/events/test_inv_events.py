@@ -36,8 +36,7 @@ def stored(h: int, parent: int | None, tokens: tuple[int, ...], ns: Namespace = 
 def run(cache: object, seq: str, tokens: tuple[int, ...], ns: Namespace = NS) -> None:
     req = Request(seq, tokens, ns)
     adm = cache.admit(req, len(tokens))  # type: ignore[attr-defined]
-    cache.commit(seq, len(tokens), ())  # type: ignore[attr-defined]
-    assert adm.num_cached_tokens >= 0
+    cache.commit(seq, adm.num_scheduled_tokens, ())  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
