@@ -46,7 +46,7 @@ from prefixkv.spec.errors import (
     OutOfBlocks,
     UnknownSequence,
 )
-from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
 from prefixkv.spec.identity import BlockHasher, fast_hash, ns_digest
 from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans, span_containing
 from prefixkv.spec.namespace import Namespace
@@ -798,7 +798,7 @@ class PrefixCacheManager:
                     self._num_reclaimable -= 1
                     self._anchor_up(pool.parent[p])
             if self._record_events:
-                self._events.append(BlockStored((h,), parent_hash, tup, bs, seq.adapter))
+                self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
         self._num_published += published
         self._blocks_published += published
 

@@ -17,6 +17,7 @@ from .errors import (
     UnknownSequence,
     WrongSlotRole,
 )
+from .event_mirror import EventMirror, EventStreamError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hybrid import HybridSpecCache, StateSlotPool
 from .identity import (
@@ -28,7 +29,7 @@ from .identity import (
     tokens_only_hash,
     weak_hash,
 )
-from .invariants import InvariantViolation, check, check_match, violations
+from .invariants import InvariantViolation, check, check_events, check_match, violations
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
 from .protocol import HybridPrefixCache, Inspectable, PrefixCache
@@ -51,6 +52,8 @@ __all__ = [
     "CheckedCache",
     "CheckpointView",
     "DuplicateSequence",
+    "EventMirror",
+    "EventStreamError",
     "HybridPrefixCache",
     "HybridSpecCache",
     "Inspectable",
@@ -75,6 +78,7 @@ __all__ = [
     "UnknownSequence",
     "WrongSlotRole",
     "check",
+    "check_events",
     "check_match",
     "checked",
     "fast_hash",

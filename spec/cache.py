@@ -707,7 +707,10 @@ class SpecCache:
                     parent_block_hash=parent_hash,
                     token_ids=ident.token_ids,
                     block_size=bs,
-                    lora_id=seq.namespace.adapter,
+                    model=seq.namespace.model,
+                    adapter=seq.namespace.adapter,
+                    salt=seq.namespace.salt,
+                    extra_keys=(ident.extra_keys,),
                 )
             )
 

@@ -14,7 +14,12 @@ against its snapshot (:meth:`~prefixkv.spec.protocol.Inspectable.snapshot`):
   snapshot exactly as it was, statistics and pending events included;
 * a query (``match``, ``can_*``, ``block_table``, ...) changed nothing;
 * INV-MATCH on every ``match`` result and on the hit part of every admission, against the
-  state it was computed on.
+  state it was computed on;
+* INV-EVENTS, when the cache records events (``record_events`` is true): the wrapper keeps
+  a consumer's :class:`~prefixkv.spec.event_mirror.EventMirror` of every batch that
+  ``take_events`` returned, and after every call that mirror, with the pending events
+  applied, must hold exactly the published blocks. Drain events through the wrapper, or
+  the mirror misses them.
 
 A violation raises :class:`~prefixkv.spec.invariants.InvariantViolation` (an
 ``AssertionError``) naming the invariant. Each check renders two snapshots and walks them,
@@ -28,7 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import PrefixCacheError
-from .invariants import InvariantViolation, Violation, check, check_match
+from .event_mirror import EventMirror, EventStreamError
+from .invariants import InvariantViolation, Violation, check, check_events, check_match
 from .protocol import Inspectable
 from .request import Request
 from .results import Admission, Match
@@ -83,7 +89,14 @@ class CheckedCache:
             )
         self._cache = cache
         self.num_checks = 0
-        check(cache.snapshot())
+        #: The consumer's mirror of the drained events; ``None`` when events are off.
+        self.mirror: EventMirror | None = (
+            EventMirror() if getattr(cache, "record_events", False) is True else None
+        )
+        snap = cache.snapshot()
+        check(snap)
+        if self.mirror is not None:
+            check_events(self.mirror, snap)
 
     @property
     def wrapped(self) -> Any:
@@ -107,6 +120,15 @@ class CheckedCache:
             except PrefixCacheError:
                 self._after(name, before, changed_ok=False)
                 raise
+            if name == "take_events" and self.mirror is not None:
+                # The drained batch reaches the consumer; INV-EVENTS below checks that it,
+                # and what is still pending, mirror the published blocks.
+                try:
+                    self.mirror.apply_all(result)
+                except EventStreamError as exc:
+                    raise InvariantViolation(
+                        Violation("INV-EVENTS", f"take_events returned a bad stream: {exc}")
+                    ) from None
             self._after(name, before, changed_ok=name in _UPDATES)
             req = args[0] if args else kwargs.get("req")
             if name == "match" and isinstance(req, Request):
@@ -130,6 +152,8 @@ class CheckedCache:
                 Violation("INV-TXN", f"{name} {what} but changed the cache state")
             )
         check(after)
+        if self.mirror is not None:
+            check_events(self.mirror, after)
 
 
 def checked(cache: Any, *, enabled: bool | None = None) -> Any:

@@ -15,6 +15,7 @@ import attrs
 
 from prefixkv.errors import PrefixKVError
 
+from .event_mirror import EventMirror, EventStreamError, published_blocks
 from .hybrid import save_point
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
@@ -25,11 +26,14 @@ from .state import CacheState
 __all__ = [
     "HYBRID_INVARIANTS",
     "INVARIANTS",
+    "STREAM_INVARIANTS",
     "InvariantViolation",
     "Violation",
     "check",
+    "check_events",
     "check_match",
     "check_unchanged",
+    "event_violations",
     "violations",
 ]
 
@@ -49,6 +53,11 @@ INVARIANTS = (
 #: Invariants of the optional hybrid-model capability (choice 7): ``check`` evaluates them
 #: on every snapshot that carries ``state_slots`` (a hybrid cache's) and skips them otherwise.
 HYBRID_INVARIANTS = ("INV-CKPT",)
+
+#: Invariants of the event stream. A snapshot holds only the pending events, not those
+#: already drained, so these take the consumer's mirror of the drained events as well:
+#: :func:`check_events` (the runtime checker and the state machines keep the mirror).
+STREAM_INVARIANTS = ("INV-EVENTS",)
 
 
 @attrs.frozen
@@ -111,6 +120,20 @@ def check_unchanged(before: CacheState, after: CacheState, what: str) -> None:
         raise InvariantViolation(
             Violation("INV-TXN", f"{what} failed but changed: {', '.join(diffs)}")
         )
+
+
+def event_violations(drained: EventMirror, obj: CacheState | Inspectable) -> list[Violation]:
+    """INV-EVENTS: ``drained`` (the mirror of the events drained so far) with the snapshot's
+    pending events applied holds exactly the published blocks: identity, hash and parent.
+    ``drained`` is not changed."""
+    return [Violation("INV-EVENTS", msg) for msg in _inv_events(drained, _state(obj))]
+
+
+def check_events(drained: EventMirror, obj: CacheState | Inspectable) -> None:
+    """Raise :class:`InvariantViolation` unless INV-EVENTS holds (see :func:`event_violations`)."""
+    found = event_violations(drained, obj)
+    if found:
+        raise InvariantViolation(*found)
 
 
 def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> None:
@@ -474,3 +497,56 @@ def _inv_ckpt(s: CacheState) -> Iterator[str]:
             f"stats count {st.num_state_slots_used}/{st.num_state_slots} state slots used, "
             f"the pool has {total - len(h.free_slots)}/{total}"
         )
+
+
+def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
+    """The mirror holds exactly the published blocks.
+
+    Per hash, the blocks the mirror holds and the published blocks must be equal as
+    multisets of identities (their counts only, where a colliding removal made the hash
+    ambiguous, see :mod:`prefixkv.spec.event_mirror`). Each kind of stream bug shows up as
+    one kind of difference:
+
+    * a published block the mirror lacks: a removal sent while a copy is still served, or
+      a store never sent;
+    * a mirrored block no published block matches: a block that left without a removal, or
+      a clear that left entries;
+    * a count above the published one: a duplicate store (the strict mirror refuses an
+      exact duplicate outright).
+    """
+    mirror = drained.copy()
+    try:
+        mirror.apply_all(s.pending_events)
+    except EventStreamError as exc:
+        yield f"the event stream cannot be applied: {exc}"
+        return
+    if mirror.block_size is not None and mirror.block_size != s.block_size:
+        yield f"events carry block size {mirror.block_size}, the cache has {s.block_size}"
+    published: dict[int, Counter[object]] = {}
+    where: dict[int, int] = {}
+    for b, block in published_blocks(s):
+        published.setdefault(block.block_hash, Counter())[block] += 1
+        where[block.block_hash] = b
+    for h in sorted(set(published) | set(mirror.blocks)):
+        want = published.get(h, Counter())
+        have = Counter(mirror.blocks.get(h, ()))
+        if h in mirror.ambiguous:
+            if want.total() != have.total():
+                yield (
+                    f"hash {h} (ambiguous after a colliding removal): {want.total()} published, "
+                    f"{have.total()} in the mirror"
+                )
+            continue
+        if want == have:
+            continue
+        if not have:
+            yield (
+                f"published block {where[h]} (hash {h}) is missing from the mirror: removed "
+                "while still served, or never stored"
+            )
+        elif not want:
+            yield f"the mirror holds hash {h}, which no published block has: it left unannounced"
+        elif have.total() > want.total():
+            yield f"hash {h} is stored {have.total()} times in the mirror, published {want.total()}"
+        else:
+            yield f"hash {h}: the mirror holds another identity than the published block {where[h]}"

@@ -11,6 +11,8 @@ of its own so that "no adapter" never equals the adapter ``""``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import attrs
 
 from .errors import InvalidRequest
@@ -81,3 +83,41 @@ class Namespace:
     def key(self) -> bytes:
         """The injective encoding used inside block identities."""
         return b"pkv-ns-v1" + _field(self.model) + _field(self.adapter) + _field(self.salt)
+
+    @staticmethod
+    def from_key(key: bytes) -> Namespace:
+        """The namespace whose :meth:`key` is ``key`` (the encoding is injective).
+
+        Raises :class:`InvalidRequest` on bytes that no namespace encodes to. Cached: a cache
+        that emits KV events decodes the few namespaces it serves over and over.
+        """
+        return _decode(key)
+
+
+@lru_cache(maxsize=4096)
+def _decode(key: bytes) -> Namespace:
+    prefix = b"pkv-ns-v1"
+    if not isinstance(key, bytes) or not key.startswith(prefix):
+        raise InvalidRequest(f"not a namespace key: {key!r}")
+    pos, fields = len(prefix), list[str | bytes | None]()
+    for _ in range(3):
+        tag = key[pos : pos + 1]
+        pos += 1
+        if tag == _TAG_NONE:
+            fields.append(None)
+            continue
+        if tag not in (_TAG_STR, _TAG_BYTES) or pos + 8 > len(key):
+            raise InvalidRequest(f"not a namespace key: {key!r}")
+        n = int.from_bytes(key[pos : pos + 8], "big")
+        data, pos = key[pos + 8 : pos + 8 + n], pos + 8 + n
+        if len(data) != n:
+            raise InvalidRequest(f"not a namespace key: {key!r}")
+        try:
+            fields.append(data.decode("utf-8") if tag == _TAG_STR else data)
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"not a namespace key: {key!r}") from None
+    model, adapter, salt = fields
+    ns = Namespace(model, adapter, salt)  # type: ignore[arg-type]
+    if pos != len(key) or ns.key() != key:
+        raise InvalidRequest(f"not a namespace key: {key!r}")
+    return ns

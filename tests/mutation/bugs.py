@@ -505,8 +505,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "BlockStored((h,), parent_hash, tup, bs, seq.adapter)",
-                "BlockStored((h,), None, tup, bs, seq.adapter)",
+                "stored_event(h, parent_hash, tup, bs, ns, extras)",
+                "stored_event(h, None, tup, bs, ns, extras)",
             ),
         ),
     ),

@@ -417,7 +417,7 @@ def test_events_and_take_events() -> None:
     c.commit("a", adm.num_scheduled_tokens, [6])
     first, second = c.take_events()
     assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
-    assert (first.token_ids, first.parent_block_hash, first.lora_id) == ((1, 2), None, "lora-a")
+    assert (first.token_ids, first.parent_block_hash, first.adapter) == ((1, 2), None, "lora-a")
     assert second.parent_block_hash == first.block_hashes[0] and second.block_size == 2
     assert c.take_events() == []
     c.free(["a"])

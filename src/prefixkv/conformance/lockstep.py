@@ -51,6 +51,7 @@ from prefixkv.spec import invariants as inv
 from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
+from .events_check import EventStreams
 from .failures import CheckFailed, is_ignored
 from .replay import Recording
 from .safety import KVLedger, root_cause_first, safety_violations
@@ -163,6 +164,8 @@ class Lockstep:
         self.snap_c: CacheState | None = None
         self.views: dict[SeqId, SeqView] = {}
         self.ledger = KVLedger()
+        #: INV-EVENTS: the drained-event mirrors, on when the run records events.
+        self.events = EventStreams(False)
         #: Called after every operation with its name and the reference's snapshots
         #: before and after (the candidate's when it runs alone).
         self.observers: list[Callable[[str, CacheState | None, CacheState | None], None]] = []
@@ -171,11 +174,13 @@ class Lockstep:
 
     # -- setup ----------------------------------------------------------------------------
 
-    def bind(self, ref: Any, cand: Any) -> None:
-        """Use these caches (both freshly built) from now on."""
+    def bind(self, ref: Any, cand: Any, *, record_events: bool = False) -> None:
+        """Use these caches (both freshly built) from now on; ``record_events``: they
+        record KV events, and every step checks INV-EVENTS on what they emit."""
         self.ref, self.cand = ref, cand
         self._recorded = Recording(cand, self.log)
         self.ledger = KVLedger()
+        self.events = EventStreams(record_events)
 
     def start(self) -> None:
         """Check the freshly built caches: same shape, every invariant."""
@@ -306,6 +311,7 @@ class Lockstep:
         hits = ledger.update(before, snap)
         found = [Violation("INV-PUBLISH", h) for h in hits]
         self.check_invariants(name, None, snap, ledger=ledger, more=found)
+        self.events.after(name, "candidate", out.value, out.raised, snap)
         if out.raised or pure:
             try:
                 inv.check_unchanged(before, snap, name)
@@ -336,6 +342,8 @@ class Lockstep:
         snap_r = self.ref.snapshot()
         snap_c = self.snapshot_candidate(name)
         self.check_invariants(name, snap_r, snap_c)
+        self.events.after(name, "candidate", out_c.value, out_c.raised, snap_c)
+        self.events.after(name, "reference", out_r.value, out_r.raised, snap_r)
         if out_r.raised or pure:
             check = "INV-TXN" if out_r.raised else "PURE"
             for who, before, after in (

@@ -115,7 +115,7 @@ class MachineBase(RuleBasedStateMachine):
         cls.last_calls = calls
         cls.last_steps = 0
         self.oracle.log = calls
-        self.oracle.bind(ref, cand)
+        self.oracle.bind(ref, cand, record_events=cfg.record_events)
         cls.coverage.variants[f"block_size={cfg.block_size}"] += 1
         if ref is None:  # candidate alone: the pool it was asked for, then safety only
             for attr in ("num_blocks", "block_size"):

@@ -1,0 +1,228 @@
+"""The consumer side of the KV event stream: a mirror that applies events in order.
+
+A KV-aware router never sees a cache, only its events. :class:`EventMirror` is the model of
+such a consumer: it applies ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` in order
+and holds, for every hash it was told about, the identity of the block stored under it
+(namespace, parent hash, tokens, extra keys). INV-EVENTS says that after every operation the
+mirror of the drained events, with the pending ones applied, holds exactly the published
+blocks: :func:`prefixkv.spec.invariants.check_events` compares the two.
+
+The mirror is strict: a store whose parent it never saw, a removal of a hash it does not
+hold, or an event it does not know is an :class:`EventStreamError`, and the mirror is left as
+it was. A router that applied such a stream leniently (ignore the unknown removal) would only
+hide the bug that produced it. A second store of a block the mirror already holds is applied
+(the mirror counts it) and INV-EVENTS reports it: under a colliding hash, two published
+blocks with different parent identities can look alike to a consumer, so a repeat is a bug
+only when it outnumbers the published blocks.
+
+NOTE: hashes are an index, not an identity. Under a deliberately colliding test hash
+(:func:`~prefixkv.spec.identity.weak_hash`) two published blocks may share one, and a
+``BlockRemoved`` of that hash cannot say which one left. The mirror then drops the most
+recently stored block under the hash and marks the hash *ambiguous*: for it, INV-EVENTS
+compares the number of blocks only, not their identities. With a collision-free hash (the
+default ``fast_hash`` or ``sha256``) no hash is ever ambiguous and the check is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from .errors import PrefixCacheError
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .identity import BlockHasher, ExtraKey
+from .multimodal import MultimodalSpan, block_extra_keys
+from .namespace import Namespace
+from .state import CacheState
+
+__all__ = [
+    "EventMirror",
+    "EventStreamError",
+    "MirroredBlock",
+    "published_blocks",
+    "served_prefix_blocks",
+]
+
+
+class EventStreamError(PrefixCacheError, ValueError):
+    """An event the mirror cannot apply: the stream does not describe any cache."""
+
+
+@attrs.frozen
+class MirroredBlock:
+    """What a consumer knows of one published block: its hash and its whole identity."""
+
+    block_hash: int
+    parent_hash: int | None
+    namespace: bytes
+    """:meth:`Namespace.key` of the block's namespace."""
+    token_ids: tuple[int, ...]
+    extra_keys: tuple[ExtraKey, ...] = ()
+
+
+class EventMirror:
+    """Applies KV events in order; ``blocks`` maps each hash to the blocks stored under it."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, list[MirroredBlock]] = {}
+        self.ambiguous: set[int] = set()
+        self.block_size: int | None = None
+        self.num_events = 0
+
+    def copy(self) -> EventMirror:
+        out = EventMirror()
+        out.blocks = {h: list(entries) for h, entries in self.blocks.items()}
+        out.ambiguous = set(self.ambiguous)
+        out.block_size = self.block_size
+        out.num_events = self.num_events
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self.blocks.values())
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self.blocks
+
+    def apply_all(self, events: Iterable[KVEvent]) -> None:
+        """Apply ``events`` in order; all or nothing."""
+        trial = self.copy()
+        for event in events:
+            trial.apply(event)
+        self.__dict__.update(trial.__dict__)
+
+    def apply(self, event: KVEvent) -> None:
+        """Apply one event, or raise :class:`EventStreamError` and change nothing."""
+        if isinstance(event, BlockStored):
+            self._store(event)
+        elif isinstance(event, BlockRemoved):
+            self._remove(event)
+        elif isinstance(event, AllBlocksCleared):
+            self.blocks.clear()
+            self.ambiguous.clear()
+        else:
+            raise EventStreamError(f"unknown KV event {event!r}")
+        self.num_events += 1
+
+    def _store(self, ev: BlockStored) -> None:
+        n = len(ev.block_hashes)
+        bs = ev.block_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            raise EventStreamError(f"BlockStored with block size {bs!r}")
+        if self.block_size is not None and bs != self.block_size:
+            raise EventStreamError(
+                f"BlockStored with block size {bs}, the stream uses {self.block_size}"
+            )
+        if n == 0 or len(ev.token_ids) != n * bs or len(ev.extra_keys) != n:
+            raise EventStreamError(
+                f"BlockStored of {n} blocks carries {len(ev.token_ids)} tokens and "
+                f"{len(ev.extra_keys)} extra-key entries (block size {bs})"
+            )
+        try:
+            ns = Namespace(ev.model, ev.adapter, ev.salt).key()
+        except PrefixCacheError as exc:
+            raise EventStreamError(f"BlockStored with a bad namespace: {exc}") from None
+        parent = ev.parent_block_hash
+        if parent is not None and parent not in self.blocks:
+            raise EventStreamError(f"BlockStored under parent hash {parent}, never stored")
+        new: list[MirroredBlock] = []
+        for i, h in enumerate(ev.block_hashes):
+            block = MirroredBlock(
+                h, parent, ns, tuple(ev.token_ids[i * bs : (i + 1) * bs]), tuple(ev.extra_keys[i])
+            )
+            new.append(block)
+            parent = h
+        self.block_size = bs
+        for block in new:
+            self.blocks.setdefault(block.block_hash, []).append(block)
+
+    def _remove(self, ev: BlockRemoved) -> None:
+        counts: dict[int, int] = {}
+        for h in ev.block_hashes:
+            counts[h] = counts.get(h, 0) + 1
+            if counts[h] > len(self.blocks.get(h, ())):
+                raise EventStreamError(f"BlockRemoved of hash {h}, which the mirror does not hold")
+        for h in ev.block_hashes:
+            entries = self.blocks[h]
+            if len(entries) > 1:
+                self.ambiguous.add(h)
+            entries.pop()
+            if not entries:
+                del self.blocks[h]
+                self.ambiguous.discard(h)
+
+    def overlap(
+        self,
+        hasher: BlockHasher,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> int:
+        """How many leading full blocks of a request the mirror holds, identity verified.
+
+        This is what a router that speaks prefixkv's own events predicts for a replica.
+        """
+        bs = self.block_size
+        if bs is None:
+            return 0
+        ns = namespace.key()
+        parent: int | None = None
+        for j in range(len(token_ids) // bs):
+            tokens = tuple(token_ids[j * bs : (j + 1) * bs])
+            extras = block_extra_keys(spans, j * bs, bs)
+            h = hasher(parent, ns, tokens, extras)
+            if MirroredBlock(h, parent, ns, tokens, extras) not in self.blocks.get(h, ()):
+                return j
+            parent = h
+        return len(token_ids) // bs
+
+
+def published_blocks(state: CacheState) -> list[tuple[int, MirroredBlock]]:
+    """``(block id, what a faithful mirror holds for it)`` for every published block."""
+    out = []
+    for view in state.blocks:
+        if not view.published or view.block_hash is None or view.token_ids is None:
+            continue
+        parent = None if view.parent is None else state.blocks[view.parent].block_hash
+        ns = view.namespace if view.namespace is not None else b""
+        out.append(
+            (
+                view.block_id,
+                MirroredBlock(view.block_hash, parent, ns, view.token_ids, view.extra_keys),
+            )
+        )
+    return out
+
+
+def served_prefix_blocks(
+    state: CacheState,
+    namespace: Namespace,
+    token_ids: Sequence[int],
+    spans: Sequence[MultimodalSpan] = (),
+) -> int:
+    """How many leading full blocks of a request are published in ``state``.
+
+    The ground truth a router's overlap must equal: block ``j`` counts when a published
+    block carries exactly the request's ``j``-th identity (namespace, parent, tokens, extra
+    keys), before the match policy's caps (choices 4-6), which a router does not model.
+    """
+    bs = state.block_size
+    ns = namespace.key()
+    by_identity = {
+        (v.namespace, v.parent, v.token_ids, v.extra_keys): v.block_id
+        for v in state.blocks
+        if v.published
+    }
+    parent: int | None = None
+    for j in range(len(token_ids) // bs):
+        key = (
+            ns,
+            parent,
+            tuple(token_ids[j * bs : (j + 1) * bs]),
+            block_extra_keys(spans, j * bs, bs),
+        )
+        found = by_identity.get(key)
+        if found is None:
+            return j
+        parent = found
+    return len(token_ids) // bs

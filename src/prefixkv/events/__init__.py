@@ -1,0 +1,14 @@
+"""KV events off the process: vLLM's wire format, a ZeroMQ transport, and Dynamo's router.
+
+An optional part of prefixkv (``pip install prefixkv[events]`` for the wire format and the
+transport, ``prefixkv[router]`` for Dynamo's router index). The spec never imports it: the
+events themselves, and the consumer-side mirror that INV-EVENTS is stated with, live in
+:mod:`prefixkv.spec.events` and :mod:`prefixkv.spec.event_mirror`.
+
+* :mod:`prefixkv.events.wire`: vLLM's ``EventBatch`` of ``BlockStored`` / ``BlockRemoved`` /
+  ``AllBlocksCleared``, msgpack via ``msgspec``, and the conversion both ways;
+* :mod:`prefixkv.events.transport`: a ZeroMQ publisher (PUB with a topic and sequence
+  numbers, plus a replay endpoint) and a subscriber that detects gaps and replays;
+* :mod:`prefixkv.events.dynamo`: the translation into Dynamo's router events and the
+  router-side hashes of a request.
+"""

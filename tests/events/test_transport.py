@@ -1,0 +1,225 @@
+"""vLLM's wire format and the ZeroMQ transport, over loopback."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+msgspec = pytest.importorskip("msgspec")
+pytest.importorskip("zmq")
+
+from prefixkv.impl import PrefixCacheManager  # noqa: E402
+from prefixkv.spec import (  # noqa: E402
+    EventMirror,
+    EventStreamError,
+    KVEvent,
+    MultimodalSpan,
+    Namespace,
+    OutOfBlocks,
+    Request,
+    SpecCache,
+    check_events,
+)
+
+from prefixkv.events.transport import EventPublisher, EventSubscriber, ReplayGap  # noqa: E402
+from prefixkv.events.wire import WireError, decode_batch, encode_batch  # noqa: E402
+
+NAMESPACES = (Namespace("m@1"), Namespace("m@1", "lora-a"), Namespace("m@1", salt=b"t-2"))
+
+
+# vLLM's own struct shapes (vllm/distributed/kv_events.py), written out independently of
+# prefixkv.events.wire: a consumer built on them must read prefixkv's bytes.
+class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+
+
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _VllmBlockStored(_Event, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+
+
+class _VllmBlockRemoved(_Event, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class _VllmAllBlocksCleared(_Event, tag="AllBlocksCleared"):
+    pass
+
+
+class _VllmBatch(_Batch):
+    events: list[_VllmBlockStored | _VllmBlockRemoved | _VllmAllBlocksCleared]
+
+
+def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
+    """A random run; the events drained after each step, one batch per step."""
+    batches: list[list[KVEvent]] = []
+    live: list[str] = []
+    for step in range(steps):
+        roll = rng.random()
+        if roll < 0.6:
+            ns = rng.choice(NAMESPACES)
+            tokens = tuple(rng.choice((1, 2)) for _ in range(rng.randrange(3, 12)))
+            spans = ()
+            if rng.random() < 0.3 and len(tokens) >= 6:
+                spans = (MultimodalSpan(2, 6, "image", bytes([rng.randrange(2)]) * 4),)
+            try:
+                adm = cache.admit(Request(f"s{step}", tokens, ns, spans=spans), len(tokens))
+            except OutOfBlocks:
+                pass
+            else:
+                cache.commit(f"s{step}", adm.num_scheduled_tokens, ())
+                live.append(f"s{step}")
+        elif roll < 0.9 and live:
+            cache.free([live.pop(rng.randrange(len(live)))])
+        elif roll < 0.97:
+            cache.evict(rng.randrange(1, 4))
+        else:
+            cache.free(live)
+            live = []
+            cache.reset(preserve_cache=False)
+        batches.append(cache.take_events())
+    return batches
+
+
+def test_wire_roundtrip_and_vllm_shape() -> None:
+    """Every event survives the wire; a decoder with vLLM's own struct shapes reads it."""
+    cache = SpecCache(16, 2, record_events=True)
+    events = [e for batch in workload(cache, random.Random(1), 200) for e in batch]
+    assert {type(e).__name__ for e in events} == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    payload = encode_batch(events, ts=1.0)
+    assert decode_batch(payload) == events
+
+    theirs = msgspec.msgpack.Decoder(type=_VllmBatch).decode(payload)
+    assert [type(e).__name__[5:] for e in theirs.events] == [type(e).__name__ for e in events]
+    first = next(e for e in events if type(e).__name__ == "BlockStored")
+    mine = theirs.events[events.index(first)]
+    assert (mine.block_hashes, mine.lora_name) == (list(first.block_hashes), first.adapter)
+
+
+def test_bad_wire_input_is_a_typed_error() -> None:
+    cache = SpecCache(8, 2, record_events=True)
+    events = [e for batch in workload(cache, random.Random(2), 30) for e in batch]
+    payload = encode_batch(events)
+    stored = encode_batch([next(e for e in events if type(e).__name__ == "BlockStored")])
+    for bad in (
+        payload[: len(payload) // 2],  # truncated
+        payload.replace(b"BlockRemoved", b"BlockRenamed"),  # unknown tag
+        b"",
+        stored.replace(b"m@1", b"\xff\xfe\xfd"),  # the model is not text
+    ):
+        with pytest.raises(WireError):
+            decode_batch(bad)
+    assert issubclass(WireError, ValueError)
+
+
+def _settle(subs: list[EventSubscriber]) -> None:
+    while sum(s.poll(200) for s in subs):
+        pass
+    for s in subs:
+        s.catch_up()  # PUB/SUB may lose the tail; the replay endpoint has it
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+def test_late_and_lossy_subscribers_converge(cls: type) -> None:
+    cache = cls(24, 2, record_events=True)
+    rng = random.Random(5)
+    pub = EventPublisher()
+    early = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+    lossy = EventSubscriber(
+        pub.endpoint, pub.replay_endpoint, drop=lambda frames: rng.random() < 0.3
+    )
+    garbled: list[int] = []
+
+    def corrupt(frames: list[bytes]) -> bool:
+        # Every fourth message arrives truncated: handled here, then dropped.
+        if len(garbled) % 4 == 0:
+            noisy.handle([frames[0], frames[1], frames[2][:-2]])
+        garbled.append(1)
+        return len(garbled) % 4 == 1
+
+    noisy = EventSubscriber(pub.endpoint, pub.replay_endpoint, drop=corrupt)
+    reference = EventMirror()
+    try:
+        batches = workload(cache, random.Random(7), 150)
+        late: EventSubscriber | None = None
+        for i, batch in enumerate(batches):
+            pub.publish(batch)
+            reference.apply_all(batch)
+            if i == 60:
+                late = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+            for s in (early, lossy, noisy, late):
+                if s is not None:
+                    s.poll(0)
+        assert late is not None
+        subs = [early, lossy, noisy, late]
+        _settle(subs)
+        snap = cache.snapshot()
+        check_events(reference, snap)
+        for s in subs:
+            assert s.last_seq == pub.next_seq - 1
+            assert s.mirror.blocks == reference.blocks
+            check_events(s.mirror, snap)
+        assert lossy.replays > 1 and late.replays >= 1 and noisy.malformed > 0
+    finally:
+        for s in (early, lossy, noisy):
+            s.close()
+        pub.close()
+
+
+def test_out_of_order_is_skipped_and_a_lost_replay_is_loud() -> None:
+    cache = SpecCache(16, 2, record_events=True)
+    batches = [b for b in workload(cache, random.Random(3), 60) if b]
+    pub = EventPublisher(buffer_size=4)
+    sub = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+    try:
+        for batch in batches[:3]:
+            pub.publish(batch)
+        _settle([sub])
+        before = dict(sub.mirror.blocks)
+        sub.handle([b"kv-events", (1).to_bytes(8, "big"), b"garbage"])  # an old sequence
+        assert sub.skipped == 1 and sub.mirror.blocks == before
+        # A subscriber that missed more than the replay buffer holds cannot rebuild.
+        far = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+        for batch in batches[3:]:
+            pub.publish(batch)
+        with pytest.raises(ReplayGap):
+            far.catch_up()
+        assert far.stale
+        with pytest.raises(ReplayGap):
+            far.handle([b"kv-events", (0).to_bytes(8, "big"), b""])
+        far.close()
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_a_batch_the_mirror_cannot_apply_leaves_it_unchanged() -> None:
+    pub = EventPublisher()
+    sub = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+    try:
+        payload = encode_batch([])
+        events_bad = decode_batch(payload)
+        assert events_bad == []
+        from prefixkv.spec import BlockRemoved
+
+        bad = encode_batch([BlockRemoved((42,))])
+        with pytest.raises(EventStreamError):
+            sub.handle([b"kv-events", (0).to_bytes(8, "big"), bad])
+        assert sub.last_seq == -1 and len(sub.mirror) == 0
+    finally:
+        sub.close()
+        pub.close()
