@@ -1,0 +1,173 @@
+"""The conformance adapter for :mod:`examples.vllm_style`: translation only.
+
+prefixkv's calls become the manager's own (``get_computed_blocks``, ``allocate_slots``,
+``record_forward``, ``free``), bad arguments are refused by the kit's toolkit before the
+manager is touched, and the manager's blocks are rendered as a snapshot. The capabilities
+declare where vLLM's policy differs from prefixkv's: blocks published at schedule time,
+any-order eviction, several blocks per hash; no explicit ``evict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.spec import (
+    Admission,
+    CacheBusy,
+    DuplicateSequence,
+    InvalidOperation,
+    Match,
+    OutOfBlocks,
+    SeqView,
+)
+from prefixkv.spec import Request as PkvRequest
+
+from prefixkv.conformance import Capabilities
+from prefixkv.conformance import toolkit as tk
+
+from .vllm_style import BUGS, KVCacheManager, Request, weak_block_hash
+
+__all__ = ["CAPABILITIES", "VllmStyleAdapter", "make_manager", "make_verified_weak_hash"]
+
+CAPABILITIES = Capabilities(
+    publish="schedule", eviction="any", duplicates="shared", evict=False, chunked_prefill=False,
+    multimodal=False, recompute_windows=False, lost_reuse=False, events=False, exact=False,
+)  # fmt: skip
+
+
+class VllmStyleAdapter:
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.m, self.block_size = manager, manager.block_size
+        self.num_blocks = manager.block_pool.num_blocks
+        self.reqs: dict[Any, Request] = {}
+        self.counters = tk.Counters()
+
+    def _plan(self, req: PkvRequest, budget: int | None) -> tuple[Request, list[Any], int]:
+        r = Request(tk.check_request(req).seq_id, req.token_ids, req.namespace.key())
+        hits, cached = self.m.get_computed_blocks(r)
+        if budget is not None:
+            tk.check_count(budget, "num_new_tokens")
+        if req.seq_id in self.reqs:
+            raise DuplicateSequence(f"{req.seq_id!r} is live")
+        todo = r.num_tokens - cached
+        return r, hits, todo if budget is None else min(budget, todo)
+
+    def match(self, req: PkvRequest) -> Match:
+        hits, cached = self.m.get_computed_blocks(Request(0, tk.check_request(req).token_ids,
+                                                          req.namespace.key()))  # fmt: skip
+        return Match(req.num_tokens, cached, tuple(b.block_id for b in hits))
+
+    def can_admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> bool:
+        return self.m.can_allocate(*self._plan(req, num_new_tokens))
+
+    def admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> Admission:
+        r, hits, todo = self._plan(req, num_new_tokens)
+        evictions = self.m.block_pool.num_evictions
+        new = self.m.allocate_slots(r, todo, hits)
+        if new is None:
+            raise OutOfBlocks(f"{todo} tokens of {req.seq_id!r} do not fit")
+        self.reqs[req.seq_id] = r
+        self.counters.admitted(r.num_tokens, r.num_computed_tokens)
+        ids = tuple(self.m.get_block_ids(req.seq_id))
+        num_evicted = self.m.block_pool.num_evictions - evictions
+        return Admission(req.seq_id, r.num_computed_tokens, todo, ids, len(new), num_evicted)
+
+    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+        r = tk.live(self.reqs, seq_id)
+        return self.m.can_allocate(r, tk.check_count(num_tokens, "num_tokens"))
+
+    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
+        if not self.can_append(seq_id, num_tokens):
+            raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
+        new = self.m.allocate_slots(self.reqs[seq_id], num_tokens)
+        return [b.block_id for b in new or ()]
+
+    def commit(self, seq_id: Any, num_computed: int, accepted_tokens: Any = ()) -> None:
+        r = tk.live(self.reqs, seq_id)
+        n, tokens = (
+            tk.check_count(num_computed, "num_computed", 0),
+            tk.check_tokens(accepted_tokens),
+        )
+        total = r.num_computed_tokens + n
+        if total > self.m.num_scheduled_tokens[seq_id] or total > r.num_tokens + len(tokens):
+            raise InvalidOperation(f"cannot commit {total} tokens of {seq_id!r}")
+        self.m.record_forward(r, n, tokens)
+
+    def rollback(self, seq_id: Any, num_tokens: int) -> None:
+        r = tk.live(self.reqs, seq_id)
+        n = tk.check_count(num_tokens, "num_tokens")
+        if self.m.num_scheduled_tokens[seq_id] - n < r.num_computed_tokens:
+            raise InvalidOperation(f"cannot roll back written slots of {seq_id!r}")
+        self.m.free_tail_slots(r, n)
+
+    def free(self, seq_ids: Any) -> None:
+        for s in tk.check_free_batch(seq_ids, self.reqs):
+            self.m.free(self.reqs.pop(s))
+
+    def evict(self, num_blocks: int) -> int:
+        raise NotImplementedError("vLLM evicts only when it allocates (declared: -evict)")
+
+    def reset(self, *, preserve_cache: bool) -> None:
+        if tk.check_flag(preserve_cache):
+            self.free(list(self.reqs))
+        elif self.reqs or not self.m.reset_prefix_cache():
+            raise CacheBusy("requests are running")
+
+    def block_table(self, seq_id: Any) -> tuple[int, ...]:
+        return tuple(self.m.get_block_ids(tk.live(self.reqs, seq_id).request_id))
+
+    def num_computed_tokens(self, seq_id: Any) -> int:
+        return tk.live(self.reqs, seq_id).num_computed_tokens
+
+    def seq_ids(self) -> tuple[Any, ...]:
+        return tuple(self.reqs)
+
+    def take_events(self) -> list[Any]:
+        return []
+
+    def stats(self) -> Any:
+        return self.snapshot().stats
+
+    def snapshot(self) -> Any:
+        pool, c = self.m.block_pool, self.counters
+        c.evictions, c.published = pool.num_evictions, pool.num_blocks_cached
+        blocks = [_block(b) for b in pool.blocks]
+        seqs = [
+            SeqView(rid, r.cache_salt or b"", tuple(r.all_token_ids),
+                    tuple(self.m.get_block_ids(rid)), r.num_computed_tokens,
+                    self.m.num_scheduled_tokens[rid],
+                    num_prompt_tokens=r.num_prompt_tokens,
+                    num_cached_tokens=self.m.num_hit_blocks[rid] * self.block_size)
+            for rid, r in self.reqs.items()
+        ]  # fmt: skip
+        index = [(h, b) for h, d in pool.cached_block_hash_to_block.items() for b in d]
+        free = [b.block_id for b in pool.free_block_queue]
+        return tk.build_snapshot(blocks, seqs, free, c, block_size=self.block_size, index=index)
+
+
+def _block(b: Any) -> tk.Block:
+    if b.block_hash is None or b.identity is None:
+        return tk.Block(b.block_id, b.ref_cnt)
+    root = b.identity
+    while len(root) == 2:  # (parent identity, tokens) down to (salt,)
+        root = root[0]
+    return tk.Block(b.block_id, b.ref_cnt, b.block_hash, b.parent_block_hash, b.identity[1],
+                    root[0] or b"")  # fmt: skip
+
+
+def factory_for(cls: type[KVCacheManager] = KVCacheManager, **options: Any) -> Any:
+    """An adapter factory for ``cls(num_blocks, block_size, **options)``."""
+
+    def make(num_blocks: int, block_size: int, *, record_events: bool) -> VllmStyleAdapter:
+        return VllmStyleAdapter(cls(num_blocks, block_size, **options))
+
+    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+    return make
+
+
+make_manager = factory_for()
+#: A 3-bit hash is safe only because every hit is verified against the stored identity.
+make_verified_weak_hash = factory_for(hash_fn=weak_block_hash, verify_hits=True)
+#: name -> factory of each bug, plus the weak hash trusted without verification.
+BUG_FACTORIES = {name: factory_for(cls) for name, cls in BUGS.items()}
+BUG_FACTORIES["weak_hash_trusted"] = factory_for(hash_fn=weak_block_hash)
