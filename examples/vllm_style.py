@@ -21,9 +21,10 @@ It shares no code with prefixkv and imports nothing from it: the adapter in
   drops to 0 goes to the tail, its hash kept; allocation takes the head and, if that block
   is cached, drops its hash first. A hit on a block in the queue takes it out (O(1)).
   Requests free their blocks tail first, so a request's deeper blocks are evicted before
-  its shallower ones; but eviction looks at nothing else, so a parent may go before its
-  child (the child is then unreachable, since lookup stops at the first miss, and it is
-  still in the queue, so nothing leaks).
+  its shallower ones; but eviction looks at nothing else, and a cancelled writer's blocks
+  leave the index while the blocks that other requests chained to them stay. Such a block
+  is unreachable (lookup stops at the first miss) and still in the free queue once
+  released, so nothing leaks: the cache is not ancestor-closed.
 
 Bug variants (classic prefix-cache bugs, each a subclass) are listed in :data:`BUGS`.
 """
