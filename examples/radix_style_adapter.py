@@ -11,7 +11,7 @@ is keyed by page id (there is no hash to trust).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from prefixkv.spec import (
     Admission,
@@ -29,7 +29,7 @@ from prefixkv.spec import Request as PkvRequest
 from prefixkv.conformance import Capabilities
 from prefixkv.conformance import toolkit as tk
 
-from .radix_style import BUGS, RadixKVManager, Req
+from .radix_style import BUGS, RadixKVManager, Req, TreeNode
 
 __all__ = ["CAPABILITIES", "RadixStyleAdapter", "make_manager"]
 
@@ -134,20 +134,22 @@ class RadixStyleAdapter:
         refs = Counter(p for r in self.m.reqs.values() for p in r.pages)
         views = {p: BlockView(p, refs[p], False) for p in range(self.num_blocks)}
         for ns, root in tree.roots.items():
-            stack = [(child, None, 0) for child in root.children.values()]
+            stack: list[tuple[TreeNode, int | None, int]] = [
+                (child, None, 0) for child in root.children.values()
+            ]
             while stack:  # (node, page before it on the path, its depth)
                 node, parent, depth = stack.pop()
                 for i, page in enumerate(node.value):
-                    views[page] = BlockView(page, refs[page], True, ns, parent,
+                    views[page] = BlockView(page, refs[page], True, cast(bytes, ns), parent,
                                             tuple(node.key[i * ps : (i + 1) * ps]), (), page,
                                             depth + i + 1)  # fmt: skip
                     parent = page
                 stack += [(ch, parent, depth + len(node.value)) for ch in node.children.values()]
         blocks = tuple(views[p] for p in range(self.num_blocks))
         seqs = [
-            SeqView(r.rid, r.namespace, tuple(r.fill_ids), tuple(r.pages), r.kv_committed_len,
-                    r.kv_allocated_len, num_prompt_tokens=len(r.origin_input_ids),
-                    num_cached_tokens=r.num_cached_tokens)
+            SeqView(r.rid, cast(bytes, r.namespace), tuple(r.fill_ids), tuple(r.pages),
+                    r.kv_committed_len, r.kv_allocated_len, len(r.origin_input_ids),
+                    r.num_cached_tokens)
             for r in self.m.reqs.values()
         ]  # fmt: skip
         index = [(b.block_id, b.block_id) for b in blocks if b.published]

@@ -305,6 +305,7 @@ class KVCacheManager:
         bs, tokens = self.block_size, request.all_token_ids
         for j in range(len(request.block_hashes), len(tokens) // bs):
             chunk = tuple(tokens[j * bs : (j + 1) * bs])
+            extra: tuple[Any, ...]
             if j == 0:
                 parent_hash, extra = None, (request.cache_salt,)
                 parent_identity: tuple[Any, ...] = (request.cache_salt,)

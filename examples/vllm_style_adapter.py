@@ -58,7 +58,8 @@ class VllmStyleAdapter:
         return Match(req.num_tokens, cached, tuple(b.block_id for b in hits))
 
     def can_admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> bool:
-        return self.m.can_allocate(*self._plan(req, num_new_tokens))
+        r, hits, todo = self._plan(req, num_new_tokens)
+        return self.m.can_allocate(r, todo, hits)
 
     def admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> Admission:
         r, hits, todo = self._plan(req, num_new_tokens)
