@@ -1,4 +1,8 @@
-"""Shared plumbing of the machines: the failure type, rule counting, bad-input pacing."""
+"""Shared plumbing of the machines: rule counting and bad-input pacing.
+
+The failure type lives in :mod:`prefixkv.conformance.failures` (Hypothesis-free); it is
+re-exported here for the machines and their tests.
+"""
 
 from __future__ import annotations
 
@@ -6,50 +10,52 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hypothesis.stateful import multiple
+
+from ..failures import CheckFailed, failure_listeners, is_ignored
+
 if TYPE_CHECKING:
-    from .differential import DifferentialMachine
+    from .base import MachineBase
 
 __all__ = ["CheckFailed", "bad_inputs_due", "counted", "failure_listeners"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-#: Called with every :class:`CheckFailed` as it is raised (the mutation harness records the
-#: time of the first one here, before Hypothesis starts shrinking).
-failure_listeners: list[Callable[[CheckFailed], None]] = []
-
-
-class CheckFailed(AssertionError):
-    """A differential or invariant check failed. ``check`` names it, e.g. ``INV-REF``."""
-
-    def __init__(self, check: str, message: str) -> None:
-        self.check = check
-        super().__init__(f"[{check}] {message}")
-        for listener in failure_listeners:
-            listener(self)
-
 
 def counted(fn: _F) -> _F:
-    """Count the rule's firings (and firings in which an operation raised)."""
+    """Count the rule's firings (and firings in which an operation raised).
+
+    A failure of a check the run ignores ends the rule early; the oracle re-reads both
+    caches so that the next rule starts from what they really hold.
+    """
     name = fn.__name__
+    # A rule with a target bundle returns its new entries (``multiple()`` for none); any
+    # other rule must return None. Target rules are annotated ``-> Any``.
+    targeted = fn.__annotations__.get("return") in ("Any", Any)
 
     @functools.wraps(fn)
-    def wrapper(self: DifferentialMachine, **kwargs: Any) -> Any:
-        self._rule_raised = False
+    def wrapper(self: MachineBase, **kwargs: Any) -> Any:
+        self.oracle.raised_in_rule = False
         self._since_bad += 1
         try:
             return fn(self, **kwargs)
+        except CheckFailed as exc:
+            if not is_ignored(exc.check, type(self).ignored_checks):
+                raise
+            self.oracle.resync()
+            return multiple() if targeted else None
         finally:
             cls = type(self)
             cls.last_steps += 1
             cov = cls.coverage
             cov.rules[name] += 1
-            if self._rule_raised:
+            if self.oracle.raised_in_rule:
                 cov.invalid_rules[name] += 1
 
     return wrapper  # type: ignore[return-value]
 
 
-def bad_inputs_due(machine: DifferentialMachine) -> bool:
+def bad_inputs_due(machine: MachineBase) -> bool:
     """At most one bad-input rule in any three consecutive rules, so invalid steps stay rare
     (the first one may fire at once, so minimal replays need no filler steps)."""
     return machine._since_bad >= 3

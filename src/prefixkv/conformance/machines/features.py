@@ -18,15 +18,16 @@ modality so that every pair differs in exactly one of them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
 
-from prefixkv.spec import Admission, InvalidRequest, MultimodalSpan, Request, SeqId
+from prefixkv.spec import InvalidRequest, MultimodalSpan, Request, SeqId
 
-from .checks import CheckFailed, bad_inputs_due, counted
+from .checks import bad_inputs_due, counted
+from .steps import ProtocolSteps
 from .strategies import (
     BAD_SPAN_ARGS,
     ITEM_KINDS,
@@ -40,13 +41,6 @@ from .strategies import (
     sampled_tokens,
     window_sizes,
 )
-
-if TYPE_CHECKING:
-    from .differential import DifferentialMachine
-
-    _Base = DifferentialMachine
-else:
-    _Base = object
 
 __all__ = ["BAD_FEATURE_KINDS", "BAD_SPANS", "FeatureRules", "build_request"]
 
@@ -109,65 +103,10 @@ def build_request(
     )
 
 
-class FeatureRules(_Base):
+class FeatureRules(ProtocolSteps):
     """Spans, windows and chunked prefill (mixed into ``DifferentialMachine``)."""
 
-    seqs = Bundle("seqs")
-
-    # -- composite steps -------------------------------------------------------------------
-
-    def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
-        if not self.caps.lost_reuse:
-            return
-        if (
-            lost.total != req.num_tokens - cached
-            or min(lost.window, lost.span, lost.cap, lost.evicted, lost.never_cached) < 0
-        ):
-            raise CheckFailed(
-                "LOST", f"{what}: {lost!r} for {req.num_tokens} tokens, {cached} cached"
-            )
-        if lost.window > req.recompute_blocks * self.block_size:
-            raise CheckFailed("LOST", f"{what}: window {lost.window} over {req.recompute_blocks}")
-
-    def _continue(self, seq_id: SeqId, budget: int | None) -> int | None:
-        """can_continue_prefill then continue_prefill; the tokens scheduled, or None."""
-        can = self._op(
-            "can_continue_prefill", lambda c: c.can_continue_prefill(seq_id, budget), pure=True
-        )
-        if can.raised:
-            return None
-        out = self._op("continue_prefill", lambda c: c.continue_prefill(seq_id, budget))
-        if can.value != (not out.raised):
-            raise CheckFailed(
-                "CAN-CONTINUE",
-                f"can_continue_prefill said {can.value}, then continue_prefill {out.describe()}",
-            )
-        return None if out.raised else int(out.value)
-
-    def _commit_chunk(self, seq_id: SeqId, sampled: tuple[int, ...]) -> bool:
-        """The forward over the reserved, unwritten prompt tokens ran: commit them, with a
-        sampled token if the prompt is done. False if there was nothing to commit."""
-        view = self._view(seq_id)
-        if view is None or view.num_computed >= view.num_reserved:
-            return False
-        n = min(view.num_reserved, view.num_prompt_tokens) - view.num_computed
-        if n <= 0:
-            return False
-        done = view.num_computed + n == len(view.token_ids)
-        return self._commit(seq_id, n, sampled[:1] if done else ())
-
-    def _prefill_step(self, seq_id: SeqId, budget: int | None, sampled: tuple[int, ...]) -> bool:
-        """One prefill step of a sequence with prompt tokens left: commit the reserved chunk,
-        or reserve the next one. False when the prompt is fully reserved."""
-        view = self._view(seq_id)
-        if view is None or view.num_reserved >= view.num_prompt_tokens:
-            return False
-        if view.num_computed < view.num_reserved:
-            return self._commit_chunk(seq_id, sampled)
-        if not self.caps.chunked_prefill:  # no continue_prefill: grow the reservation
-            rest = view.num_prompt_tokens - view.num_reserved
-            return self._append(seq_id, min(rest, budget or rest), only_if_possible=True)
-        return self._continue(seq_id, budget) is not None
+    seqs = Bundle("seqs")  # the live sequences (the same bundle in every mixin)
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -202,9 +141,9 @@ class FeatureRules(_Base):
             return
         for variant in ("other_item", "as_text"):
             twin = _variant(req, variant, "twin", 0)
-            out = self._op("match", lambda c, t=twin: c.match(t), pure=True)
+            out = self.oracle.op("match", lambda c, t=twin: c.match(t), pure=True)
             if not out.raised:
-                self._check_match(twin, out.value, f"match ({variant} twin)")
+                self.oracle.check_match(twin, out.value, f"match ({variant} twin)")
 
     @rule(
         target=seqs,
@@ -225,7 +164,7 @@ class FeatureRules(_Base):
             return multiple()
         self._prefill_steps(req.seq_id, budget, chunks, sampled)
         self._probe_twins(req)
-        return req.seq_id if req.seq_id in self._views else multiple()
+        return req.seq_id if req.seq_id in self.oracle.views else multiple()
 
     @rule(
         rich=rich_requests(), budget=budgets(), chunks=st.integers(0, 3), sampled=sampled_tokens()
@@ -237,20 +176,20 @@ class FeatureRules(_Base):
         """Admit, run some prefill steps, free while a chunk is reserved but unwritten, then
         match the same prompt: nothing unwritten became matchable."""
         req = self._rich_request(rich)
-        before = self._op("match", lambda c: c.match(req), pure=True)
+        before = self.oracle.op("match", lambda c: c.match(req), pure=True)
         adm = self._admit(req, budget, only_if_possible=True)
         if adm is None or before.raised:
             return
         self._prefill_steps(req.seq_id, budget, chunks, sampled)
-        view = self._view(req.seq_id)
+        view = self.oracle.view(req.seq_id)
         if view is None:
             return
         committed = view.num_computed - view.num_computed % self.block_size
         self._free([req.seq_id])
-        after = self._op("match", lambda c: c.match(req), pure=True)
+        after = self.oracle.op("match", lambda c: c.match(req), pure=True)
         bound = max(before.value.num_cached_tokens, committed)
         if not after.raised and after.value.num_cached_tokens > bound:
-            raise CheckFailed(
+            self.oracle.fail(
                 "CANCEL",
                 f"after a cancel at {view.num_computed}/{view.num_reserved} computed/reserved, "
                 f"{after.value.num_cached_tokens} tokens match (at most {bound} may)",
@@ -274,12 +213,12 @@ class FeatureRules(_Base):
         self._prefill_steps(req.seq_id, None, 8, sampled)
         self._probe_twins(req)
         self._free([req.seq_id])
-        self._op("evict", lambda c: c.evict(evictions))
+        self.oracle.op("evict", lambda c: c.evict(evictions))
         again = attrs.evolve(req, seq_id=self._new_id(), recompute_blocks=self._window(window))
-        out = self._op("match", lambda c: c.match(again), pure=True)
+        out = self.oracle.op("match", lambda c: c.match(again), pure=True)
         if out.raised:
             return
-        self._check_match(again, out.value, "match after eviction")
+        self.oracle.check_match(again, out.value, "match after eviction")
         self._check_lost(again, "match after eviction", out.value.lost, out.value.num_cached_tokens)
         if self._admit(again, None, only_if_possible=True) is not None:
             self._free([again.seq_id])
@@ -291,7 +230,7 @@ class FeatureRules(_Base):
         """Commit the current chunk if it is unwritten, then reserve the next one if prompt
         tokens are left (``bad_feature_input`` checks the refusals)."""
         self._commit_chunk(seq, sampled)
-        view = self._view(seq)
+        view = self.oracle.view(seq)
         if view is not None and view.num_reserved < view.num_prompt_tokens:
             self._continue(seq, budget)
 
@@ -322,15 +261,15 @@ class FeatureRules(_Base):
             return multiple()
         old = self._rich[pick % len(self._rich)]
         req = _variant(old, variant, self._new_id(), self._window(window))
-        out = self._op("match", lambda c: c.match(req), pure=True)
+        out = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if out.raised:
             return multiple()
-        self._check_match(req, out.value, f"match ({variant})")
+        self.oracle.check_match(req, out.value, f"match ({variant})")
         self._check_lost(req, "match", out.value.lost, out.value.num_cached_tokens)
         if not admit or self._admit(req, budget, only_if_possible=True) is None:
             return multiple()
         self._prefill_step(req.seq_id, budget, sampled)
-        return req.seq_id if req.seq_id in self._views else multiple()
+        return req.seq_id if req.seq_id in self.oracle.views else multiple()
 
     @precondition(lambda self: self.caps.multimodal)
     @rule(ns=namespace_ids(), tokens=prompts(), placed=items(), window=window_sizes())
@@ -340,9 +279,9 @@ class FeatureRules(_Base):
     ) -> None:
         """A pure match of a request with items and a window (INV-MATCH, LOST)."""
         req = build_request("probe", tokens, self._ns(ns), placed, self._window(window), None)
-        out = self._op("match", lambda c: c.match(req), pure=True)
+        out = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if not out.raised:
-            self._check_match(req, out.value, "match")
+            self.oracle.check_match(req, out.value, "match")
             self._check_lost(req, "match", out.value.lost, out.value.num_cached_tokens)
 
     @precondition(lambda self: bad_inputs_due(self) and self.caps.chunked_prefill)
@@ -360,7 +299,7 @@ class FeatureRules(_Base):
         """Malformed spans, windows and limits; continue_prefill on unknown ids, with bad
         budgets, or while the current chunk is unwritten."""
         self._since_bad = 0
-        self._rule_raised = True
+        self.oracle.raised_in_rule = True
         type(self).coverage.variants[f"bad_feature_input:{kind}"] += 1
         if kind in ("request", "span"):
             build: Any = MultimodalSpan if kind == "span" else Request
@@ -373,22 +312,25 @@ class FeatureRules(_Base):
                 build(**args)
             except InvalidRequest:
                 return
-            raise CheckFailed("BAD-REQUEST", f"{build.__name__}(**{args!r}) did not raise")
+            self.oracle.fail("BAD-REQUEST", f"{build.__name__}(**{args!r}) did not raise")
+            return
         ghost = self._ghost()
         if kind == "continue:unknown":
-            self._op("continue_prefill", lambda c: c.continue_prefill(ghost))
+            self.oracle.op("continue_prefill", lambda c: c.continue_prefill(ghost))
         elif kind == "continue:can_unknown":
-            self._op("can_continue_prefill", lambda c: c.can_continue_prefill(ghost), pure=True)
+            self.oracle.op(
+                "can_continue_prefill", lambda c: c.can_continue_prefill(ghost), pure=True
+            )
         elif kind == "continue:budget":
-            self._op(
+            self.oracle.op(
                 "can_continue_prefill", lambda c: c.can_continue_prefill(seq, count), pure=True
             )
-            self._op("continue_prefill", lambda c: c.continue_prefill(seq, count))
+            self.oracle.op("continue_prefill", lambda c: c.continue_prefill(seq, count))
         else:
-            view = self._view(seq)
+            view = self.oracle.view(seq)
             if view is not None and view.num_computed == view.num_reserved:
                 self._continue(seq, 1)  # reserve a chunk (or be refused: nothing left)
-            self._op("continue_prefill", lambda c: c.continue_prefill(seq, 1))
+            self.oracle.op("continue_prefill", lambda c: c.continue_prefill(seq, 1))
 
     # -- bookkeeping shared with the text-only rules ----------------------------------------
 
@@ -417,14 +359,3 @@ def _variant(req: Request, variant: str, seq_id: SeqId, window: int) -> Request:
         cut = max(1, len(tokens) // 2)
         tokens, spans = tokens[:cut], tuple(s for s in spans if s.end <= cut)
     return attrs.evolve(req, seq_id=seq_id, token_ids=tokens, spans=spans, recompute_blocks=window)
-
-
-def admission_checks(machine: Any, req: Request, match: Any, adm: Admission) -> None:
-    """Checks every admission gets: its lost reuse and window are the match's."""
-    machine._check_lost(req, "match before admit", match.lost, match.num_cached_tokens)
-    if (adm.lost, adm.num_window_blocks) != (match.lost, match.num_window_blocks):
-        raise CheckFailed(
-            "LOST",
-            f"admission lost {adm.lost!r} / window {adm.num_window_blocks}, but match "
-            f"{match.lost!r} / window {match.num_window_blocks}",
-        )

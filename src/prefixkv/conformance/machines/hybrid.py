@@ -43,7 +43,7 @@ from prefixkv.spec import (
     fast_hash,
 )
 
-from .checks import CheckFailed, bad_inputs_due, counted
+from .checks import bad_inputs_due, counted
 from .coverage import RuleCoverage
 from .differential import DifferentialMachine
 from .factories import PairFactory, PoolConfig
@@ -137,9 +137,9 @@ class HybridMachine(DifferentialMachine):
         pure: bool = False,
         must_raise: type[Exception] | None = None,
     ) -> Any:
-        before = self._snap_r
+        before = self.oracle.snap_r
         out = super()._op(name, fn, pure=pure, must_raise=must_raise)
-        after = self._snap_r
+        after = self.oracle.snap_r
         if before is not None and after is not None and before is not after:
             self._count_transitions(name, before, after)
         return out
@@ -175,11 +175,11 @@ class HybridMachine(DifferentialMachine):
         adm = super()._admit(req, budget, only_if_possible=only_if_possible)
         if adm is None:
             return None
-        snap = self._snap_r if self._snap_r is not None else self._snap_c
+        snap = self.oracle.snap_r if self.oracle.snap_r is not None else self.oracle.snap_c
         assert snap is not None and snap.state_slots is not None
         hit = adm.num_cached_tokens > 0
         if hit != (adm.restore_slot is not None):
-            raise CheckFailed(
+            self.oracle.fail(
                 "HYBRID-HIT", f"{adm.num_cached_tokens} tokens hit, restore {adm.restore_slot}"
             )
         if adm.restore_slot is not None:
@@ -189,18 +189,18 @@ class HybridMachine(DifferentialMachine):
                 req.seq_id,
                 adm.num_cached_tokens,
             ):
-                raise CheckFailed(
+                self.oracle.fail(
                     "HYBRID-HIT",
                     f"{req.seq_id!r} restores slot {adm.restore_slot} at "
                     f"{adm.num_cached_tokens}, which holds {ck!r}",
                 )
         if dict(snap.state_slots.runtime).get(req.seq_id) != adm.state_slot:
-            raise CheckFailed("HYBRID-HIT", f"state slot {adm.state_slot} is not the runtime one")
+            self.oracle.fail("HYBRID-HIT", f"state slot {adm.state_slot} is not the runtime one")
         return adm
 
     def _commit(self, seq_id: SeqId, n: int, accepted: tuple[int, ...]) -> bool:
         """Commit, with routed-expert data for each completed block while it is on."""
-        view = self._view(seq_id)
+        view = self.oracle.view(seq_id)
         if view is None or not self._experts_on:
             return super()._commit(seq_id, n, accepted)
         bs = self.block_size
@@ -208,16 +208,16 @@ class HybridMachine(DifferentialMachine):
             f"{seq_id}:{j}".encode()
             for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
         ]
-        return not self._op(
+        return not self.oracle.op(
             "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
         ).raised
 
     def _restore(self, seq_id: SeqId) -> bool:
         """pending_restore, then restore_issued if one is pending."""
-        out = self._op("pending_restore", lambda c: c.pending_restore(seq_id), pure=True)
+        out = self.oracle.op("pending_restore", lambda c: c.pending_restore(seq_id), pure=True)
         if out.raised or out.value is None:
             return False
-        return not self._op("restore_issued", lambda c: c.restore_issued(seq_id)).raised
+        return not self.oracle.op("restore_issued", lambda c: c.restore_issued(seq_id)).raised
 
     def _hybrid_history(self, pick: int) -> tuple[int, tuple[int, ...]]:
         if not self._history:
@@ -238,7 +238,7 @@ class HybridMachine(DifferentialMachine):
     def inspect_state(self, seq: SeqId) -> None:
         """state_slot, pending_restore and checkpoint_reservation of a live sequence."""
         for name in ("state_slot", "pending_restore", "checkpoint_reservation"):
-            self._op(name, lambda c, n=name: getattr(c, n)(seq), pure=True)
+            self.oracle.op(name, lambda c, n=name: getattr(c, n)(seq), pure=True)
 
     @rule()
     @counted
@@ -280,7 +280,7 @@ class HybridMachine(DifferentialMachine):
                 break
         for i in range(decode):
             self._advance(req.seq_id, i % 3, i % 2, extra)
-        return req.seq_id if req.seq_id in self._views else multiple()
+        return req.seq_id if req.seq_id in self.oracle.views else multiple()
 
     @rule(ns=namespace_ids(), tokens=prompts(), extra=sampled_tokens(), issue=st.booleans())
     @counted
@@ -313,7 +313,7 @@ class HybridMachine(DifferentialMachine):
         pins the checkpoint); eviction runs while the restore is pending (the node is held,
         so it cannot go stale); then the owner aborts: the checkpoint is Ready again."""
         if evict >= 30:  # start from an empty cache: the pinned checkpoint is the oldest
-            self._op("evict", lambda c: c.evict(evict))
+            self.oracle.op("evict", lambda c: c.evict(evict))
         first = Request(self._new_id(), tokens, self._ns(ns))
         adm = self._admit(first, None, only_if_possible=True)
         if adm is not None:
@@ -329,7 +329,7 @@ class HybridMachine(DifferentialMachine):
             type(self).coverage.variants["evict_while_pinned"] += 1
             # while pinned: the same prompt must not restore it (it is not Ready), and a
             # newcomer's runtime slot must not be taken from it (slot pressure skips pins)
-            self._op("match", lambda c: c.match(probe), pure=True)
+            self.oracle.op("match", lambda c: c.match(probe), pure=True)
             others = []
             for i in range(3):
                 other = Request(self._new_id(), (*tokens, *extra, i), self._ns(ns + 1))
@@ -339,9 +339,9 @@ class HybridMachine(DifferentialMachine):
                     others.append(other.seq_id)
             if others:
                 self._free(others)
-        self._op("evict", lambda c: c.evict(evict))
+        self.oracle.op("evict", lambda c: c.evict(evict))
         self._free([req.seq_id])
-        self._op("match", lambda c: c.match(probe), pure=True)
+        self.oracle.op("match", lambda c: c.match(probe), pure=True)
 
     @precondition(bad_inputs_due)
     @rule(kind=st.sampled_from(BAD_HYBRID_KINDS), seq=DifferentialMachine.seqs)
@@ -349,19 +349,21 @@ class HybridMachine(DifferentialMachine):
     def bad_hybrid_input(self, kind: str, seq: SeqId) -> None:
         """Unknown ids, a restore with none pending, malformed routed-expert data."""
         self._since_bad = 0
-        self._rule_raised = True
+        self.oracle.raised_in_rule = True
         type(self).coverage.variants[f"bad_hybrid_input:{kind}"] += 1
         ghost = self._ghost()
         if kind == "restore_not_pending":
-            pending = self._op("pending_restore", lambda c: c.pending_restore(seq), pure=True)
+            pending = self.oracle.op("pending_restore", lambda c: c.pending_restore(seq), pure=True)
             if pending.raised or pending.value is not None:
                 return
-            self._op("restore_issued", lambda c: c.restore_issued(seq), must_raise=InvalidOperation)
+            self.oracle.op(
+                "restore_issued", lambda c: c.restore_issued(seq), must_raise=InvalidOperation
+            )
             return
         if kind.startswith("experts"):
             # three entries for a commit that completes no block, or not a list at all
             bad: Any = [b"x"] * 3 if kind == "experts_count" else "not a list"
-            self._op(
+            self.oracle.op(
                 "commit",
                 lambda c: c.commit(seq, 0, (), routed_experts=bad),
                 must_raise=InvalidRequest,
@@ -373,7 +375,7 @@ class HybridMachine(DifferentialMachine):
             "pending_restore_unknown": "pending_restore",
             "reservation_unknown": "checkpoint_reservation",
         }[kind]
-        self._op(
+        self.oracle.op(
             name,
             lambda c: getattr(c, name)(ghost),
             pure=name != "restore_issued",

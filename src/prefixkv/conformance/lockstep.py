@@ -1,0 +1,397 @@
+"""The lockstep oracle: one operation on a reference and a candidate, then every check.
+
+:class:`Lockstep` needs no Hypothesis: the state machines drive it, and so can a scripted
+test or another fuzzer::
+
+    oracle = Lockstep(SpecCache(8, 2), my_adapter)         # or Lockstep(None, my_adapter)
+    oracle.start()
+    out = oracle.op("admit", lambda c: c.admit(req))
+    oracle.op("match", lambda c: c.match(req), pure=True)
+    oracle.op("free", lambda c: c.free(["x"]), must_raise=UnknownSequence)
+
+After **every operation**:
+
+1. with a reference (exact mode): both raised the same exception type, or neither did
+   (``DIFF-RAISE``); alone: the candidate raised nothing but a
+   :class:`~prefixkv.spec.PrefixCacheError` (``CRASH(<op>)``);
+2. every invariant holds on the candidate's snapshot, under its declared policy
+   (:func:`~prefixkv.conformance.policy.safety_violations`; ``SPEC:INV-*`` on the
+   reference: a bug in the spec itself), and no admission hit a block whose KV nobody
+   wrote (INV-PUBLISH, see :class:`~prefixkv.conformance.policy.KVLedger`);
+3. an operation that raised, or a pure one, changed nothing on either cache, statistics
+   and pending events included (``INV-TXN``, ``PURE``);
+4. the return values are equal (``DIFF-RESULT``) and so are the snapshots, field by field
+   (``DIFF-STATE(<field>)``);
+5. ``must_raise``: the operation is invalid whatever the state and raised that error type
+   (``MUST-RAISE(<op>)``).
+
+A failure raises :class:`~prefixkv.conformance.failures.CheckFailed`. Checks named in
+``ignore`` are skipped where they are evaluated (the invariants) and otherwise left to the
+caller to swallow, after which :meth:`Lockstep.resync` re-reads both caches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection
+from typing import Any
+
+import attrs
+
+from prefixkv.spec import (
+    CacheState,
+    InvariantViolation,
+    Match,
+    PrefixCacheError,
+    Request,
+    SeqId,
+    SeqView,
+)
+from prefixkv.spec import invariants as inv
+from prefixkv.spec.invariants import Violation
+
+from .capabilities import Capabilities
+from .failures import CheckFailed, is_ignored
+from .policy import KVLedger, root_cause_first, safety_violations
+from .replay import Recording
+
+__all__ = ["PLAIN_WORDS", "Lockstep", "Outcome"]
+
+
+@attrs.frozen
+class Outcome:
+    """What one operation did on one cache: a value, or an exception."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    @property
+    def raised(self) -> bool:
+        return self.error is not None
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"raised {type(self.error).__name__}({self.error})"
+        return f"returned {self.value!r}"
+
+
+def _run(fn: Callable[[Any], Any], cache: Any) -> Outcome:
+    try:
+        return Outcome(value=fn(cache))
+    except Exception as exc:  # the candidate may raise anything; the comparison decides
+        return Outcome(error=exc)
+
+
+def normal(value: Any) -> Any:
+    """Compare lists as tuples and KV events by type as well as fields."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple event
+        return (type(value).__name__, *(normal(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return tuple(normal(v) for v in value)
+    return value
+
+
+#: Pure reads left out of replays once they have passed (``match`` and ``can_*`` stay:
+#: they show what the candidate promised before the step that broke the promise).
+_QUIET = frozenset({"seq_ids", "stats", "block_table", "num_computed_tokens"})
+
+#: Plain words after a terse invariant message, for an engine developer who has not read
+#: the spec: ``substring -> explanation``.
+PLAIN_WORDS: dict[str, str] = {
+    "is not published": (
+        "the cache returned a block for this prompt that its own index no longer (or never) "
+        "lists: a stale hash entry, a block freed or evicted after the lookup, or a block "
+        "that was never published; its KV may belong to another prompt"
+    ),
+    "has another identity than the request": (
+        "the cache served a block whose stored tokens, namespace, multimodal keys or "
+        "parent differ from the prompt's: a hit trusted a hash (or a partial key) without "
+        "verifying it, so the request would read another prompt's KV"
+    ),
+    "has refcount": (
+        "the block's reference count disagrees with the number of block tables holding "
+        "it: a release was counted twice or not at all, so the block will be reused "
+        "while still read, or never freed"
+    ),
+    "which is not private": (
+        "a sequence is about to write KV into a block other sequences can read"
+    ),
+}
+
+
+def _explain(message: str) -> str:
+    for key, words in PLAIN_WORDS.items():
+        if key in message:
+            return f"{message}\n  in plain words: {words}"
+    return message
+
+
+class Lockstep:
+    """A reference (``None``: the candidate alone, safety mode) and a candidate in lockstep.
+
+    ``log`` receives every candidate call as source (:mod:`.replay`); ``ops`` and
+    ``op_errors`` count operations by name; ``raised_in_rule`` is set whenever an operation
+    raised (the caller resets it).
+    """
+
+    def __init__(
+        self,
+        ref: Any = None,
+        cand: Any = None,
+        *,
+        caps: Capabilities | None = None,
+        compared_fields: frozenset[str] | None = None,
+        ignore: Collection[str] = (),
+        log: list[str] | None = None,
+    ) -> None:
+        self.caps = Capabilities(exact=ref is not None) if caps is None else caps
+        self.compared_fields = compared_fields
+        self.ignore = frozenset(ignore)
+        self.ops: Counter[str] = Counter()
+        self.op_errors: Counter[str] = Counter()
+        self.raised_in_rule = False
+        self.log: list[str] = [] if log is None else log
+        self.ref: Any = None
+        self.cand: Any = None
+        self.snap_r: CacheState | None = None
+        self.snap_c: CacheState | None = None
+        self.views: dict[SeqId, SeqView] = {}
+        self.ledger = KVLedger()
+        if cand is not None:
+            self.bind(ref, cand)
+
+    # -- setup ----------------------------------------------------------------------------
+
+    def bind(self, ref: Any, cand: Any) -> None:
+        """Use these caches (both freshly built) from now on."""
+        self.ref, self.cand = ref, cand
+        self._recorded = Recording(cand, self.log)
+        self.ledger = KVLedger()
+
+    def start(self) -> None:
+        """Check the freshly built caches: same shape, every invariant."""
+        if self.ref is None:
+            self.snap_c = self.snapshot_candidate("construction")
+            self.check_invariants("construction", None, self.snap_c)
+        else:
+            for attr in ("num_blocks", "block_size"):
+                r, c = getattr(self.ref, attr), getattr(self.cand, attr)
+                if r != c:
+                    self.fail(f"DIFF-RESULT({attr})", f"reference {r}, candidate {c}")
+            self.snap_r = self.ref.snapshot()
+            self.snap_c = self.snapshot_candidate("construction")
+            self.check_states("construction", self.snap_r, self.snap_c)
+        self._set_views()
+
+    def resync(self) -> None:
+        """Re-read both caches after a check was ignored mid-operation."""
+        if self.cand is None:
+            return
+        if self.ref is not None:
+            self.snap_r = self.ref.snapshot()
+        before = self.snap_c
+        self.snap_c = self.snapshot_candidate("resync")
+        if before is not None and self.ref is None:
+            self.ledger.update(before, self.snap_c)
+        self._set_views()
+
+    def _set_views(self) -> None:
+        snap = self.snap_r if self.ref is not None else self.snap_c
+        assert snap is not None
+        self.views = {v.seq_id: v for v in snap.sequences}
+
+    # -- the public surface ---------------------------------------------------------------
+
+    @property
+    def alone(self) -> bool:
+        """The candidate runs alone (safety mode)."""
+        return self.ref is None
+
+    def view(self, seq_id: SeqId) -> SeqView | None:
+        """The live sequence ``seq_id`` as of the last operation."""
+        return self.views.get(seq_id)
+
+    @property
+    def state(self) -> CacheState:
+        """The candidate's snapshot after the last operation."""
+        assert self.snap_c is not None
+        return self.snap_c
+
+    def fail(self, check: str, message: str) -> None:
+        """Raise :class:`CheckFailed`, unless ``check`` is ignored."""
+        if not is_ignored(check, self.ignore):
+            raise CheckFailed(check, _explain(message))
+
+    def op(
+        self,
+        name: str,
+        fn: Callable[[Any], Any],
+        *,
+        pure: bool = False,
+        must_raise: type[Exception] | None = None,
+    ) -> Outcome:
+        """Run ``fn`` on both caches and check everything; returns the reference's outcome
+        (the candidate's when it runs alone). ``must_raise``: the operation is invalid
+        whatever the state, and must raise that error type."""
+        self.ops[name] += 1
+        logged = len(self.log)
+        out = (
+            self._op_alone(name, fn, pure=pure)
+            if self.ref is None
+            else self._op_pair(name, fn, pure=pure)
+        )
+        if name in _QUIET and not out.raised:
+            # A read that passed every check cannot have caused a later failure: keep it
+            # out of the replay (runs cut short in shrinking would be full of them).
+            del self.log[logged:]
+        if must_raise is not None and not isinstance(out.error, must_raise):
+            self.fail(f"MUST-RAISE({name})", f"expected {must_raise.__name__}, {out.describe()}")
+        return out
+
+    def check_match(self, req: Request, match: Match, what: str) -> None:
+        """INV-MATCH on a match (or an admission's hit) against the state it was made on;
+        alone, also that every matched block holds written KV (INV-PUBLISH)."""
+        for prefix, snap in (("", self.snap_c), ("SPEC:", self.snap_r)):
+            if snap is None:
+                continue
+            try:
+                inv.check_match(snap, req, match)
+            except InvariantViolation as exc:
+                self.fail(prefix + "INV-MATCH", f"{what}: {exc}")
+        if self.ref is None and self.snap_c is not None:
+            found = self.ledger.unwritten(match.block_ids, self.snap_c, what)
+            if found:
+                self.fail("INV-PUBLISH", "; ".join(found))
+
+    # -- the checks -----------------------------------------------------------------------
+
+    def snapshot_candidate(self, what: str) -> CacheState:
+        try:
+            snap: CacheState = self.cand.snapshot()
+        except Exception as exc:
+            raise CheckFailed(
+                "SNAPSHOT", f"candidate.snapshot() after {what} raised {exc!r}"
+            ) from exc
+        return snap
+
+    def _op_alone(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+        """The candidate alone: no crash, invariants under its policy, INV-TXN, purity."""
+        before = self.snap_c
+        assert before is not None
+        out = _run(fn, self._recorded)
+        if out.raised:
+            self.raised_in_rule = True
+            self.op_errors[name] += 1
+            if not isinstance(out.error, PrefixCacheError):
+                self.snap_c = self.snapshot_candidate(name)
+                self._set_views()
+                self.fail(f"CRASH({name})", f"candidate {out.describe()}: not a PrefixCacheError")
+        snap = self.snapshot_candidate(name)
+        ledger = self.ledger.copy()
+        hits = ledger.update(before, snap)
+        found = [Violation("INV-PUBLISH", h) for h in hits]
+        self.check_invariants(name, None, snap, ledger=ledger, more=found)
+        if out.raised or pure:
+            try:
+                inv.check_unchanged(before, snap, name)
+            except InvariantViolation as exc:
+                self.fail("INV-TXN" if out.raised else "PURE", str(exc))
+        self.snap_c, self.ledger = snap, ledger
+        self._set_views()
+        return out
+
+    def _op_pair(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+        """Reference and candidate in lockstep: everything must agree."""
+        before_r, before_c = self.snap_r, self.snap_c
+        assert before_r is not None and before_c is not None
+        out_r = _run(fn, self.ref)
+        out_c = _run(fn, self._recorded)
+        if out_r.raised:
+            self.raised_in_rule = True
+            self.op_errors[name] += 1
+        if out_r.raised and not isinstance(out_r.error, PrefixCacheError):
+            raise CheckFailed(
+                f"SPEC:CRASH({name})", f"reference {out_r.describe()}"
+            ) from out_r.error
+        if type(out_r.error) is not type(out_c.error):
+            self.fail(
+                f"DIFF-RAISE({name})",
+                f"reference {out_r.describe()}, candidate {out_c.describe()}",
+            )
+        snap_r = self.ref.snapshot()
+        snap_c = self.snapshot_candidate(name)
+        self.check_invariants(name, snap_r, snap_c)
+        if out_r.raised or pure:
+            check = "INV-TXN" if out_r.raised else "PURE"
+            for who, before, after in (
+                ("candidate", before_c, snap_c),
+                ("reference", before_r, snap_r),
+            ):
+                try:
+                    inv.check_unchanged(before, after, name)
+                except InvariantViolation as exc:
+                    prefix = "" if who == "candidate" else "SPEC:"
+                    self.fail(f"{prefix}{check}", f"{who}: {exc}")
+        if normal(out_r.value) != normal(out_c.value):
+            self.fail(
+                f"DIFF-RESULT({name})",
+                f"reference {out_r.describe()}, candidate {out_c.describe()}",
+            )
+        self.check_states(name, snap_r, snap_c)
+        self.snap_r, self.snap_c = snap_r, snap_c
+        self._set_views()
+        return out_r
+
+    def check_invariants(
+        self,
+        name: str,
+        snap_r: CacheState | None,
+        snap_c: CacheState,
+        *,
+        ledger: KVLedger | None = None,
+        more: list[Violation] | None = None,
+    ) -> None:
+        """Every invariant, root cause first; the candidate's under its declared policy."""
+        for prefix, snap in (("", snap_c), ("SPEC:", snap_r)):
+            if snap is None:
+                continue
+            if prefix:
+                found = inv.violations(snap)
+            else:
+                found = root_cause_first(
+                    [*(more or ()), *safety_violations(snap, self.caps, ledger or self.ledger)]
+                )
+            found = [v for v in found if not is_ignored(prefix + v.invariant, self.ignore)]
+            if found:
+                who = "candidate" if not prefix else "reference"
+                counts = Counter(v.invariant for v in found)
+                also = [f"{n} x {k}" if n > 1 else k for k, n in counts.items()]
+                head = f"after {name}, {who}: {found[0]}"
+                rest = "; ".join(str(v) for v in found[1:])
+                self.fail(
+                    prefix + found[0].invariant,
+                    head + (f"\n  also failing ({', '.join(also)}): {rest}" if rest else ""),
+                )
+
+    def check_states(self, name: str, snap_r: CacheState, snap_c: CacheState) -> None:
+        """The two snapshots are equal (on ``compared_fields`` if set)."""
+        fields = self.compared_fields
+        if (
+            fields is None
+            and snap_r == snap_c
+            and normal(snap_r.pending_events) == normal(snap_c.pending_events)
+        ):
+            return
+        for field in attrs.fields(CacheState):
+            if fields is not None and field.name not in fields:
+                continue
+            r, c = getattr(snap_r, field.name), getattr(snap_c, field.name)
+            if normal(r) == normal(c):
+                continue
+            detail = f"reference {r!r}\ncandidate {c!r}"
+            if isinstance(r, tuple) and isinstance(c, tuple) and len(r) == len(c):
+                for x, y in zip(r, c, strict=True):
+                    if normal(x) != normal(y):
+                        detail = f"first difference: reference {x!r}, candidate {y!r}"
+                        break
+            self.fail(f"DIFF-STATE({field.name})", f"after {name}: {detail}")

@@ -1,0 +1,152 @@
+"""The base of every machine: the oracle, the workload's bookkeeping and the bundle.
+
+:class:`MachineBase` owns a :class:`~prefixkv.conformance.lockstep.Lockstep` oracle
+(``self.oracle``) that runs every operation on both caches and checks it; rule mixins call
+``self.oracle.op(...)``, ``self.oracle.view(...)`` and ``self.oracle.check_match(...)``,
+never the caches directly. The composite protocol steps (:mod:`.steps`) and the rule mixins
+(:mod:`.lifecycle`, :mod:`.bad_inputs`, :mod:`.features`) build on it;
+:class:`~.differential.DifferentialMachine` puts them together.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hypothesis.stateful import Bundle, RuleBasedStateMachine
+
+from prefixkv.spec import MultimodalSpan, Namespace, Request, SeqId
+
+from ..capabilities import Capabilities
+from ..failures import CheckFailed
+from ..lockstep import Lockstep
+from ..replay import HEADER
+from .coverage import RuleCoverage
+from .factories import PoolConfig
+from .strategies import NAMESPACES
+
+__all__ = ["MachineBase"]
+
+
+class MachineBase(RuleBasedStateMachine):
+    """State shared by every rule; see the module doc.
+
+    Do not run this class directly: :func:`~.differential.build_machine` makes a runnable
+    subclass with a pair factory, the pool shapes to draw and its own coverage counters.
+    """
+
+    coverage: ClassVar[RuleCoverage] = RuleCoverage()
+    namespaces: ClassVar[tuple[Namespace, ...]] = NAMESPACES
+    #: What the candidate supports; rules for missing features never fire.
+    caps: ClassVar[Capabilities] = Capabilities()
+    #: The ``CacheState`` fields that must be equal after every step (``None``: all of them).
+    #: An adapter for a block manager that cannot render, say, its free queue order can
+    #: compare fewer; the invariants are still checked on the whole snapshot.
+    compared_fields: ClassVar[frozenset[str] | None] = None
+    #: Checks (``INV-WRITE``) or check families (``CRASH``) this run looks past.
+    ignored_checks: ClassVar[frozenset[str]] = frozenset()
+
+    #: The candidate calls of the latest run, as source (see :mod:`..replay`).
+    last_calls: ClassVar[list[str]] = []
+    #: Rule steps of the latest run (``init`` included).
+    last_steps: ClassVar[int] = 0
+
+    seqs = Bundle("seqs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        self.oracle = Lockstep(
+            caps=cls.caps, compared_fields=cls.compared_fields, ignore=cls.ignored_checks
+        )
+        self.oracle.ops = cls.coverage.ops
+        self.oracle.op_errors = cls.coverage.op_errors
+        self.cfg: PoolConfig | None = None
+        self._seq_ns: dict[SeqId, int] = {}
+        self._history: list[tuple[int, tuple[int, ...], tuple[MultimodalSpan, ...]]] = []
+        self._requests: dict[SeqId, Request] = {}
+        self._rich: list[Request] = []
+        self._freed: list[SeqId] = []
+        self._next_id = 0
+        self._since_bad = 3  # rules since the last bad-input rule (the first may fire at once)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @staticmethod
+    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+        raise NotImplementedError("build the machine with build_machine(make_pair=...)")
+
+    @property
+    def ref(self) -> Any:
+        """The reference cache (``None`` in the safety mode)."""
+        return self.oracle.ref
+
+    @property
+    def cand(self) -> Any:
+        """The candidate cache (unrecorded: rules go through ``self.oracle.op``)."""
+        return self.oracle.cand
+
+    @property
+    def block_size(self) -> int:
+        assert self.cfg is not None
+        return self.cfg.block_size
+
+    def _start(self, cfg: PoolConfig) -> None:
+        self.cfg = cfg
+        cls = type(self)
+        ref, cand = cls.make_pair(cfg)
+        calls = [
+            HEADER,
+            f"cache = make(num_blocks={cfg.num_blocks}, block_size={cfg.block_size}, "
+            f"record_events={cfg.record_events})",
+        ]
+        cls.last_calls = calls
+        cls.last_steps = 0
+        self.oracle.log = calls
+        self.oracle.bind(ref, cand)
+        cls.coverage.variants[f"block_size={cfg.block_size}"] += 1
+        if ref is None:  # candidate alone: the pool it was asked for, then safety only
+            for attr in ("num_blocks", "block_size"):
+                if getattr(cand, attr) != getattr(cfg, attr):
+                    raise CheckFailed(
+                        f"SHAPE({attr})",
+                        f"asked for {getattr(cfg, attr)}, candidate has {getattr(cand, attr)}",
+                    )
+        self.oracle.start()
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _new_id(self) -> SeqId:
+        n = self._next_id
+        self._next_id += 1
+        return f"r{n}" if n % 3 == 2 else n
+
+    def _ns(self, ns: int) -> Namespace:
+        return self.namespaces[ns % len(self.namespaces)]
+
+    def _prune_seqs(self) -> None:
+        """Drop ids that are no longer live from the bundle (freed in a batch or a reset)."""
+        bundle = self.bundle("seqs")  # type: ignore[no-untyped-call]
+        values = getattr(self, "names_to_values", None)
+        if values is None:  # pragma: no cover - other Hypothesis internals
+            return
+        bundle[:] = [ref for ref in bundle if values[ref.name] in self.oracle.views]
+
+    def _remember(self, seq_ids: list[SeqId]) -> None:
+        """Keep the histories of sequences about to be freed, for multi-turn re-admission."""
+        for seq_id in seq_ids:
+            view = self.oracle.view(seq_id)
+            if view is None:
+                continue
+            req = self._requests.get(seq_id)
+            spans = req.spans if req is not None else ()
+            self._history.append((self._seq_ns.get(seq_id, 0), view.token_ids, spans))
+            self._freed.append(seq_id)
+        del self._history[:-16]
+        del self._freed[:-16]
+
+    def _ghost(self) -> SeqId:
+        """An id that is not live: a freed one when there is one, else one never used."""
+        for seq_id in reversed(self._freed):
+            if seq_id not in self.oracle.views:
+                return seq_id
+        return "ghost"

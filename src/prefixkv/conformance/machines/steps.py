@@ -1,0 +1,191 @@
+"""Composite protocol steps: what an engine does with a cache, as sequences of operations.
+
+Every step goes through the oracle and adds the checks that tie operations together:
+``can_admit``/``can_append``/``can_continue_prefill`` must predict the operation that
+follows on the same cache (``CAN-ADMIT``, ``CAN-APPEND``, ``CAN-CONTINUE``), an admission
+must attach exactly the blocks the match just before it found (``ADMIT-MATCH``), and lost
+reuse must add up (``LOST``). Steps honour the declared capabilities: without
+``speculative`` a decode step grows one token and rolls nothing back; without
+``partial_admission`` every admission schedules its whole prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.spec import Admission, Match, Request, SeqId
+
+from .base import MachineBase
+
+__all__ = ["ProtocolSteps", "admission_checks"]
+
+
+class ProtocolSteps(MachineBase):
+    """The composite steps rules are written in."""
+
+    def _admit(
+        self, req: Request, budget: int | None, *, only_if_possible: bool
+    ) -> Admission | None:
+        """match -> can_admit -> admit, checking that the three agree."""
+        m = self.oracle.op("match", lambda c: c.match(req), pure=True)
+        if m.raised:
+            return None
+        self.oracle.check_match(req, m.value, "match before admit")
+        can = self.oracle.op("can_admit", lambda c: c.can_admit(req, budget), pure=True)
+        if can.raised or (only_if_possible and not can.value):
+            return None
+        out = self.oracle.op("admit", lambda c: c.admit(req, budget))
+        if can.value != (not out.raised):
+            self.oracle.fail(
+                "CAN-ADMIT", f"can_admit said {can.value}, then admit {out.describe()}"
+            )
+        if out.raised:
+            return None
+        adm: Admission = out.value
+        k = adm.num_cached_tokens // self.block_size
+        if adm.num_cached_tokens != m.value.num_cached_tokens or adm.block_ids[:k] != tuple(
+            m.value.block_ids
+        ):
+            self.oracle.fail("ADMIT-MATCH", f"match {m.value!r} but admission {adm!r}")
+        admission_checks(self, req, m.value, adm)
+        hit = Match(req.num_tokens, adm.num_cached_tokens, adm.block_ids[:k])
+        self.oracle.check_match(req, hit, "admission")
+        self._seq_ns[req.seq_id] = self.namespaces.index(req.namespace)
+        self._requests[req.seq_id] = req
+        self._note_request(req)
+        return adm
+
+    def _append(self, seq_id: SeqId, n: int, *, only_if_possible: bool) -> bool:
+        can = self.oracle.op("can_append", lambda c: c.can_append(seq_id, n), pure=True)
+        if can.raised or (only_if_possible and not can.value):
+            return False
+        out = self.oracle.op("append", lambda c: c.append(seq_id, n))
+        if can.value != (not out.raised):
+            self.oracle.fail(
+                "CAN-APPEND", f"can_append said {can.value}, then append {out.describe()}"
+            )
+        return not out.raised
+
+    def _reserve(self, seq_id: SeqId, n: int) -> bool:
+        """Append ``n`` slots; when the pool is full, preempt the newest other sequence."""
+        if self._append(seq_id, n, only_if_possible=True):
+            return True
+        victims = [s for s in self.oracle.views if s != seq_id]
+        if not victims:
+            return False
+        self._free([victims[-1]])
+        return self._append(seq_id, n, only_if_possible=True)
+
+    def _commit(self, seq_id: SeqId, n: int, accepted: tuple[int, ...]) -> bool:
+        return not self.oracle.op("commit", lambda c: c.commit(seq_id, n, accepted)).raised
+
+    def _commit_prefill(self, seq_id: SeqId, adm: Admission, sampled: tuple[int, ...]) -> None:
+        """The forward over the scheduled tokens ran; a token is sampled if the prompt ended."""
+        view = self.oracle.view(seq_id)
+        assert view is not None
+        done = adm.num_cached_tokens + adm.num_scheduled_tokens == len(view.token_ids)
+        self._commit(seq_id, adm.num_scheduled_tokens, sampled[:1] if done else ())
+
+    def _advance(self, seq_id: SeqId, k: int, a: int, sampled: tuple[int, ...]) -> None:
+        """One engine step for ``seq_id``: the next prefill chunk, or a speculative decode.
+
+        Decode: reserve slots for the unwritten known token plus ``k`` drafts, accept ``a``
+        of them plus a bonus token, commit, and roll the rejected drafts back.
+        """
+        view = self.oracle.view(seq_id)
+        if view is None:
+            return
+        c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
+        by_chunks = view.kv_token_limit is not None or k % 2 == 0
+        if self.caps.chunked_prefill and r < view.num_prompt_tokens and by_chunks:
+            # prefill by chunks (choice 8); odd k on an unlimited sequence grows by append
+            self._prefill_step(seq_id, k + 1, sampled)
+            return
+        pending = known - c
+        if pending >= 2:  # prefill, chunk by chunk
+            chunk = min(pending, k + 1)
+            if r < c + chunk and not self._reserve(seq_id, c + chunk - r):
+                return
+            self._commit(seq_id, chunk, sampled[:1] if c + chunk == known else ())
+            return
+        if r < c + pending + k and not self._reserve(seq_id, c + pending + k - r):
+            return
+        a = min(a, k)
+        accepted = (sampled * (a + 1))[: a + 1]
+        if not self._commit(seq_id, pending + a, accepted):
+            return
+        view = self.oracle.view(seq_id)
+        assert view is not None
+        unwritten = view.num_reserved - view.num_computed
+        if unwritten:
+            self.oracle.op("rollback", lambda cache: cache.rollback(seq_id, unwritten))
+
+    def _free(self, seq_ids: list[SeqId]) -> bool:
+        self._remember(seq_ids)
+        out = self.oracle.op("free", lambda c: c.free(list(seq_ids)))
+        self._prune_seqs()
+        return not out.raised
+
+    def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
+        if not self.caps.lost_reuse:
+            return
+        if (
+            lost.total != req.num_tokens - cached
+            or min(lost.window, lost.span, lost.cap, lost.evicted, lost.never_cached) < 0
+        ):
+            self.oracle.fail(
+                "LOST", f"{what}: {lost!r} for {req.num_tokens} tokens, {cached} cached"
+            )
+        if lost.window > req.recompute_blocks * self.block_size:
+            self.oracle.fail("LOST", f"{what}: window {lost.window} over {req.recompute_blocks}")
+
+    def _continue(self, seq_id: SeqId, budget: int | None) -> int | None:
+        """can_continue_prefill then continue_prefill; the tokens scheduled, or None."""
+        can = self.oracle.op(
+            "can_continue_prefill", lambda c: c.can_continue_prefill(seq_id, budget), pure=True
+        )
+        if can.raised:
+            return None
+        out = self.oracle.op("continue_prefill", lambda c: c.continue_prefill(seq_id, budget))
+        if can.value != (not out.raised):
+            self.oracle.fail(
+                "CAN-CONTINUE",
+                f"can_continue_prefill said {can.value}, then continue_prefill {out.describe()}",
+            )
+        return None if out.raised else int(out.value)
+
+    def _commit_chunk(self, seq_id: SeqId, sampled: tuple[int, ...]) -> bool:
+        """The forward over the reserved, unwritten prompt tokens ran: commit them, with a
+        sampled token if the prompt is done. False if there was nothing to commit."""
+        view = self.oracle.view(seq_id)
+        if view is None or view.num_computed >= view.num_reserved:
+            return False
+        n = min(view.num_reserved, view.num_prompt_tokens) - view.num_computed
+        if n <= 0:
+            return False
+        done = view.num_computed + n == len(view.token_ids)
+        return self._commit(seq_id, n, sampled[:1] if done else ())
+
+    def _prefill_step(self, seq_id: SeqId, budget: int | None, sampled: tuple[int, ...]) -> bool:
+        """One prefill step of a sequence with prompt tokens left: commit the reserved chunk,
+        or reserve the next one. False when the prompt is fully reserved."""
+        view = self.oracle.view(seq_id)
+        if view is None or view.num_reserved >= view.num_prompt_tokens:
+            return False
+        if view.num_computed < view.num_reserved:
+            return self._commit_chunk(seq_id, sampled)
+        if not self.caps.chunked_prefill:  # no continue_prefill: grow the reservation
+            rest = view.num_prompt_tokens - view.num_reserved
+            return self._append(seq_id, min(rest, budget or rest), only_if_possible=True)
+        return self._continue(seq_id, budget) is not None
+
+
+def admission_checks(machine: Any, req: Request, match: Any, adm: Admission) -> None:
+    """Checks every admission gets: its lost reuse and window are the match's."""
+    machine._check_lost(req, "match before admit", match.lost, match.num_cached_tokens)
+    if (adm.lost, adm.num_window_blocks) != (match.lost, match.num_window_blocks):
+        machine.oracle.fail(
+            "LOST",
+            f"admission lost {adm.lost!r} / window {adm.num_window_blocks}, but match "
+            f"{match.lost!r} / window {match.num_window_blocks}",
+        )

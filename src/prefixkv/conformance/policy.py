@@ -1,0 +1,247 @@
+"""Safety checks under an engine's declared policy: the INV-* that any correct cache keeps.
+
+prefixkv's invariants (:mod:`prefixkv.spec.invariants`) encode its own choices 1 to 3:
+publish after compute, leaf-only eviction, private duplicates. Engines that chose otherwise
+declare it (:class:`~prefixkv.conformance.Capabilities`), and each declaration swaps one
+policy check for the weakest safety property that still catches real bugs:
+
+======================  ===================================================================
+declared                checked instead
+======================  ===================================================================
+``publish=schedule``    INV-PUBLISH / INV-WRITE: a published block whose KV is not written
+                        yet must belong to a live writer that will write it; a hit (or a
+                        match) on a block whose writer was freed before writing it is
+                        INV-PUBLISH. Only the writer writes it, readers never do.
+``eviction=any``        INV-ANCESTOR is dropped. A match through an evicted parent fails
+                        INV-MATCH (the child no longer extends the matched chain), and
+                        ``evict(n)`` must reach every refcount-0 published block (EVICT):
+                        unreachable blocks are evictable, never leaked.
+``duplicates=shared``   INV-INDEX allows several published blocks per identity; every one is
+                        indexed and verified.
+``duplicates=last-wins`` as ``shared``, and older copies may leave the index while they stay
+                        published and read-only.
+======================  ===================================================================
+
+What a block's KV holds is not in a :class:`~prefixkv.spec.CacheState`, so
+:class:`KVLedger` follows it from consecutive snapshots: a block allocated fresh to a
+sequence is *unwritten* until that sequence commits past its end. The ledger needs nothing
+from the engine beyond the snapshot.
+
+NOTE: the ledger's hit check applies under every policy in the safety mode: with publish
+after compute it can never fire on a correct cache (a block is published only once it is
+written), so it costs nothing and catches a schedule-time publisher that was not declared.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+import attrs
+
+from prefixkv.spec import CacheState, SeqId, SeqView
+from prefixkv.spec import invariants as inv
+from prefixkv.spec.invariants import Violation
+
+from .capabilities import Capabilities
+
+__all__ = ["ROOT_CAUSE_ORDER", "KVLedger", "root_cause_first", "safety_violations"]
+
+#: Invariants in the order a report names them: the first that fails is the likeliest root
+#: cause of the others (a block published too early makes its writer's table look shared,
+#: so INV-PUBLISH comes before INV-WRITE).
+ROOT_CAUSE_ORDER = (
+    "INV-REF",
+    "INV-PUBLISH",
+    "INV-INDEX",
+    "INV-ANCESTOR",
+    "INV-MATCH",
+    "INV-WRITE",
+    "INV-WINDOW",
+    "INV-PARTITION",
+    "INV-LIMIT",
+    "INV-STATS",
+    "INV-CKPT",
+)
+
+
+def root_cause_first(found: Iterable[Violation]) -> list[Violation]:
+    """``found`` sorted by :data:`ROOT_CAUSE_ORDER` (stable within one invariant)."""
+    rank = {name: i for i, name in enumerate(ROOT_CAUSE_ORDER)}
+    return sorted(found, key=lambda v: rank.get(v.invariant, len(rank)))
+
+
+@attrs.define
+class KVLedger:
+    """Which blocks hold written KV, followed from snapshots (see the module doc)."""
+
+    #: block -> the sequence it was allocated to fresh, while its KV is unwritten.
+    writer: dict[int, SeqId] = attrs.field(factory=dict)
+    #: Blocks whose KV a writer committed (until they are freed or reallocated).
+    written: set[int] = attrs.field(factory=set)
+    #: block -> the writer that was freed (or rolled back) before writing it.
+    orphaned: dict[int, SeqId] = attrs.field(factory=dict)
+
+    def copy(self) -> KVLedger:
+        return KVLedger(dict(self.writer), set(self.written), dict(self.orphaned))
+
+    def _fresh(self, b: int, seq_id: SeqId) -> None:
+        self.writer[b] = seq_id
+        self.written.discard(b)
+        self.orphaned.pop(b, None)
+
+    def update(self, before: CacheState, after: CacheState) -> list[str]:
+        """Follow one operation; return the hits it made on blocks that hold no KV."""
+        bs = after.block_size
+        problems: list[str] = []
+        old = {v.seq_id: v for v in before.sequences}
+        new = {v.seq_id: v for v in after.sequences}
+        for seq_id, prev in old.items():  # freed, or its tail rolled back
+            cur = new.get(seq_id)
+            kept = 0
+            if cur is not None and prev.block_ids[: len(cur.block_ids)] == cur.block_ids:
+                kept = len(cur.block_ids)
+            elif cur is not None and cur.block_ids[: len(prev.block_ids)] == prev.block_ids:
+                kept = len(prev.block_ids)
+            for b in prev.block_ids[kept:]:
+                if self.writer.get(b) == seq_id:
+                    self.orphaned[b] = seq_id
+                    del self.writer[b]
+        for seq_id, seq in new.items():
+            prev = old.get(seq_id)
+            if prev is not None and seq.block_ids[: len(prev.block_ids)] == prev.block_ids:
+                first = len(prev.block_ids)
+            else:  # admitted (or re-admitted under the same id)
+                first = seq.num_cached_tokens // bs
+                problems += self.unwritten(seq.block_ids[:first], after, f"admission of {seq_id!r}")
+            for b in seq.block_ids[first:]:
+                self._fresh(b, seq_id)
+            for j in range(min(seq.num_computed // bs, len(seq.block_ids))):
+                b = seq.block_ids[j]
+                if self.writer.get(b) == seq_id:
+                    self.written.add(b)
+                    del self.writer[b]
+        for b in after.free_queue:  # free again: whatever it held is gone
+            self.writer.pop(b, None)
+            self.written.discard(b)
+            self.orphaned.pop(b, None)
+        return problems
+
+    def unwritten(self, blocks: Iterable[int], state: CacheState, what: str) -> list[str]:
+        """Hits among ``blocks`` that would serve KV nobody wrote or will write."""
+        holders = {b for seq in state.sequences for b in seq.block_ids}
+        problems: list[str] = []
+        for j, b in enumerate(blocks):
+            if b in self.written:
+                continue
+            if b in self.orphaned:
+                problems.append(
+                    f"{what} hits block {b} (#{j}), whose KV was never written: its writer "
+                    f"{self.orphaned[b]!r} was freed before committing it, and the block "
+                    "stayed findable (unpublish it when its writer goes, or never serve it)"
+                )
+            elif self.writer.get(b) is None or b not in holders:
+                problems.append(f"{what} hits block {b} (#{j}), whose KV was never written")
+        return problems
+
+    def pending(self, b: int) -> bool:
+        """Published-but-unwritten block with a live writer (allowed under publish=schedule)."""
+        return b in self.writer and b not in self.written
+
+
+def safety_violations(
+    state: CacheState, caps: Capabilities, ledger: KVLedger | None = None
+) -> list[Violation]:
+    """Every invariant of ``state`` under ``caps``'s policy, root cause first."""
+    relaxed = set()
+    extra: list[Violation] = []
+    if caps.publish == "schedule":
+        relaxed |= {"INV-PUBLISH", "INV-WRITE"}
+        led = ledger if ledger is not None else KVLedger()
+        extra += [Violation("INV-PUBLISH", m) for m in _publish(state, led)]
+        extra += [Violation("INV-WRITE", m) for m in _write(state, led)]
+    if caps.eviction == "any":
+        relaxed.add("INV-ANCESTOR")
+        extra += [Violation("INV-ANCESTOR", m) for m in _parent_in_pool(state)]
+    if caps.duplicates != "private":
+        relaxed.add("INV-INDEX")
+        extra += [Violation("INV-INDEX", m) for m in _index(state, caps)]
+    found = [v for v in inv.violations(state) if v.invariant not in relaxed]
+    return root_cause_first(found + extra)
+
+
+def _publish(s: CacheState, ledger: KVLedger) -> Iterator[str]:
+    """INV-PUBLISH without "only when computed": an uncomputed published block must be
+    pending (its writer is live and still to write it)."""
+    bs = s.block_size
+    for seq in s.sequences:
+        for j, b in enumerate(seq.block_ids):
+            view = s.blocks[b]
+            if not view.published:
+                continue
+            if (j + 1) * bs > seq.num_computed and not ledger.pending(b):
+                yield (
+                    f"block {b} (#{j} of {seq.seq_id!r}) is published, not computed, and no "
+                    "live sequence is to write it"
+                )
+            known = seq.token_ids[j * bs : (j + 1) * bs]
+            if len(known) == bs and view.token_ids != known:
+                yield f"block {b} (#{j} of {seq.seq_id!r}) is published with other tokens"
+            elif len(known) < bs:
+                yield f"block {b} (#{j} of {seq.seq_id!r}) is published before its tokens are known"
+            if view.namespace != seq.namespace:
+                yield f"block {b} (#{j} of {seq.seq_id!r}) is published in another namespace"
+
+
+def _write(s: CacheState, ledger: KVLedger) -> Iterator[str]:
+    """INV-WRITE for schedule-time publishers: a sequence writes only blocks it allocated
+    fresh and has not written yet (others may already read them: same-step hits)."""
+    bs = s.block_size
+    for seq in s.sequences:
+        for j in range(seq.num_computed // bs, len(seq.block_ids)):
+            b = seq.block_ids[j]
+            view = s.blocks[b]
+            mine = ledger.writer.get(b) == seq.seq_id
+            if not mine and (view.published or view.refcount != 1):
+                yield (
+                    f"sequence {seq.seq_id!r} will write block {b} (#{j}), which it did not "
+                    f"allocate (published={view.published}, refcount={view.refcount})"
+                )
+        for b in seq.block_ids:
+            view = s.blocks[b]
+            if not view.published and view.refcount != 1:
+                yield f"private block {b} is shared (refcount {view.refcount})"
+
+
+def _parent_in_pool(s: CacheState) -> Iterator[str]:
+    for view in s.blocks:
+        if view.published and view.parent is not None and view.parent >= s.num_blocks:
+            yield f"block {view.block_id} has parent {view.parent} outside the pool"
+
+
+def _index(s: CacheState, caps: Capabilities) -> Iterator[str]:
+    """INV-INDEX with several blocks per identity: every entry is a published block under
+    its own hash, no block twice; under ``last-wins`` older copies may be unindexed."""
+    indexed = Counter(b for _, b in s.index)
+    for key, b in s.index:
+        if not 0 <= b < s.num_blocks:
+            yield f"index entry {key} points outside the pool at {b}"
+        elif not s.blocks[b].published:
+            yield f"index entry {key} points at block {b}, which is not published (stale)"
+        elif s.blocks[b].block_hash != key:
+            yield f"index entry {key} points at block {b}, whose hash is {s.blocks[b].block_hash}"
+    for b, n in indexed.items():
+        if n > 1:
+            yield f"block {b} is indexed {n} times"
+    for view in s.blocks:
+        if not view.published:
+            continue
+        if view.block_id not in indexed and caps.duplicates != "last-wins":
+            yield f"published block {view.block_id} is missing from the index"
+        if view.token_ids is None or len(view.token_ids) != s.block_size:
+            yield f"published block {view.block_id} is not a full block"
+
+
+def seq_of(state: CacheState, seq_id: SeqId) -> SeqView | None:
+    """The live sequence ``seq_id`` of ``state``."""
+    return next((v for v in state.sequences if v.seq_id == seq_id), None)
