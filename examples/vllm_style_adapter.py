@@ -13,7 +13,9 @@ from typing import Any
 
 from prefixkv.spec import (
     Admission,
+    BlockView,
     CacheBusy,
+    CacheState,
     DuplicateSequence,
     InvalidOperation,
     Match,
@@ -25,7 +27,7 @@ from prefixkv.spec import Request as PkvRequest
 from prefixkv.conformance import Capabilities
 from prefixkv.conformance import toolkit as tk
 
-from .vllm_style import BUGS, KVCacheManager, Request, weak_block_hash
+from .vllm_style import BUGS, KVCacheBlock, KVCacheManager, Request, weak_block_hash
 
 __all__ = ["CAPABILITIES", "VllmStyleAdapter", "make_manager", "make_verified_weak_hash"]
 
@@ -129,31 +131,40 @@ class VllmStyleAdapter:
     def stats(self) -> Any:
         return self.snapshot().stats
 
-    def snapshot(self) -> Any:
-        pool, c = self.m.block_pool, self.counters
+    def snapshot(self) -> CacheState:
+        pool, c, bs = self.m.block_pool, self.counters, self.block_size
         c.evictions, c.published = pool.num_evictions, pool.num_blocks_cached
-        blocks = [_block(b) for b in pool.blocks]
-        seqs = [
+        index = [(h, b) for h, d in pool.cached_block_hash_to_block.items() for b in d]
+        owner: dict[Any, int] = {}  # identity -> the copy a lookup returns (the oldest)
+        for _, b in index:
+            owner.setdefault(pool.blocks[b].identity, b)
+        views = tuple(_view(b, owner) for b in pool.blocks)
+        seqs = tuple(
             SeqView(rid, r.cache_salt or b"", tuple(r.all_token_ids),
                     tuple(self.m.get_block_ids(rid)), r.num_computed_tokens,
-                    self.m.num_scheduled_tokens[rid],
-                    num_prompt_tokens=r.num_prompt_tokens,
-                    num_cached_tokens=self.m.num_hit_blocks[rid] * self.block_size)
+                    self.m.num_scheduled_tokens[rid], r.num_prompt_tokens,
+                    self.m.num_hit_blocks[rid] * bs)
             for rid, r in self.reqs.items()
-        ]  # fmt: skip
-        index = [(h, b) for h, d in pool.cached_block_hash_to_block.items() for b in d]
-        free = [b.block_id for b in pool.free_block_queue]
-        return tk.build_snapshot(blocks, seqs, free, c, block_size=self.block_size, index=index)
+        )  # fmt: skip
+        free = tuple(b.block_id for b in pool.free_block_queue if b.block_hash is None)
+        stats = tk.stats_from(views, len(free), len(seqs), c, block_size=bs)
+        return CacheState(num_blocks=self.num_blocks, block_size=bs, blocks=views, free_queue=free,
+                          index=tuple(sorted(index)), sequences=seqs, stats=stats,
+                          pending_events=())  # fmt: skip
 
 
-def _block(b: Any) -> tk.Block:
+def _view(b: KVCacheBlock, owner: dict[Any, int]) -> BlockView:
+    """A cached block's stored identity is ``(parent identity, tokens)`` down to
+    ``(salt,)``; its parent is the block a lookup of the parent identity returns (``-1``
+    if none is cached: a match through it fails INV-MATCH)."""
     if b.block_hash is None or b.identity is None:
-        return tk.Block(b.block_id, b.ref_cnt)
-    root = b.identity
-    while len(root) == 2:  # (parent identity, tokens) down to (salt,)
-        root = root[0]
-    return tk.Block(b.block_id, b.ref_cnt, b.block_hash, b.parent_block_hash, b.identity[1],
-                    root[0] or b"")  # fmt: skip
+        return BlockView(b.block_id, b.ref_cnt, False)
+    (up, tokens), root, depth = b.identity, b.identity[0], 1
+    while len(root) == 2:
+        root, depth = root[0], depth + 1
+    parent = None if len(up) == 1 else owner.get(up, -1)
+    return BlockView(b.block_id, b.ref_cnt, True, root[0] or b"", parent, tokens, (),
+                     b.block_hash, depth)  # fmt: skip
 
 
 def factory_for(cls: type[KVCacheManager] = KVCacheManager, **options: Any) -> Any:
