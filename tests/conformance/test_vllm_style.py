@@ -165,15 +165,16 @@ def test_reset_prefix_cache_is_refused_while_blocks_are_in_use() -> None:
 
 _STEPS = 30
 
-#: bug -> the check that catches it.
+#: bug -> the checks that may catch it first. A capacity check that is too generous
+#: surfaces where the manager's own allocation guard trips.
 EXPECTED = {
-    "stale_hash_after_reuse": "INV-INDEX",
-    "unchained_hash": "INV-MATCH",
-    "evictable_hits_not_counted": "CRASH(admit)",
-    "one_token_capacity_check": "CAN-APPEND",
-    "cancelled_writer_still_findable": "INV-PUBLISH",
-    "hit_not_touched": "INV-REF",
-    "weak_hash_trusted": "INV-MATCH",
+    "stale_hash_after_reuse": {"INV-INDEX"},
+    "unchained_hash": {"INV-MATCH"},
+    "evictable_hits_not_counted": {"CRASH(admit)", "CAN-ADMIT"},
+    "one_token_capacity_check": {"CRASH(append)", "CAN-APPEND"},
+    "cancelled_writer_still_findable": {"CANCEL", "INV-PUBLISH"},
+    "hit_not_touched": {"INV-REF"},
+    "weak_hash_trusted": {"INV-MATCH"},
 }
 
 
@@ -192,4 +193,4 @@ def test_the_correct_manager_passes_the_kit(factory: Any) -> None:
 def test_each_bug_is_caught(bug: str) -> None:
     with pytest.raises(ConformanceFailure) as info:
         run_conformance(BUG_FACTORIES[bug], max_examples=500, steps=_STEPS, profile="ci")
-    assert info.value.check == EXPECTED[bug], str(info.value)
+    assert info.value.check in EXPECTED[bug], str(info.value)
