@@ -3,6 +3,7 @@ the replay of adapter calls."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,37 @@ def test_a_bug_fails_with_a_replay(pytester: pytest.Pytester) -> None:
     )
     # The replay replaces Hypothesis's own report of rule calls.
     assert "state = Conformance()" not in result.stdout.str()
+
+
+def test_json_report_and_ignored_checks(pytester: pytest.Pytester) -> None:
+    """--prefixkv-ignore looks past a check; --prefixkv-report writes what was found."""
+    report = pytester.path / "conformance.json"
+    result = _run(
+        pytester,
+        "--prefixkv-adapter=examples.engine_style:make_stale_hash_after_reuse",
+        "--prefixkv-ignore=INV-INDEX",
+        "--prefixkv-max-failures=1",
+        f"--prefixkv-report={report}",
+    )
+    result.assert_outcomes(failed=1)
+    data = json.loads(report.read_text())
+    assert data["passed"] is False and data["ignored"] == ["INV-INDEX"]
+    assert data["failures"][0]["check"] != "INV-INDEX"
+    assert data["failures"][0]["replay"][1].startswith("cache = make(")
+
+
+def test_skipped_rules_and_a_passing_report(pytester: pytest.Pytester) -> None:
+    report = pytester.path / "ok.json"
+    result = _run(
+        pytester,
+        "--prefixkv-adapter=examples.engine_style:make_manager",
+        "--prefixkv-examples=10",
+        "--prefixkv-skip-rule=reset,preempt",
+        f"--prefixkv-report={report}",
+    )
+    result.assert_outcomes(passed=1)
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["skipped_rules"] == ["reset", "preempt"]
 
 
 def test_capabilities_from_the_command_line(pytester: pytest.Pytester) -> None:

@@ -5,6 +5,11 @@
 * :func:`run_conformance`, :func:`conformance_machine`: run the machines against an adapter
   factory (see :mod:`.runner`); the pytest plugin does the same from the command line
   (``pytest --prefixkv-adapter=module:factory``, see :mod:`.plugin`).
+* :class:`Lockstep`: the oracle that runs one operation on a reference and a candidate and
+  checks everything (no Hypothesis needed); :mod:`.policy` holds the safety checks under a
+  declared policy.
+* :mod:`.toolkit`: argument checks, statistics and snapshots for writing an adapter.
+* :mod:`.report`: every distinct failed check with its shortest replay (JSON for CI).
 * :mod:`.machines`: the differential Hypothesis state machines themselves.
 * :mod:`.profiles`: the Hypothesis profiles ``dev``, ``ci`` and ``thorough``.
 
@@ -12,10 +17,13 @@ Needs the ``conformance`` extra (Hypothesis and pytest): ``pip install "prefixkv
 """
 
 from .capabilities import Capabilities
+from .lockstep import Lockstep
+from .report import FailedCheck
 from .runner import (
     AdapterFactory,
     BlockManagerAdapter,
     ConformanceFailure,
+    ConformanceReport,
     capabilities_of,
     conformance_machine,
     load_factory,
@@ -27,6 +35,9 @@ __all__ = [
     "BlockManagerAdapter",
     "Capabilities",
     "ConformanceFailure",
+    "ConformanceReport",
+    "FailedCheck",
+    "Lockstep",
     "capabilities_of",
     "conformance_machine",
     "load_factory",

@@ -59,9 +59,10 @@ _FALSE = {"0", "false", "no", "off"}
 
 def _positive_ints(value: object, what: str) -> tuple[int, ...]:
     items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
+    out = tuple(v for v in items if isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+    if not items or len(out) != len(items):
         raise ValueError(f"{what} must be positive ints, got {value!r}")
-    return items  # type: ignore[return-value]
+    return out
 
 
 @attrs.frozen

@@ -113,6 +113,11 @@ PLAIN_WORDS: dict[str, str] = {
         "it: a release was counted twice or not at all, so the block will be reused "
         "while still read, or never freed"
     ),
+    "is published but only": (
+        "the cache made this block findable before its KV was computed. If that is the "
+        "design (publish at schedule time, as vLLM v1 does), declare publish=schedule: "
+        "the kit then checks instead that no request is served it once its writer is gone"
+    ),
     "which is not private": (
         "a sequence is about to write KV into a block other sequences can read"
     ),
@@ -120,8 +125,9 @@ PLAIN_WORDS: dict[str, str] = {
 
 
 def _explain(message: str) -> str:
+    head = message.split("\n", 1)[0]
     for key, words in PLAIN_WORDS.items():
-        if key in message:
+        if key in head:
             return f"{message}\n  in plain words: {words}"
     return message
 
@@ -157,6 +163,9 @@ class Lockstep:
         self.snap_c: CacheState | None = None
         self.views: dict[SeqId, SeqView] = {}
         self.ledger = KVLedger()
+        #: Called after every operation with its name and the reference's snapshots
+        #: before and after (the candidate's when it runs alone).
+        self.observers: list[Callable[[str, CacheState | None, CacheState | None], None]] = []
         if cand is not None:
             self.bind(ref, cand)
 
@@ -235,6 +244,7 @@ class Lockstep:
         whatever the state, and must raise that error type."""
         self.ops[name] += 1
         logged = len(self.log)
+        before = self.snap_r if self.ref is not None else self.snap_c
         out = (
             self._op_alone(name, fn, pure=pure)
             if self.ref is None
@@ -244,8 +254,13 @@ class Lockstep:
             # A read that passed every check cannot have caused a later failure: keep it
             # out of the replay (runs cut short in shrinking would be full of them).
             del self.log[logged:]
-        if must_raise is not None and not isinstance(out.error, must_raise):
+        crashed = out.raised and not isinstance(out.error, PrefixCacheError)
+        # (a crash is reported as CRASH(<op>) already; ignoring it must not re-report it)
+        if must_raise is not None and not crashed and not isinstance(out.error, must_raise):
             self.fail(f"MUST-RAISE({name})", f"expected {must_raise.__name__}, {out.describe()}")
+        after = self.snap_r if self.ref is not None else self.snap_c
+        for observer in self.observers:
+            observer(name, before, after)
         return out
 
     def check_match(self, req: Request, match: Match, what: str) -> None:
@@ -364,7 +379,7 @@ class Lockstep:
             found = [v for v in found if not is_ignored(prefix + v.invariant, self.ignore)]
             if found:
                 who = "candidate" if not prefix else "reference"
-                counts = Counter(v.invariant for v in found)
+                counts = Counter(v.invariant for v in found[1:])
                 also = [f"{n} x {k}" if n > 1 else k for k, n in counts.items()]
                 head = f"after {name}, {who}: {found[0]}"
                 rest = "; ".join(str(v) for v in found[1:])

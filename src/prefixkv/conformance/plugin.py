@@ -6,10 +6,16 @@ test per adapter, ``prefixkv-conformance[module:factory]``, next to the project'
 (``--prefixkv-only`` runs it alone)::
 
     pytest --prefixkv-adapter=my_engine.testing:make_adapter \\
-           --prefixkv-capabilities=-multimodal,-exact --prefixkv-profile=ci --prefixkv-only
+           --prefixkv-capabilities=publish=schedule,eviction=any,-multimodal,-exact \\
+           --prefixkv-profile=ci --prefixkv-only --prefixkv-report=conformance.json
 
-A failure reports the check that failed (``INV-REF``, ``CAN-ADMIT``, ...) and the minimal
-run as a short program that calls the adapter, ready to paste into a regression test.
+The example managers run the same way: ``--prefixkv-adapter=examples.engine_style:make_manager``
+from a checkout of prefixkv.
+
+A failure reports every distinct check that failed (``INV-REF``, ``CAN-ADMIT``, ...), root
+cause first, each with its minimal run as a short program that calls the adapter, ready to
+paste into a regression test. ``--prefixkv-ignore`` and ``--prefixkv-skip-rule`` look past a
+known issue; ``--prefixkv-report`` writes it all as JSON.
 
 NOTE: Hypothesis is imported only when a conformance test runs, so that merely having
 prefixkv installed costs other pytest sessions nothing and never breaks them. The
@@ -41,7 +47,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--prefixkv-capabilities",
         default="",
         metavar="CHANGES",
-        help='capabilities on top of the factory\'s own, e.g. "-multimodal,-exact"',
+        help="capabilities on top of the factory's own, e.g. "
+        '"publish=schedule,eviction=any,duplicates=shared,-reset,block-sizes=16|256"',
+    )
+    group.addoption(
+        "--prefixkv-ignore",
+        action="append",
+        default=[],
+        metavar="CHECKS",
+        help='checks or check families to look past, e.g. "INV-WRITE,CRASH" (repeatable)',
+    )
+    group.addoption(
+        "--prefixkv-skip-rule",
+        action="append",
+        default=[],
+        metavar="RULES",
+        help='rules that never fire, e.g. "reset,preempt" (repeatable)',
+    )
+    group.addoption(
+        "--prefixkv-max-failures",
+        type=int,
+        default=8,
+        metavar="N",
+        help="stop after N distinct failed checks, each shrunk to its own replay (default 8)",
+    )
+    group.addoption(
+        "--prefixkv-report",
+        default=None,
+        metavar="FILE",
+        help="write a JSON report of the run (every failed check, replays, timings) to FILE",
     )
     group.addoption(
         "--prefixkv-profile",
@@ -75,6 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
     examples = config.getoption("--prefixkv-examples")
     if steps < 1 or (examples is not None and examples < 1):
         raise pytest.UsageError("--prefixkv-steps and --prefixkv-examples must be at least 1")
+    if config.getoption("--prefixkv-max-failures") < 1:
+        raise pytest.UsageError("--prefixkv-max-failures must be at least 1")
 
 
 class ConformanceItem(pytest.Item):
@@ -94,13 +130,26 @@ class ConformanceItem(pytest.Item):
             caps = capabilities_of(factory, opt("--prefixkv-capabilities"))
         except (ImportError, ValueError) as exc:
             pytest.fail(f"--prefixkv-adapter={self.target}: {exc}", pytrace=False)
-        report = run_conformance(
-            factory,
-            caps,
-            max_examples=opt("--prefixkv-examples"),
-            steps=opt("--prefixkv-steps"),
-            profile=opt("--prefixkv-profile") or default_profile(),
-        )
+        report_file = opt("--prefixkv-report")
+        if report_file and len(opt("--prefixkv-adapter")) > 1:
+            stem, dot, ext = report_file.rpartition(".")
+            safe = "".join(ch if ch.isalnum() else "_" for ch in self.target)
+            report_file = f"{stem}.{safe}.{ext}" if dot else f"{report_file}.{safe}"
+        try:
+            report = run_conformance(
+                factory,
+                caps,
+                max_examples=opt("--prefixkv-examples"),
+                steps=opt("--prefixkv-steps"),
+                profile=opt("--prefixkv-profile") or default_profile(),
+                ignore=opt("--prefixkv-ignore"),
+                skip_rules=opt("--prefixkv-skip-rule"),
+                max_failures=opt("--prefixkv-max-failures"),
+                report=report_file,
+                target=self.target,
+            )
+        except ValueError as exc:  # a rule name that is no rule
+            pytest.fail(f"--prefixkv-adapter={self.target}: {exc}", pytrace=False)
         self.user_properties.append(("prefixkv-capabilities", caps.describe()))
         self.user_properties.append(("prefixkv-rules", report.rules))
         self.user_properties.append(("prefixkv-operations", report.operations))
@@ -114,7 +163,8 @@ class ConformanceItem(pytest.Item):
         from .runner import ConformanceFailure
 
         if isinstance(excinfo.value, ConformanceFailure):
-            return f"{self.target} failed {excinfo.value.check}: {excinfo.value}"
+            checks = ", ".join(excinfo.value.report.checks)
+            return f"{self.target} failed {checks}\n{excinfo.value}"
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[str, int | None, str]:

@@ -108,9 +108,9 @@ class KVLedger:
                     self.orphaned[b] = seq_id
                     del self.writer[b]
         for seq_id, seq in new.items():
-            prev = old.get(seq_id)
-            if prev is not None and seq.block_ids[: len(prev.block_ids)] == prev.block_ids:
-                first = len(prev.block_ids)
+            was = old.get(seq_id)
+            if was is not None and seq.block_ids[: len(was.block_ids)] == was.block_ids:
+                first = len(was.block_ids)
             else:  # admitted (or re-admitted under the same id)
                 first = seq.num_cached_tokens // bs
                 problems += self.unwritten(seq.block_ids[:first], after, f"admission of {seq_id!r}")

@@ -17,19 +17,23 @@ it with the state machines under the capabilities it declares.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import json
+import os
+import time
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, runtime_checkable
-
-import attrs
 
 from prefixkv.spec import HASHERS, Inspectable, PrefixCache, SpecCache
 
 from .capabilities import Capabilities
+from .failures import CheckFailed
+from .report import ConformanceFailure, ConformanceReport, FailedCheck
 
 __all__ = [
     "AdapterFactory",
     "BlockManagerAdapter",
     "ConformanceFailure",
+    "ConformanceReport",
     "capabilities_of",
     "conformance_machine",
     "load_factory",
@@ -47,28 +51,15 @@ class BlockManagerAdapter(PrefixCache, Inspectable, Protocol):
 AdapterFactory = Callable[..., Any]
 
 
-class ConformanceFailure(AssertionError):
-    """A conformance run failed. ``check`` names the check (e.g. ``INV-REF``), ``calls`` is
-    the minimal failing run as calls of the adapter, ``steps`` its number of rule steps."""
-
-    def __init__(self, check: str, message: str, calls: list[str], steps: int) -> None:
-        self.check, self.calls, self.steps = check, calls, steps
-        replay = "\n".join(f"    {line}" for line in calls)
-        super().__init__(
-            f"{message}\n\nminimal replay ({steps} steps, {len(calls) - 2} adapter calls):\n"
-            f"{replay}"
-        )
-
-
 def load_factory(target: str) -> AdapterFactory:
     """``"package.module:factory"`` -> the factory (a ``ValueError`` if it is not one)."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"expected MODULE:FACTORY, got {target!r}")
-    factory = getattr(importlib.import_module(module_name), attr, None)
+    factory: Any = getattr(importlib.import_module(module_name), attr, None)
     if not callable(factory):
         raise ValueError(f"{target!r} is not a callable adapter factory")
-    return factory
+    return factory  # type: ignore[no-any-return]
 
 
 def capabilities_of(factory: AdapterFactory, override: str = "") -> Capabilities:
@@ -88,10 +79,16 @@ _CORE = (
 
 def required_operations(caps: Capabilities) -> tuple[str, ...]:
     """The attributes an adapter with these capabilities must have."""
-    extra = ("reset",) if caps.reset else ()
-    if caps.chunked_prefill:
-        extra += ("can_continue_prefill", "continue_prefill")
-    return _CORE + extra
+    optional = {
+        "reset": caps.reset,
+        "evict": caps.evict,
+        "rollback": caps.speculative,
+        "can_continue_prefill": caps.chunked_prefill,
+        "continue_prefill": caps.chunked_prefill,
+    }
+    return tuple(n for n in _CORE if optional.get(n, True)) + tuple(
+        n for n in ("reset", "can_continue_prefill", "continue_prefill") if optional[n]
+    )
 
 
 def _pair_factory(factory: AdapterFactory, caps: Capabilities, hasher: str) -> Any:
@@ -121,29 +118,29 @@ def conformance_machine(
     *,
     name: str = "Conformance",
     hasher: str = "fast",
-    num_blocks: tuple[int, int] = (4, 24),
-    block_sizes: tuple[int, int] = (1, 4),
+    ignore: Collection[str] = (),
+    skip_rules: Collection[str] = (),
 ) -> Any:
-    """The state machine class for ``factory`` (exact: against the spec with ``hasher``)."""
+    """The state machine class for ``factory`` (exact: against the spec with ``hasher``),
+    on the pool shapes ``caps`` declares."""
     from .machines import build_machine
 
     caps = capabilities_of(factory) if caps is None else caps
     return build_machine(
         name,
         _pair_factory(factory, caps, hasher),
-        num_blocks=num_blocks,
-        block_sizes=block_sizes,
+        num_blocks=caps.num_blocks,
+        block_size_choices=caps.block_sizes,
         caps=caps,
+        skip_rules=skip_rules,
+        ignored_checks=ignore,
     )
 
 
-@attrs.frozen
-class ConformanceReport:
-    """What a passing run did."""
-
-    rules: int
-    operations: int
-    seconds: float
+def _names(value: str | Iterable[str]) -> tuple[str, ...]:
+    """``"A,B"`` or ``["A", "B,C"]`` -> ``("A", "B", "C")``."""
+    items = [value] if isinstance(value, str) else list(value)
+    return tuple(n.strip() for item in items for n in item.split(",") if n.strip())
 
 
 def run_conformance(
@@ -154,25 +151,41 @@ def run_conformance(
     steps: int = 50,
     hasher: str = "fast",
     profile: str | None = None,
+    ignore: str | Iterable[str] = (),
+    skip_rules: str | Iterable[str] = (),
+    max_failures: int = 8,
+    report: str | os.PathLike[str] | None = None,
+    target: str | None = None,
+    **capabilities: object,
 ) -> ConformanceReport:
     """Run the machines against ``factory``; raise :class:`ConformanceFailure` on a failure.
+
+    * ``caps`` (default: the factory's own), then ``capabilities`` as keywords on top, e.g.
+      ``publish="schedule", reset=False, block_sizes=(256,)``
+      (:meth:`Capabilities.evolve`, the parser the plugin uses too);
+    * ``ignore``: checks (``"INV-WRITE"``) or check families (``"CRASH"``) to look past;
+      ``skip_rules``: rules that never fire (``"reset"``);
+    * ``max_failures``: the run goes on after a failure, with that check set aside, until it
+      passes or this many distinct checks failed; each is shrunk to its own replay;
+    * ``report``: a path to write the JSON report to (passing or not).
 
     Runs under the Hypothesis profile ``profile`` (``dev``, ``ci``, ``thorough``; default:
     the active one) without making it the active one; ``max_examples`` overrides its
     example count, ``steps`` is the most rule steps of one run.
     """
-    import time
-
     from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from .machines import CheckFailed
+    from .failures import failure_listeners, is_ignored
     from .profiles import register_profiles
 
+    if max_failures < 1:
+        raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
+    caps = capabilities_of(factory) if caps is None else caps
+    caps = Capabilities.evolve(caps, capabilities) if capabilities else caps
+    ignored, skipped = _names(ignore), _names(skip_rules)
     register_profiles()
     base = settings.get_profile(profile) if profile is not None else settings()
-    machine = conformance_machine(factory, caps, hasher=hasher)
-    machine.coverage.reset()
     # NOTE: no explain phase: on a failing machine it re-runs the minimal case hundreds of
     # times to annotate the rules' arguments, which the replay of adapter calls makes moot,
     # and it cost four times the search and the shrinking together.
@@ -183,13 +196,63 @@ def run_conformance(
     }
     if max_examples is not None:
         extra["max_examples"] = max_examples
+    found: list[FailedCheck] = []
+    rules = operations = 0
     start = time.perf_counter()
-    try:
-        run_state_machine_as_test(machine, settings=settings(base, **extra))
-    except CheckFailed as exc:
-        calls = list(machine.last_calls)
-        raise ConformanceFailure(exc.check, str(exc), calls, machine.last_steps) from exc
-    report = machine.coverage.report()
-    return ConformanceReport(
-        report.total_rules, sum(report.ops.values()), time.perf_counter() - start
+    while len(found) < max_failures:
+        looked_past = (*ignored, *(f.check for f in found))
+        machine = conformance_machine(
+            factory, caps, hasher=hasher, ignore=looked_past, skip_rules=skipped
+        )
+        machine.coverage.reset()
+        first: list[float] = []
+
+        def listen(exc: CheckFailed, first: list[float] = first, past: Any = looked_past) -> None:
+            if not first and not is_ignored(exc.check, past):
+                first.append(time.perf_counter())
+
+        failure_listeners.append(listen)
+        began = time.perf_counter()
+        try:
+            run_state_machine_as_test(  # type: ignore[no-untyped-call]
+                machine, settings=settings(base, **extra)
+            )
+        except CheckFailed as exc:
+            ended = time.perf_counter()
+            seen = first[0] if first else ended
+            found.append(
+                FailedCheck(
+                    exc.check,
+                    exc.detail,
+                    tuple(machine.last_calls),
+                    machine.last_steps,
+                    first_seen_s=seen - start,
+                    find_s=seen - began,
+                    shrink_s=ended - seen,
+                )
+            )
+            continue
+        finally:
+            failure_listeners.remove(listen)
+            cov = machine.coverage.report()
+            rules += cov.total_rules
+            operations += sum(cov.ops.values())
+        break
+    result = ConformanceReport(
+        target=target or str(getattr(factory, "__qualname__", None) or repr(factory)),
+        capabilities=caps.describe(),
+        rules=rules,
+        operations=operations,
+        seconds=time.perf_counter() - start,
+        failures=tuple(found),
+        ignored=ignored,
+        skipped_rules=skipped,
+        max_failures=max_failures,
     )
+    if report is not None:
+        with open(report, "w", encoding="utf-8") as out:
+            json.dump(result.to_json(), out, indent=2)
+            out.write("\n")
+    if found:
+        raise ConformanceFailure(result)
+    return result

@@ -245,26 +245,26 @@ def build_snapshot(
         return 1 + (depth(by_id[parent], seen + 1) if parent is not None else 0)
 
     views: list[BlockView] = []
-    for b in sorted(blocks, key=lambda x: x.block_id):
-        if b.block_hash is None:
-            views.append(BlockView(b.block_id, b.refcount, False))
+    for blk in sorted(blocks, key=lambda x: x.block_id):
+        if blk.block_hash is None:
+            views.append(BlockView(blk.block_id, blk.refcount, False))
             continue
-        parent = None if b.parent_hash is None else owner.get(b.parent_hash, -1)
+        parent = None if blk.parent_hash is None else owner.get(blk.parent_hash, -1)
         views.append(
             BlockView(
-                b.block_id,
-                b.refcount,
+                blk.block_id,
+                blk.refcount,
                 True,
-                b.namespace,
+                blk.namespace,
                 parent,
-                tuple(b.token_ids),
-                tuple(b.extra_keys),
-                b.block_hash,
-                depth(b),
-                b.last_use,
+                tuple(blk.token_ids),
+                tuple(blk.extra_keys),
+                blk.block_hash,
+                depth(blk),
+                blk.last_use,
             )
         )
-    free = tuple(q for q in free_queue if by_id[q].block_hash is None)
+    free = tuple(q for q in free_queue if by_id[q].block_hash is None)  # cached: evictable
     seqs = tuple(sequences)
     return CacheState(
         num_blocks=len(views),

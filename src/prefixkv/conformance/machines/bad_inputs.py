@@ -99,6 +99,16 @@ _ARGUMENT_ERRORS: dict[str, type[Exception]] = {
 #: Pure reads left out of replays once they have passed (``match`` and ``can_*`` stay:
 #: they show what the candidate promised before the step that broke the promise).
 
+#: Bad-argument kinds that call an optional operation: kind -> the capability it needs.
+_NEEDS: dict[str, str] = {
+    "reset_flag": "reset",
+    "evict": "evict",
+    "rollback": "speculative",
+    "rollback_past_computed": "speculative",
+    "admit_budget": "partial_admission",
+    "can_admit_budget": "partial_admission",
+}
+
 
 class BadInputRules(ProtocolSteps):
     """Unknown ids, bad counts and flags, malformed requests (see the module doc)."""
@@ -112,6 +122,8 @@ class BadInputRules(ProtocolSteps):
         """Unknown ids, double frees, duplicates in a batch, an id admitted twice."""
         self._since_bad = 0
         if kind.endswith("continue_prefill") and not self.caps.chunked_prefill:
+            return
+        if kind == "unknown:rollback" and not self.caps.speculative:
             return
         type(self).coverage.variants[f"bad_sequence_op:{kind}"] += 1
         ghost = self._ghost()
@@ -149,6 +161,8 @@ class BadInputRules(ProtocolSteps):
     def bad_argument(self, kind: str, seq: SeqId, count: Any, accepted: Any) -> None:
         """Out-of-range counts, over-committing, over-rolling-back, bad tokens, overflow."""
         self._since_bad = 0
+        if kind in _NEEDS and not getattr(self.caps, _NEEDS[kind]):
+            return  # the operation is declared missing: never called, never faked
         type(self).coverage.variants[f"bad_argument:{kind}"] += 1
         view = self.oracle.view(seq)
         assert view is not None and self.cfg is not None

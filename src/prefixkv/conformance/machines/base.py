@@ -121,7 +121,8 @@ class MachineBase(RuleBasedStateMachine):
         return f"r{n}" if n % 3 == 2 else n
 
     def _ns(self, ns: int) -> Namespace:
-        return self.namespaces[ns % len(self.namespaces)]
+        """The drawn namespace (always the first one without ``namespaces``)."""
+        return self.namespaces[ns % len(self.namespaces) if self.caps.namespaces else 0]
 
     def _prune_seqs(self) -> None:
         """Drop ids that are no longer live from the bundle (freed in a batch or a reset)."""
@@ -143,6 +144,12 @@ class MachineBase(RuleBasedStateMachine):
             self._freed.append(seq_id)
         del self._history[:-16]
         del self._freed[:-16]
+
+    def _note_request(self, req: Request) -> None:
+        """Remember an admitted multimodal request, for ``reuse_rich``."""
+        if req.spans:
+            self._rich.append(req)
+            del self._rich[:-16]
 
     def _ghost(self) -> SeqId:
         """An id that is not live: a freed one when there is one, else one never used."""

@@ -141,7 +141,7 @@ class FeatureRules(ProtocolSteps):
             return
         for variant in ("other_item", "as_text"):
             twin = _variant(req, variant, "twin", 0)
-            out = self.oracle.op("match", lambda c, t=twin: c.match(t), pure=True)
+            out = self.oracle.op("match", _matching(twin), pure=True)
             if not out.raised:
                 self.oracle.check_match(twin, out.value, f"match ({variant} twin)")
 
@@ -187,6 +187,8 @@ class FeatureRules(ProtocolSteps):
         committed = view.num_computed - view.num_computed % self.block_size
         self._free([req.seq_id])
         after = self.oracle.op("match", lambda c: c.match(req), pure=True)
+        if not after.raised:  # a hit on the cancelled writer's blocks is the root cause
+            self.oracle.check_match(req, after.value, "match after the cancel")
         bound = max(before.value.num_cached_tokens, committed)
         if not after.raised and after.value.num_cached_tokens > bound:
             self.oracle.fail(
@@ -213,7 +215,8 @@ class FeatureRules(ProtocolSteps):
         self._prefill_steps(req.seq_id, None, 8, sampled)
         self._probe_twins(req)
         self._free([req.seq_id])
-        self.oracle.op("evict", lambda c: c.evict(evictions))
+        if self.caps.evict:
+            self.oracle.op("evict", lambda c: c.evict(evictions))
         again = attrs.evolve(req, seq_id=self._new_id(), recompute_blocks=self._window(window))
         out = self.oracle.op("match", lambda c: c.match(again), pure=True)
         if out.raised:
@@ -332,14 +335,6 @@ class FeatureRules(ProtocolSteps):
                 self._continue(seq, 1)  # reserve a chunk (or be refused: nothing left)
             self.oracle.op("continue_prefill", lambda c: c.continue_prefill(seq, 1))
 
-    # -- bookkeeping shared with the text-only rules ----------------------------------------
-
-    def _note_request(self, req: Request) -> None:
-        """Remember an admitted multimodal request, for ``reuse_rich``."""
-        if req.spans:
-            self._rich.append(req)
-            del self._rich[:-16]
-
 
 def _variant(req: Request, variant: str, seq_id: SeqId, window: int) -> Request:
     """``req`` again under a new id and window, changed as ``variant`` says."""
@@ -359,3 +354,8 @@ def _variant(req: Request, variant: str, seq_id: SeqId, window: int) -> Request:
         cut = max(1, len(tokens) // 2)
         tokens, spans = tokens[:cut], tuple(s for s in spans if s.end <= cut)
     return attrs.evolve(req, seq_id=seq_id, token_ids=tokens, spans=spans, recompute_blocks=window)
+
+
+def _matching(req: Request) -> Any:
+    """``cache.match(req)`` as an operation for the oracle."""
+    return lambda cache: cache.match(req)

@@ -126,23 +126,14 @@ class HybridMachine(DifferentialMachine):
     def __init__(self) -> None:
         super().__init__()
         self._experts_on = False
+        self.oracle.observers.append(self._observe)
 
     # -- plumbing: counters of transitions and fates ---------------------------------------
 
-    def _op(
-        self,
-        name: str,
-        fn: Callable[[Any], Any],
-        *,
-        pure: bool = False,
-        must_raise: type[Exception] | None = None,
-    ) -> Any:
-        before = self.oracle.snap_r
-        out = super()._op(name, fn, pure=pure, must_raise=must_raise)
-        after = self.oracle.snap_r
+    def _observe(self, name: str, before: CacheState | None, after: CacheState | None) -> None:
+        """Count the lifecycle transitions of one operation (an oracle observer)."""
         if before is not None and after is not None and before is not after:
             self._count_transitions(name, before, after)
-        return out
 
     def _count_transitions(self, name: str, before: CacheState, after: CacheState) -> None:
         variants = type(self).coverage.variants
@@ -238,7 +229,7 @@ class HybridMachine(DifferentialMachine):
     def inspect_state(self, seq: SeqId) -> None:
         """state_slot, pending_restore and checkpoint_reservation of a live sequence."""
         for name in ("state_slot", "pending_restore", "checkpoint_reservation"):
-            self.oracle.op(name, lambda c, n=name: getattr(c, n)(seq), pure=True)
+            self.oracle.op(name, _calling(name, seq), pure=True)
 
     @rule()
     @counted
@@ -443,3 +434,8 @@ def build_hybrid_machine(
     Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
     Machine.__name__ = Machine.__qualname__ = name
     return Machine
+
+
+def _calling(name: str, *args: Any) -> Callable[[Any], Any]:
+    """``cache.<name>(*args)`` as an operation for the oracle."""
+    return lambda cache: getattr(cache, name)(*args)

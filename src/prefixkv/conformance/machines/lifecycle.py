@@ -200,8 +200,9 @@ class LifecycleRules(ProtocolSteps):
     @rule(seq=seqs, n=st.integers(1, 6))
     @counted
     def append(self, seq: SeqId, n: int) -> None:
-        """can_append then append several slots (append even when it cannot fit)."""
-        self._append(seq, n, only_if_possible=False)
+        """can_append then append several slots (append even when it cannot fit); one slot
+        at a time without ``speculative``."""
+        self._append(seq, n if self.caps.speculative else 1, only_if_possible=False)
 
     @rule(seq=seqs, n=st.integers(0, 7), accepted=st.lists(st.integers(1, 4), max_size=3))
     @counted
@@ -219,6 +220,7 @@ class LifecycleRules(ProtocolSteps):
         n = max(0, min(n, unwritten, known - view.num_computed))
         self._commit(seq, n, tuple(accepted))
 
+    @precondition(lambda self: self.caps.speculative)
     @rule(seq=seqs, n=st.integers(1, 6))
     @counted
     def rollback(self, seq: SeqId, n: int) -> None:
@@ -243,11 +245,25 @@ class LifecycleRules(ProtocolSteps):
         others = [s for s in self.oracle.views if s != first][-more:] if more else []
         self._free([first, *others])
 
+    @precondition(lambda self: self.caps.evict)
     @rule(n=st.integers(0, 4))
     @counted
     def evict(self, n: int) -> None:
-        """Evict up to ``n`` cached leaves."""
-        self.oracle.op("evict", lambda c: c.evict(n))
+        """Evict up to ``n`` cached leaves (any cached blocks under ``eviction=any``)."""
+        cached = self.oracle.state.stats.num_cached_blocks
+        out = self.oracle.op("evict", lambda c: c.evict(n))
+        if out.raised or self.caps.eviction != "any":
+            return
+        # Any-order eviction: every refcount-0 published block is evictable, reachable or
+        # not. Evicting fewer than asked while some are left means some leaked.
+        after = self.oracle.state.stats.num_cached_blocks
+        if out.value != min(n, cached) or after != cached - out.value:
+            self.oracle.fail(
+                "EVICT",
+                f"evict({n}) returned {out.value} with {cached} cached blocks; {after} are "
+                f"cached after it (expected {cached - min(n, cached)}): cached blocks that "
+                "cannot be evicted are leaked",
+            )
 
     @precondition(lambda self: self.caps.reset)
     @rule(mode=st.sampled_from(["preserve", "full", "drain_then_full"]))

@@ -26,7 +26,10 @@ class ProtocolSteps(MachineBase):
     def _admit(
         self, req: Request, budget: int | None, *, only_if_possible: bool
     ) -> Admission | None:
-        """match -> can_admit -> admit, checking that the three agree."""
+        """match -> can_admit -> admit, checking that the three agree. Without
+        ``partial_admission`` the budget is dropped: the whole prompt is scheduled."""
+        if not self.caps.partial_admission:
+            budget = None
         m = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if m.raised:
             return None
@@ -34,10 +37,15 @@ class ProtocolSteps(MachineBase):
         can = self.oracle.op("can_admit", lambda c: c.can_admit(req, budget), pure=True)
         if can.raised or (only_if_possible and not can.value):
             return None
+        supply = self._supply()
         out = self.oracle.op("admit", lambda c: c.admit(req, budget))
         if can.value != (not out.raised):
             self.oracle.fail(
-                "CAN-ADMIT", f"can_admit said {can.value}, then admit {out.describe()}"
+                "CAN-ADMIT",
+                f"can_admit said {can.value}, then admit {out.describe()}: a prompt of "
+                f"{req.num_tokens} tokens ({-(-req.num_tokens // self.block_size)} blocks), "
+                f"{m.value.num_cached_tokens} tokens matched in {len(m.value.block_ids)} "
+                f"blocks, budget {budget}; the pool had {supply}",
             )
         if out.raised:
             return None
@@ -55,24 +63,57 @@ class ProtocolSteps(MachineBase):
         self._note_request(req)
         return adm
 
+    def _supply(self) -> str:
+        """The pool's occupancy in words, for messages that show the counts involved."""
+        st = self.oracle.state.stats
+        return (
+            f"{st.num_free_blocks} free, {st.num_cached_blocks} cached (evictable) and "
+            f"{st.num_used_blocks} used blocks of {self.block_size} tokens"
+        )
+
     def _append(self, seq_id: SeqId, n: int, *, only_if_possible: bool) -> bool:
+        view = self.oracle.view(seq_id)
         can = self.oracle.op("can_append", lambda c: c.can_append(seq_id, n), pure=True)
         if can.raised or (only_if_possible and not can.value):
             return False
+        supply = self._supply()
         out = self.oracle.op("append", lambda c: c.append(seq_id, n))
         if can.value != (not out.raised):
+            held = (
+                ""
+                if view is None
+                else f"; the sequence held {view.num_reserved} slots in "
+                f"{len(view.block_ids)} blocks, so n={n} more needs "
+                f"{-(-(view.num_reserved + n) // self.block_size) - len(view.block_ids)} "
+                "new blocks"
+            )
             self.oracle.fail(
-                "CAN-APPEND", f"can_append said {can.value}, then append {out.describe()}"
+                "CAN-APPEND",
+                f"can_append({seq_id!r}, n={n}) said {can.value}, then append {out.describe()}"
+                f"{held}; the pool had {supply}",
             )
         return not out.raised
 
     def _reserve(self, seq_id: SeqId, n: int) -> bool:
-        """Append ``n`` slots; when the pool is full, preempt the newest other sequence."""
+        """Append ``n`` slots; when the pool is full, preempt the newest other sequence.
+
+        Only when the pool really is full: a cache that refuses ``can_append`` for reasons
+        of its own (a watermark, a conservative estimate) must not turn the workload into
+        one that preempts everything, so a refusal with room left just skips the step.
+        """
         if self._append(seq_id, n, only_if_possible=True):
             return True
+        view = self.oracle.view(seq_id)
+        st = self.oracle.state.stats
+        if view is not None:
+            need = -(-(view.num_reserved + n) // self.block_size) - len(view.block_ids)
+            if need <= st.num_free_blocks + st.num_cached_blocks:
+                type(self).coverage.variants["reserve:refused_with_room"] += 1
+                return False
         victims = [s for s in self.oracle.views if s != seq_id]
         if not victims:
             return False
+        type(self).coverage.variants["reserve:preempt"] += 1
         self._free([victims[-1]])
         return self._append(seq_id, n, only_if_possible=True)
 
@@ -93,6 +134,8 @@ class ProtocolSteps(MachineBase):
         of them plus a bonus token, commit, and roll the rejected drafts back.
         """
         view = self.oracle.view(seq_id)
+        if not self.caps.speculative:  # decode grows one token a step, no drafts
+            k = a = 0
         if view is None:
             return
         c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
@@ -117,7 +160,7 @@ class ProtocolSteps(MachineBase):
         view = self.oracle.view(seq_id)
         assert view is not None
         unwritten = view.num_reserved - view.num_computed
-        if unwritten:
+        if unwritten and self.caps.speculative:
             self.oracle.op("rollback", lambda cache: cache.rollback(seq_id, unwritten))
 
     def _free(self, seq_ids: list[SeqId]) -> bool:

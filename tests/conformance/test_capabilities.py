@@ -1,0 +1,226 @@
+"""Capabilities swap prefixkv's policy checks for safety checks, and missing operations are
+never called: correct managers with another policy pass once they declare it, and fail
+(on the policy check) when they do not; each seeded safety bug is still caught, with the
+root cause named first and a short replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from policy_variants import (
+    AnyOrderEviction,
+    LastWinsDuplicates,
+    LeaksUnreachable,
+    SchedulePublish,
+    SchedulePublishKeepsCancelled,
+    make,
+)
+
+from examples.engine_style import (
+    CAPABILITIES,
+    CanAdmitIgnoresHits,
+    EngineStyleManager,
+    StaleHashAfterReuse,
+    make_double_free_in_batch,
+)
+from prefixkv.conformance import Capabilities, ConformanceFailure, run_conformance
+from prefixkv.conformance.runner import required_operations
+
+_EXAMPLES = 100
+_STEPS = 30
+
+
+def _run(factory: Any, examples: int = _EXAMPLES, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_failures", 1)
+    return run_conformance(factory, max_examples=examples, steps=_STEPS, profile="ci", **kwargs)
+
+
+def _fails(factory: Any, **kwargs: Any) -> ConformanceFailure:
+    with pytest.raises(ConformanceFailure) as info:
+        _run(factory, **kwargs)
+    return info.value
+
+
+# -- publish=schedule ----------------------------------------------------------------------
+
+
+def test_schedule_time_publishing_passes_once_declared() -> None:
+    assert _run(make(SchedulePublish, publish="schedule")).rules > 100
+
+
+def test_schedule_time_publishing_undeclared_fails_on_the_policy() -> None:
+    failure = _fails(make(SchedulePublish))
+    assert failure.check == "INV-PUBLISH", str(failure)  # the root cause, not INV-WRITE
+
+
+def test_a_cancelled_writers_block_left_findable_is_caught() -> None:
+    failure = _fails(make(SchedulePublishKeepsCancelled, publish="schedule"))
+    assert failure.check == "INV-PUBLISH", str(failure)
+    assert "freed before committing it" in str(failure)
+    assert failure.steps <= 8, str(failure)
+
+
+# -- eviction=any --------------------------------------------------------------------------
+
+
+def test_any_order_eviction_passes_once_declared() -> None:
+    assert _run(make(AnyOrderEviction, eviction="any")).rules > 100
+
+
+def test_any_order_eviction_undeclared_fails_on_the_policy() -> None:
+    assert _fails(make(AnyOrderEviction)).check == "INV-ANCESTOR"
+
+
+def test_unreachable_blocks_that_never_leave_are_a_leak() -> None:
+    failure = _fails(make(LeaksUnreachable, eviction="any"))
+    assert failure.check == "EVICT", str(failure)
+    assert failure.steps <= 10, str(failure)
+
+
+# -- duplicates ----------------------------------------------------------------------------
+
+
+def test_last_wins_duplicates_pass_once_declared() -> None:
+    assert _run(make(LastWinsDuplicates, duplicates="last-wins")).rules > 100
+
+
+def test_last_wins_duplicates_undeclared_fail_on_the_index() -> None:
+    assert _fails(make(LastWinsDuplicates)).check == "INV-INDEX"
+
+
+# -- missing operations --------------------------------------------------------------------
+
+
+class _Without:
+    """The engine-style manager with some operations removed from its surface."""
+
+    def __init__(self, inner: EngineStyleManager, missing: tuple[str, ...]) -> None:
+        self._inner, self._missing = inner, missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._missing:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def _without(*missing: str, **caps: Any) -> Any:
+    def factory(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+        return _Without(EngineStyleManager(num_blocks, block_size), missing)
+
+    factory.capabilities = attrs.evolve(CAPABILITIES, **caps)  # type: ignore[attr-defined]
+    return factory
+
+
+def test_no_reset_is_honoured_by_every_rule() -> None:
+    """reset=False: no rule calls reset, the bad-argument table included."""
+    assert _run(_without("reset", reset=False)).rules > 100
+
+
+def test_no_evict_no_rollback_one_namespace_whole_prompts() -> None:
+    factory = _without(
+        "evict",
+        "rollback",
+        evict=False,
+        speculative=False,
+        namespaces=False,
+        partial_admission=False,
+    )
+    assert _run(factory).rules > 100
+
+
+def test_a_missing_operation_that_is_not_declared_is_named() -> None:
+    with pytest.raises(TypeError, match="lacks evict"):
+        _run(_without("evict"), examples=1)
+    assert "evict" not in required_operations(Capabilities(evict=False))
+
+
+class _Refuses(EngineStyleManager):
+    """A conservative manager: refuses every multi-token append (correct, if unhelpful)."""
+
+    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+        ok = super().can_append(seq_id, num_tokens)
+        return ok and num_tokens == 1
+
+    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
+        if not self.can_append(seq_id, num_tokens):
+            from prefixkv.spec import OutOfBlocks
+
+            raise OutOfBlocks("one token at a time")
+        return super().append(seq_id, num_tokens)
+
+
+def test_refusing_can_append_with_room_left_preempts_nothing() -> None:
+    from prefixkv.conformance.runner import conformance_machine
+
+    factory = make(_Refuses)
+    _run(factory)
+    machine = conformance_machine(factory)
+    machine.coverage.reset()
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=40, stateful_step_count=_STEPS, database=None)
+    )
+    variants = machine.coverage.variants
+    assert variants["reserve:refused_with_room"] > 0
+    assert variants["reserve:preempt"] < variants["reserve:refused_with_room"]
+
+
+# -- pool shapes ---------------------------------------------------------------------------
+
+
+def test_pool_shapes_come_from_the_capabilities() -> None:
+    seen: set[tuple[int, int]] = set()
+
+    def factory(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+        seen.add((num_blocks, block_size))
+        return EngineStyleManager(num_blocks, block_size)
+
+    factory.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+    _run(factory, examples=30, block_sizes=(256, 512), num_blocks=(6, 8))
+    assert seen and {bs for _, bs in seen} <= {256, 512}
+    assert {n for n, _ in seen} <= {6, 7, 8}
+
+
+# -- reports -------------------------------------------------------------------------------
+
+
+class _TwoBugs(StaleHashAfterReuse, CanAdmitIgnoresHits):
+    """Two independent bugs: a stale index entry, and a can_admit that ignores hits."""
+
+
+def test_every_distinct_failed_check_is_reported(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    failure = _fails(make(_TwoBugs), max_failures=3, report=out)
+    report = failure.report
+    # the stale entry is found first; with it set aside, the search goes on and finds more
+    assert report.checks[0] == "INV-INDEX" and len(report.checks) >= 2, report.checks
+    assert len(set(report.checks)) == len(report.checks)
+    data = json.loads(out.read_text())
+    assert data["passed"] is False and [f["check"] for f in data["failures"]] == report.checks
+    for f in data["failures"]:
+        assert f["replay"][1].startswith("cache = make(") and f["steps"] >= 1
+        assert f["first_seen_s"] >= f["find_s"] >= 0 and f["shrink_s"] >= 0
+    assert f"{len(report.checks)} distinct check(s) failed" in str(failure)
+
+
+def test_ignoring_a_check_and_skipping_a_rule() -> None:
+    failure = _fails(make(StaleHashAfterReuse), ignore="INV-INDEX")
+    assert failure.check != "INV-INDEX" and failure.report.ignored == ("INV-INDEX",)
+    # the only batched frees left come from the rules below: skip them and it passes
+    report = _run(
+        make_double_free_in_batch,
+        skip_rules=["free", "parallel_sampling", "reset", "bad_sequence_op"],
+        ignore="CRASH",
+    )
+    assert report.passed and "free" in report.skipped_rules
+
+
+def test_unknown_rule_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="no rule named frees"):
+        _run(make(EngineStyleManager), skip_rules="frees", examples=1)
