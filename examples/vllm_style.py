@@ -453,10 +453,15 @@ class KVCacheManager:
         scheduled = self.num_scheduled_tokens[rid] - num_tokens
         if scheduled < request.num_computed_tokens:
             raise ValueError("cannot give back slots whose KV is written")
+        # A block cached at schedule time may have been hit already: its readers count on
+        # this request writing all of it, so its slots can no longer be given back.
+        blocks, bs = self.req_to_blocks[rid], self.block_size
+        first = max(scheduled // bs, self.num_hit_blocks[rid])
+        if any(b.ref_cnt > 1 for b in blocks[first : self.num_cached_block[rid]]):
+            raise ValueError("cannot give back slots of a cached block other requests read")
         # A cached block that is no longer wholly scheduled will not be written by us.
-        self._uncache_unwritten(request, scheduled // self.block_size)
-        blocks = self.req_to_blocks[rid]
-        keep = cdiv(scheduled, self.block_size)
+        self._uncache_unwritten(request, scheduled // bs)
+        keep = cdiv(scheduled, bs)
         dropped = blocks[keep:]
         del blocks[keep:]
         self.num_scheduled_tokens[rid] = scheduled

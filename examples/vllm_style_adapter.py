@@ -97,18 +97,15 @@ class VllmStyleAdapter:
         self.m.record_forward(r, n, tokens)
 
     def rollback(self, seq_id: Any, num_tokens: int) -> None:
-        r = tk.live(self.reqs, seq_id)
-        n = tk.check_count(num_tokens, "num_tokens")
-        if self.m.num_scheduled_tokens[seq_id] - n < r.num_computed_tokens:
-            raise InvalidOperation(f"cannot roll back written slots of {seq_id!r}")
-        self.m.free_tail_slots(r, n)
+        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
+        try:
+            self.m.free_tail_slots(r, n)
+        except ValueError as exc:  # raised before anything changed
+            raise InvalidOperation(f"{seq_id!r}: {exc}") from None
 
     def free(self, seq_ids: Any) -> None:
         for s in tk.check_free_batch(seq_ids, self.reqs):
             self.m.free(self.reqs.pop(s))
-
-    def evict(self, num_blocks: int) -> int:
-        raise NotImplementedError("vLLM evicts only when it allocates (declared: -evict)")
 
     def reset(self, *, preserve_cache: bool) -> None:
         if tk.check_flag(preserve_cache):

@@ -98,6 +98,16 @@ def test_a_rollback_unpublishes_blocks_no_longer_scheduled() -> None:
         m.free_tail_slots(a, 3)
 
 
+def test_a_rollback_may_not_cut_a_cached_block_that_another_request_read() -> None:
+    m = KVCacheManager(8, BS)
+    a = _admit(m, "a", [1, 2, 3, 4, 5])
+    _admit(m, "b", [1, 2, 3, 4, 6])  # the same step: b reads a's blocks 0 and 1
+    with pytest.raises(ValueError, match="other requests read"):
+        m.free_tail_slots(a, 2)  # would leave a's block 1 half scheduled
+    assert m.num_scheduled_tokens["a"] == 5
+    m.free_tail_slots(a, 1)  # the partial tail block is a's own
+
+
 def test_several_blocks_per_hash() -> None:
     m = KVCacheManager(8, BS)
     a = _admit(m, "a", [1, 2, 3, 4, 5], budget=2)  # first chunk: block 0 only
