@@ -22,9 +22,10 @@ from prefixkv.conformance import (
 )
 from prefixkv.conformance.reference_adapters import impl_adapter, spec_adapter
 
-# The CI profile is derandomized, so these runs are the same on every machine; a passing
-# run stops early, so only the correct managers pay for all of them.
+# The CI profile is derandomized, so these runs are the same on every machine; a failing
+# run stops at its first failure, so only the correct managers pay for all the examples.
 _EXAMPLES = 150
+_BUG_EXAMPLES = 500
 _STEPS = 30
 
 #: bug -> the check that must catch it.
@@ -37,7 +38,9 @@ _EXPECTED = {
 
 
 def _run(factory: Any, caps: Capabilities | None = None, examples: int = _EXAMPLES) -> Any:
-    return run_conformance(factory, caps, max_examples=examples, steps=_STEPS, profile="ci")
+    return run_conformance(
+        factory, caps, max_examples=examples, steps=_STEPS, profile="ci", max_failures=1
+    )
 
 
 def test_every_bug_has_an_expected_check() -> None:
@@ -53,7 +56,7 @@ def test_the_correct_manager_passes() -> None:
 def test_each_classic_bug_fails_with_a_short_replay(bug: str) -> None:
     factory = getattr(engine_style, f"make_{bug}")
     with pytest.raises(ConformanceFailure) as info:
-        _run(factory)
+        _run(factory, examples=_BUG_EXAMPLES)
     failure = info.value
     assert failure.check == _EXPECTED[bug], str(failure)
     assert failure.steps <= 15, str(failure)

@@ -85,6 +85,7 @@ def test_capabilities_from_the_command_line(pytester: pytest.Pytester) -> None:
         pytester,
         "--prefixkv-adapter=examples.engine_style:make_manager",
         "--prefixkv-capabilities=+exact",
+        "--prefixkv-max-failures=1",
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*examples.engine_style:make_manager failed *"])

@@ -7,7 +7,8 @@ An adapter turns the kit's calls into the engine's and renders the engine's stat
   :func:`check_tokens`, :func:`check_flag`, :func:`check_free_batch`, :func:`live`) raise
   the exact :class:`~prefixkv.spec.PrefixCacheError` subclasses the kit expects, before the
   engine is touched, so a refused call changes nothing (INV-TXN).
-* **Statistics from a snapshot** (:class:`Counters`, :func:`stats_from`) for engines that
+* **Statistics from a snapshot** (:class:`Counters`, :func:`stats_from`,
+  :class:`AdapterBase`) for engines that
   keep no :class:`~prefixkv.spec.CacheStats`: occupancy is derived from the blocks, and
   the token counters from what the adapter saw at admission.
 * **Snapshots of hash-chained caches** (:class:`Block`, :func:`build_snapshot`): engines
@@ -40,6 +41,7 @@ from prefixkv.spec import (
 )
 
 __all__ = [
+    "AdapterBase",
     "Block",
     "Counters",
     "build_snapshot",
@@ -129,6 +131,27 @@ def check_free_batch(seq_ids: object, table: Mapping[Any, Any]) -> list[SeqId]:
 
 
 # -- statistics -----------------------------------------------------------------------------
+
+
+class AdapterBase:
+    """The part every adapter of an engine without statistics or KV events shares: the pool
+    shape, the :class:`Counters`, ``stats()`` read from the adapter's own ``snapshot()``,
+    and no events (declare ``events=False``). Subclasses translate the rest."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.counters = Counters()
+
+    def snapshot(self) -> CacheState:
+        raise NotImplementedError("render the engine's state with build_snapshot")
+
+    def stats(self) -> CacheStats:
+        """Statistics derived from the snapshot (see :func:`stats_from`)."""
+        return self.snapshot().stats
+
+    def take_events(self) -> list[Any]:
+        """No KV events: the engine publishes none."""
+        return []
 
 
 @attrs.define
@@ -329,7 +352,12 @@ def check_deepcopy(manager: object) -> list[str]:
                 problems.append(f"{path}: {a!r} became {b!r}")
             return
         seen.add(id(a))
-        if a is b and not callable(a):
+        # Immutable values may be shared by a deep copy (tuples of ints are); mutable
+        # containers and objects with fields may not: the dry run would change the original.
+        mutable = not isinstance(a, (tuple, frozenset)) and (
+            isinstance(a, (list, dict, set, bytearray)) or bool(_fields(a))
+        )
+        if a is b and (mutable or type(a).__name__ == "deque"):
             problems.append(f"{path} is shared with the copy, not copied")
             return
         if type(a) is not type(b):
