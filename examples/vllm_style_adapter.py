@@ -37,26 +37,23 @@ CAPABILITIES = Capabilities(
 )  # fmt: skip
 
 
-class VllmStyleAdapter:
+class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the manager's
     def __init__(self, manager: KVCacheManager) -> None:
-        self.m, self.block_size = manager, manager.block_size
-        self.num_blocks = manager.block_pool.num_blocks
-        self.reqs: dict[Any, Request] = {}
-        self.counters = tk.Counters()
+        super().__init__(manager.block_pool.num_blocks, manager.block_size)
+        self.m, self.reqs = manager, dict[Any, Request]()
 
     def _plan(self, req: PkvRequest, budget: int | None) -> tuple[Request, list[Any], int]:
         r = Request(tk.check_request(req).seq_id, req.token_ids, req.namespace.key())
         hits, cached = self.m.get_computed_blocks(r)
-        if budget is not None:
-            tk.check_count(budget, "num_new_tokens")
+        if budget is not None and tk.check_count(budget, "num_new_tokens"):
+            budget = min(budget, r.num_tokens - cached)
         if req.seq_id in self.reqs:
             raise DuplicateSequence(f"{req.seq_id!r} is live")
-        todo = r.num_tokens - cached
-        return r, hits, todo if budget is None else min(budget, todo)
+        return r, hits, r.num_tokens - cached if budget is None else budget
 
     def match(self, req: PkvRequest) -> Match:
-        hits, cached = self.m.get_computed_blocks(Request(0, tk.check_request(req).token_ids,
-                                                          req.namespace.key()))  # fmt: skip
+        r = Request(0, tk.check_request(req).token_ids, req.namespace.key())
+        hits, cached = self.m.get_computed_blocks(r)
         return Match(req.num_tokens, cached, tuple(b.block_id for b in hits))
 
     def can_admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> bool:
@@ -64,35 +61,31 @@ class VllmStyleAdapter:
         return self.m.can_allocate(r, todo, hits)
 
     def admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> Admission:
-        r, hits, todo = self._plan(req, num_new_tokens)
-        evictions = self.m.block_pool.num_evictions
-        new = self.m.allocate_slots(r, todo, hits)
-        if new is None:
+        (r, hits, todo), evictions = (
+            self._plan(req, num_new_tokens),
+            self.m.block_pool.num_evictions,
+        )
+        if (new := self.m.allocate_slots(r, todo, hits)) is None:
             raise OutOfBlocks(f"{todo} tokens of {req.seq_id!r} do not fit")
         self.reqs[req.seq_id] = r
         self.counters.admitted(r.num_tokens, r.num_computed_tokens)
-        ids = tuple(self.m.get_block_ids(req.seq_id))
-        num_evicted = self.m.block_pool.num_evictions - evictions
-        return Admission(req.seq_id, r.num_computed_tokens, todo, ids, len(new), num_evicted)
+        return Admission(req.seq_id, r.num_computed_tokens, todo, self.block_table(req.seq_id),
+                         len(new), self.m.block_pool.num_evictions - evictions)  # fmt: skip
 
     def can_append(self, seq_id: Any, num_tokens: int) -> bool:
-        r = tk.live(self.reqs, seq_id)
-        return self.m.can_allocate(r, tk.check_count(num_tokens, "num_tokens"))
+        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
+        return self.m.can_allocate(r, n)
 
     def append(self, seq_id: Any, num_tokens: int) -> list[int]:
         if not self.can_append(seq_id, num_tokens):
             raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
-        new = self.m.allocate_slots(self.reqs[seq_id], num_tokens)
-        return [b.block_id for b in new or ()]
+        return [b.block_id for b in self.m.allocate_slots(self.reqs[seq_id], num_tokens) or ()]
 
     def commit(self, seq_id: Any, num_computed: int, accepted_tokens: Any = ()) -> None:
-        r = tk.live(self.reqs, seq_id)
-        n, tokens = (
-            tk.check_count(num_computed, "num_computed", 0),
-            tk.check_tokens(accepted_tokens),
-        )
+        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_computed, "num_computed", 0)
+        tokens = tk.check_tokens(accepted_tokens)
         total = r.num_computed_tokens + n
-        if total > self.m.num_scheduled_tokens[seq_id] or total > r.num_tokens + len(tokens):
+        if total > min(self.m.num_scheduled_tokens[seq_id], r.num_tokens + len(tokens)):
             raise InvalidOperation(f"cannot commit {total} tokens of {seq_id!r}")
         self.m.record_forward(r, n, tokens)
 
@@ -122,12 +115,6 @@ class VllmStyleAdapter:
     def seq_ids(self) -> tuple[Any, ...]:
         return tuple(self.reqs)
 
-    def take_events(self) -> list[Any]:
-        return []
-
-    def stats(self) -> Any:
-        return self.snapshot().stats
-
     def snapshot(self) -> CacheState:
         pool, c, bs = self.m.block_pool, self.counters, self.block_size
         c.evictions, c.published = pool.num_evictions, pool.num_blocks_cached
@@ -135,19 +122,16 @@ class VllmStyleAdapter:
         owner: dict[Any, int] = {}  # identity -> the copy a lookup returns (the oldest)
         for _, b in index:
             owner.setdefault(pool.blocks[b].identity, b)
-        views = tuple(_view(b, owner) for b in pool.blocks)
         seqs = tuple(
-            SeqView(rid, r.cache_salt or b"", tuple(r.all_token_ids),
-                    tuple(self.m.get_block_ids(rid)), r.num_computed_tokens,
-                    self.m.num_scheduled_tokens[rid], r.num_prompt_tokens,
-                    self.m.num_hit_blocks[rid] * bs)
-            for rid, r in self.reqs.items()
+            SeqView(i, r.cache_salt or b"", tuple(r.all_token_ids), self.block_table(i),
+                    r.num_computed_tokens, self.m.num_scheduled_tokens[i], r.num_prompt_tokens,
+                    self.m.num_hit_blocks[i] * bs)
+            for i, r in self.reqs.items()
         )  # fmt: skip
+        views = tuple(_view(b, owner) for b in pool.blocks)
         free = tuple(b.block_id for b in pool.free_block_queue if b.block_hash is None)
         stats = tk.stats_from(views, len(free), len(seqs), c, block_size=bs)
-        return CacheState(num_blocks=self.num_blocks, block_size=bs, blocks=views, free_queue=free,
-                          index=tuple(sorted(index)), sequences=seqs, stats=stats,
-                          pending_events=())  # fmt: skip
+        return CacheState(self.num_blocks, bs, views, free, tuple(sorted(index)), seqs, stats, ())
 
 
 def _view(b: KVCacheBlock, owner: dict[Any, int]) -> BlockView:
