@@ -233,13 +233,16 @@ class RadixCache:
                 heapq.heappush(heap, parent)
         return done
 
-    def all_pages(self) -> list[tuple[int, TreeNode, int]]:
-        """``(page, node, index in node)`` for every page in the tree, parents first."""
-        out, stack = [], list(self.roots.values())
-        while stack:
-            node = stack.pop()
-            out += [(page, node, i) for i, page in enumerate(node.value)]
-            stack.extend(node.children.values())
+    def all_pages(self) -> list[tuple[int, TreeNode, int, Hashable]]:
+        """``(page, node, index in node, namespace)`` for every page in the tree, each node
+        before its children."""
+        out: list[tuple[int, TreeNode, int, Hashable]] = []
+        for ns, root in self.roots.items():
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                out += [(page, node, i, ns) for i, page in enumerate(node.value)]
+                stack.extend(node.children.values())
         return out
 
 
@@ -410,7 +413,7 @@ class RadixKVManager:
         """Drop the whole tree; refused while a request is running."""
         if self.reqs:
             return False
-        self.pool.free([page for page, _, _ in self.tree.all_pages()])
+        self.pool.free([page for page, *_ in self.tree.all_pages()])
         self.tree.roots.clear()
         self.tree.evictable_size = self.tree.protected_size = 0
         return True
