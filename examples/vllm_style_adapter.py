@@ -61,10 +61,8 @@ class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the ma
         return self.m.can_allocate(r, todo, hits)
 
     def admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> Admission:
-        (r, hits, todo), evictions = (
-            self._plan(req, num_new_tokens),
-            self.m.block_pool.num_evictions,
-        )
+        r, hits, todo = self._plan(req, num_new_tokens)
+        evictions = self.m.block_pool.num_evictions
         if (new := self.m.allocate_slots(r, todo, hits)) is None:
             raise OutOfBlocks(f"{todo} tokens of {req.seq_id!r} do not fit")
         self.reqs[req.seq_id] = r
