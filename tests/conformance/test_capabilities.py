@@ -176,15 +176,19 @@ def test_refusing_can_append_with_room_left_preempts_nothing() -> None:
 
 def test_pool_shapes_come_from_the_capabilities() -> None:
     seen: set[tuple[int, int]] = set()
+    built: list[EngineStyleManager] = []
 
     def factory(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
         seen.add((num_blocks, block_size))
-        return EngineStyleManager(num_blocks, block_size)
+        built.append(EngineStyleManager(num_blocks, block_size))
+        return built[-1]
 
     factory.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     _run(factory, examples=30, block_sizes=(256, 512), num_blocks=(6, 8))
     assert seen and {bs for _, bs in seen} <= {256, 512}
     assert {n for n, _ in seen} <= {6, 7, 8}
+    # prompts are scaled to the block size, so big blocks still fill up and are shared
+    assert sum(m.counters["hits"] > 0 for m in built) >= 3
 
 
 # -- reports -------------------------------------------------------------------------------

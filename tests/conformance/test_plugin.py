@@ -35,12 +35,16 @@ def test_a_conforming_adapter_passes(pytester: pytest.Pytester) -> None:
 
 
 def test_a_bug_fails_with_a_replay(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, "--prefixkv-adapter=examples.engine_style:make_stale_hash_after_reuse")
+    result = _run(
+        pytester,
+        "--prefixkv-adapter=examples.engine_style:make_stale_hash_after_reuse",
+        "--prefixkv-max-failures=1",
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*examples.engine_style:make_stale_hash_after_reuse failed INV-INDEX*",
-            "*minimal replay (* steps, * adapter calls):*",
+            "*examples.engine_style:make_stale_hash_after_reuse failed INV-INDEX",
+            "*minimal replay (* steps, * adapter calls; found in * s, shrunk in * s):*",
             "*cache = make(num_blocks=*",
         ]
     )

@@ -6,8 +6,8 @@
   factory (see :mod:`.runner`); the pytest plugin does the same from the command line
   (``pytest --prefixkv-adapter=module:factory``, see :mod:`.plugin`).
 * :class:`Lockstep`: the oracle that runs one operation on a reference and a candidate and
-  checks everything (no Hypothesis needed); :mod:`.policy` holds the safety checks under a
-  declared policy.
+  checks everything (no Hypothesis needed); :mod:`prefixkv.conformance.safety` holds the
+  safety checks under a declared policy.
 * :mod:`.toolkit`: argument checks, statistics and snapshots for writing an adapter.
 * :mod:`.report`: every distinct failed check with its shortest replay (JSON for CI).
 * :mod:`.machines`: the differential Hypothesis state machines themselves.

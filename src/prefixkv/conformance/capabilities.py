@@ -9,7 +9,7 @@ Two kinds of fields:
 * **Policy** (``publish``, ``eviction``, ``duplicates``): where engines legitimately
   disagree with prefixkv's choices 1 to 3. Each value other than prefixkv's own swaps one
   policy check for the weakest safety property that still catches real bugs (see
-  :mod:`.policy` and docs/conformance.md, "Design differences").
+  :mod:`prefixkv.conformance.safety` and docs/conformance.md, "Design differences").
 
 ``exact`` chooses the mode:
 

@@ -15,9 +15,9 @@ After **every operation**:
    (``DIFF-RAISE``); alone: the candidate raised nothing but a
    :class:`~prefixkv.spec.PrefixCacheError` (``CRASH(<op>)``);
 2. every invariant holds on the candidate's snapshot, under its declared policy
-   (:func:`~prefixkv.conformance.policy.safety_violations`; ``SPEC:INV-*`` on the
+   (:func:`~prefixkv.conformance.safety.safety_violations`; ``SPEC:INV-*`` on the
    reference: a bug in the spec itself), and no admission hit a block whose KV nobody
-   wrote (INV-PUBLISH, see :class:`~prefixkv.conformance.policy.KVLedger`);
+   wrote (INV-PUBLISH, see :class:`~prefixkv.conformance.safety.KVLedger`);
 3. an operation that raised, or a pure one, changed nothing on either cache, statistics
    and pending events included (``INV-TXN``, ``PURE``);
 4. the return values are equal (``DIFF-RESULT``) and so are the snapshots, field by field
@@ -52,8 +52,8 @@ from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
 from .failures import CheckFailed, is_ignored
-from .policy import KVLedger, root_cause_first, safety_violations
 from .replay import Recording
+from .safety import KVLedger, root_cause_first, safety_violations
 
 __all__ = ["PLAIN_WORDS", "Lockstep", "Outcome"]
 

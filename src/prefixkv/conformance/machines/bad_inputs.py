@@ -143,7 +143,7 @@ class BadInputRules(ProtocolSteps):
             "bad_seq_id_type": lambda c: c.block_table(1.5),
         }
         if kind == "admit_live_id":
-            req = Request(seq, tokens, self._ns(self._seq_ns.get(seq, 0)))
+            req = Request(seq, self._prompt(tokens), self._ns(self._seq_ns.get(seq, 0)))
             self.oracle.op("can_admit", lambda c: c.can_admit(req), pure=True)
             self.oracle.op("admit", lambda c: c.admit(req), must_raise=DuplicateSequence)
         else:

@@ -10,15 +10,16 @@ never the caches directly. The composite protocol steps (:mod:`.steps`) and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
-from prefixkv.spec import MultimodalSpan, Namespace, Request, SeqId
+from prefixkv.spec import CacheState, Match, MultimodalSpan, Namespace, Request, SeqId, SeqView
 
 from ..capabilities import Capabilities
 from ..failures import CheckFailed
-from ..lockstep import Lockstep
+from ..lockstep import Lockstep, Outcome
 from ..replay import HEADER
 from .coverage import RuleCoverage
 from .factories import PoolConfig
@@ -90,6 +91,18 @@ class MachineBase(RuleBasedStateMachine):
         assert self.cfg is not None
         return self.cfg.block_size
 
+    @property
+    def scale(self) -> int:
+        """Tokens per drawn token: the workload is drawn for blocks of up to 4 tokens, so on
+        larger blocks (an engine that needs 256) each drawn token becomes a run of
+        ``block_size // 4`` tokens, and prompts still share, fill and outgrow blocks."""
+        return max(1, self.block_size // 4)
+
+    def _prompt(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """A drawn prompt at this pool's scale (see :attr:`scale`)."""
+        n = self.scale
+        return tokens if n == 1 else tuple(t for t in tokens for _ in range(n))
+
     def _start(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         cls = type(self)
@@ -112,6 +125,46 @@ class MachineBase(RuleBasedStateMachine):
                         f"asked for {getattr(cfg, attr)}, candidate has {getattr(cand, attr)}",
                     )
         self.oracle.start()
+
+    # -- the names rule modules used before the oracle had a public surface -----------------
+    # Kept so that rule modules written against them keep working; new rules call
+    # ``self.oracle`` directly.
+
+    def _op(
+        self,
+        name: str,
+        fn: Callable[[Any], Any],
+        *,
+        pure: bool = False,
+        must_raise: type[Exception] | None = None,
+    ) -> Outcome:
+        return self.oracle.op(name, fn, pure=pure, must_raise=must_raise)
+
+    def _check_match(self, req: Request, match: Match, what: str) -> None:
+        self.oracle.check_match(req, match, what)
+
+    def _view(self, seq_id: SeqId) -> SeqView | None:
+        return self.oracle.view(seq_id)
+
+    @property
+    def _views(self) -> dict[SeqId, SeqView]:
+        return self.oracle.views
+
+    @property
+    def _snap_c(self) -> CacheState | None:
+        return self.oracle.snap_c
+
+    @property
+    def _snap_r(self) -> CacheState | None:
+        return self.oracle.snap_r
+
+    @property
+    def _rule_raised(self) -> bool:
+        return self.oracle.raised_in_rule
+
+    @_rule_raised.setter
+    def _rule_raised(self, value: bool) -> None:
+        self.oracle.raised_in_rule = value
 
     # -- bookkeeping -----------------------------------------------------------------------
 

@@ -1,15 +1,12 @@
 """The differential state machine: a reference cache and a candidate, driven in lockstep.
 
-Every rule runs the same operations on both caches (see :meth:`DifferentialMachine._op`).
-After **every operation**:
-
-1. both raised the same exception type, or neither raised (``DIFF-RAISE``);
-2. ``invariants.check`` holds on the candidate's snapshot (``INV-*``) and on the reference's
-   (``SPEC:INV-*``: a bug in the spec itself);
-3. an operation that raised, or a pure one (``match``, ``can_admit``, queries), changed
-   nothing on either cache, statistics and pending events included (``INV-TXN``, ``PURE``);
-4. the return values are equal (``DIFF-RESULT``);
-5. the two snapshots are equal, field by field (``DIFF-STATE(<field>)``).
+Every rule runs its operations through the machine's
+:class:`~prefixkv.conformance.lockstep.Lockstep` oracle (``self.oracle.op``), which runs
+each on both caches and checks it: the same outcome, every invariant (under the declared
+policy when the candidate runs alone), INV-TXN and purity, equal results and snapshots.
+The rules come from mixins, one concern each: :mod:`.lifecycle` (admission, growth,
+release, queries), :mod:`.bad_inputs`, :mod:`.features` (spans, windows, chunked prefill),
+all written in the composite steps of :mod:`.steps`.
 
 Rules add their own checks: ``check_match`` on every match and admission (``INV-MATCH``),
 ``can_admit``/``can_append`` must predict the operation that follows on the same cache

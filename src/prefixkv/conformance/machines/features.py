@@ -119,11 +119,11 @@ class FeatureRules(ProtocolSteps):
         caps = self.caps
         return build_request(
             self._new_id(),
-            tokens,
+            self._prompt(tokens),
             self._ns(ns),
             placed if caps.multimodal else [],
             window if caps.recompute_windows else 0,
-            limit if caps.chunked_prefill else None,
+            limit * self.scale if caps.chunked_prefill and limit is not None else None,
         )
 
     def _prefill_steps(
@@ -281,6 +281,7 @@ class FeatureRules(ProtocolSteps):
         self, ns: int, tokens: tuple[int, ...], placed: list[tuple[int, int, int]], window: int
     ) -> None:
         """A pure match of a request with items and a window (INV-MATCH, LOST)."""
+        tokens = self._prompt(tokens)
         req = build_request("probe", tokens, self._ns(ns), placed, self._window(window), None)
         out = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if not out.raised:

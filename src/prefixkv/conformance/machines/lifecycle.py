@@ -34,7 +34,7 @@ class LifecycleRules(ProtocolSteps):
     @counted
     def admit(self, ns: int, tokens: tuple[int, ...], budget: int | None) -> Any:
         """match, can_admit and admit a fresh sequence (admit even when it cannot fit)."""
-        req = Request(self._new_id(), tokens, self._ns(ns))
+        req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
         adm = self._admit(req, budget, only_if_possible=False)
         return multiple() if adm is None else req.seq_id
 
@@ -63,7 +63,7 @@ class LifecycleRules(ProtocolSteps):
         (the samples share their prompt blocks: each must be released once per holder)."""
         admitted: list[tuple[SeqId, Admission]] = []
         for _ in range(n):
-            req = Request(self._new_id(), tokens, self._ns(ns))
+            req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
             adm = self._admit(req, None, only_if_possible=True)
             if adm is not None:
                 admitted.append((req.seq_id, adm))
@@ -103,7 +103,7 @@ class LifecycleRules(ProtocolSteps):
     ) -> Any:
         """A request's life in an engine: admit, prefill (chunked), speculative decode
         steps, and (if ``finish``) completion."""
-        req = Request(self._new_id(), tokens, self._ns(ns))
+        req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
         adm = self._admit(req, budget, only_if_possible=True)
         if adm is None:
             return multiple()
@@ -142,7 +142,7 @@ class LifecycleRules(ProtocolSteps):
         """A hot prompt: many short requests, one after another, each admitted (a hit after
         the first), prefilled and finished. Cached blocks are released over and over."""
         for i in range(repeats):
-            req = Request(self._new_id(), tokens, self._ns(ns))
+            req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
             adm = self._admit(req, None, only_if_possible=True)
             if adm is None:
                 return
@@ -283,7 +283,7 @@ class LifecycleRules(ProtocolSteps):
     @counted
     def match(self, ns: int, tokens: tuple[int, ...]) -> None:
         """A pure match, checked against INV-MATCH."""
-        req = Request("probe", tokens, self._ns(ns))
+        req = Request("probe", self._prompt(tokens), self._ns(ns))
         out = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if not out.raised:
             self.oracle.check_match(req, out.value, "match")

@@ -30,6 +30,8 @@ class ProtocolSteps(MachineBase):
         ``partial_admission`` the budget is dropped: the whole prompt is scheduled."""
         if not self.caps.partial_admission:
             budget = None
+        elif budget is not None:
+            budget *= self.scale
         m = self.oracle.op("match", lambda c: c.match(req), pure=True)
         if m.raised:
             return None
@@ -142,11 +144,11 @@ class ProtocolSteps(MachineBase):
         by_chunks = view.kv_token_limit is not None or k % 2 == 0
         if self.caps.chunked_prefill and r < view.num_prompt_tokens and by_chunks:
             # prefill by chunks (choice 8); odd k on an unlimited sequence grows by append
-            self._prefill_step(seq_id, k + 1, sampled)
+            self._prefill_step(seq_id, (k + 1) * self.scale, sampled)
             return
         pending = known - c
         if pending >= 2:  # prefill, chunk by chunk
-            chunk = min(pending, k + 1)
+            chunk = min(pending, (k + 1) * self.scale)
             if r < c + chunk and not self._reserve(seq_id, c + chunk - r):
                 return
             self._commit(seq_id, chunk, sampled[:1] if c + chunk == known else ())

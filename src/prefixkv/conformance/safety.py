@@ -5,27 +5,28 @@ publish after compute, leaf-only eviction, private duplicates. Engines that chos
 declare it (:class:`~prefixkv.conformance.Capabilities`), and each declaration swaps one
 policy check for the weakest safety property that still catches real bugs:
 
-======================  ===================================================================
-declared                checked instead
-======================  ===================================================================
-``publish=schedule``    INV-PUBLISH / INV-WRITE: a published block whose KV is not written
-                        yet must belong to a live writer that will write it; a hit (or a
-                        match) on a block whose writer was freed before writing it is
-                        INV-PUBLISH. Only the writer writes it, readers never do.
-``eviction=any``        INV-ANCESTOR is dropped. A match through an evicted parent fails
-                        INV-MATCH (the child no longer extends the matched chain), and
-                        ``evict(n)`` must reach every refcount-0 published block (EVICT):
-                        unreachable blocks are evictable, never leaked.
-``duplicates=shared``   INV-INDEX allows several published blocks per identity; every one is
-                        indexed and verified.
-``duplicates=last-wins`` as ``shared``, and older copies may leave the index while they stay
-                        published and read-only.
-======================  ===================================================================
+* ``publish=schedule``: INV-PUBLISH and INV-WRITE allow a published block whose KV is not
+  written yet, if it belongs to a live writer that will write it; a hit (or a match) on a
+  block whose writer was freed before writing it is INV-PUBLISH. Only the writer writes it,
+  readers never do.
+* ``eviction=any``: INV-ANCESTOR is dropped. A match through an evicted parent fails
+  INV-MATCH (the child no longer extends the matched chain), and ``evict(n)`` must reach
+  every refcount-0 published block (EVICT): unreachable blocks are evictable, never leaked.
+* ``duplicates=shared``: INV-INDEX allows several published blocks per identity; every one
+  is indexed and verified.
+* ``duplicates=last-wins``: as ``shared``, and older copies may leave the index while they
+  stay published and read-only.
 
 What a block's KV holds is not in a :class:`~prefixkv.spec.CacheState`, so
 :class:`KVLedger` follows it from consecutive snapshots: a block allocated fresh to a
 sequence is *unwritten* until that sequence commits past its end. The ledger needs nothing
 from the engine beyond the snapshot.
+
+Steps, for ``publish=schedule``: the kit drives no batches, so one sequence's step runs from
+its scheduling (``admit``, ``append``) to the ``commit`` that reports its forward pass. A
+hit on a pending block is a reader scheduled in its writer's step or a later one, whose
+forward runs with or after the writer's: allowed. Once the writer is freed or rolled back
+without committing, the block holds nothing, and no later step may be served it.
 
 NOTE: the ledger's hit check applies under every policy in the safety mode: with publish
 after compute it can never fire on a correct cache (a block is published only once it is
@@ -113,6 +114,10 @@ class KVLedger:
                 first = len(was.block_ids)
             else:  # admitted (or re-admitted under the same id)
                 first = seq.num_cached_tokens // bs
+                # An adapter that leaves num_cached_tokens at 0 still has hits: the leading
+                # blocks that were published before, and still are, with the same identity.
+                while first < len(seq.block_ids) and _kept(before, after, seq.block_ids[first]):
+                    first += 1
                 problems += self.unwritten(seq.block_ids[:first], after, f"admission of {seq_id!r}")
             for b in seq.block_ids[first:]:
                 self._fresh(b, seq_id)
@@ -147,6 +152,19 @@ class KVLedger:
     def pending(self, b: int) -> bool:
         """Published-but-unwritten block with a live writer (allowed under publish=schedule)."""
         return b in self.writer and b not in self.written
+
+
+def _kept(before: CacheState, after: CacheState, b: int) -> bool:
+    old, new = before.blocks[b], after.blocks[b]
+    return (
+        old.published
+        and new.published
+        and (old.block_hash, old.token_ids)
+        == (
+            new.block_hash,
+            new.token_ids,
+        )
+    )
 
 
 def safety_violations(
