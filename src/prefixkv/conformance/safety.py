@@ -114,10 +114,10 @@ class KVLedger:
                 first = len(was.block_ids)
             else:  # admitted (or re-admitted under the same id)
                 first = seq.num_cached_tokens // bs
-                # An adapter that leaves num_cached_tokens at 0 still has hits: the leading
-                # blocks that were published before, and still are, with the same identity.
-                while first < len(seq.block_ids) and _kept(before, after, seq.block_ids[first]):
-                    first += 1
+                # NOTE: the hits are the SeqView's num_cached_tokens, which the adapter must
+                # fill. Guessing them from identities fails: a schedule-time publisher may
+                # evict a block and republish the same identity into it (a prompt's only
+                # block, which the one-token cap never lets it hit).
                 problems += self.unwritten(seq.block_ids[:first], after, f"admission of {seq_id!r}")
             for b in seq.block_ids[first:]:
                 self._fresh(b, seq_id)
@@ -152,19 +152,6 @@ class KVLedger:
     def pending(self, b: int) -> bool:
         """Published-but-unwritten block with a live writer (allowed under publish=schedule)."""
         return b in self.writer and b not in self.written
-
-
-def _kept(before: CacheState, after: CacheState, b: int) -> bool:
-    old, new = before.blocks[b], after.blocks[b]
-    return (
-        old.published
-        and new.published
-        and (old.block_hash, old.token_ids)
-        == (
-            new.block_hash,
-            new.token_ids,
-        )
-    )
 
 
 def safety_violations(

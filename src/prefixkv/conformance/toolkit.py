@@ -252,6 +252,10 @@ def build_snapshot(
     * ``free_queue`` may hold cached blocks (engines that evict lazily from the free
       queue): only the unpublished ones are free; the cached ones count as evictable.
     * ``index`` defaults to ``(hash, block_id)`` of every published block.
+
+    Fill each :class:`~prefixkv.spec.SeqView`'s ``num_cached_tokens`` (the tokens attached
+    from the cache at admission): the kit tells the blocks a sequence hit from the blocks
+    it writes by it.
     """
     by_id = {b.block_id: b for b in blocks}
     if index is None:
