@@ -202,53 +202,23 @@ def test_every_bug_has_an_expected_check() -> None:
     assert set(EXPECTED) == set(BUG_FACTORIES) == {*BUGS, "weak_hash_trusted"}
 
 
-#: Checks the kit fails this correct manager on, with one root cause (see
-#: docs/conformance.md, "Example managers"): an admission that reuses a cached block from
-#: the free queue's head and caches it again under the same hash (the same tokens) is taken
-#: for a hit, so the block's new writer is not recognised. The kit infers hits from the
-#: snapshot alone.
-KIT_FALSE_POSITIVES = (
-    ("INV-PUBLISH", "no live sequence is to write it"),
-    ("INV-WRITE", "which it did not allocate"),
-)
-
-
-def _only_the_known_kit_issue(report: Any) -> bool:
-    return all(
-        any(f.check == check and text in f.message for check, text in KIT_FALSE_POSITIVES)
-        for f in report.failures
-    )
-
-
 @pytest.mark.parametrize("factory", [make_manager, make_verified_weak_hash])
 def test_the_correct_manager_passes_the_kit(factory: Any) -> None:
-    """With ``max_failures=3`` a failure is set aside and the search goes on, so every
-    other check still runs its full course past the kit's known false positives. The ``ci``
-    runs without shrinking: a passing run never shrinks, and shrinking the known false
-    positives would double the cost."""
     assert factory.capabilities == CAPABILITIES
     examples = 500 if factory is make_manager else 200
-    try:
-        report = run_conformance(
-            factory, max_examples=examples, steps=_STEPS, profile=FIND_ONLY, max_failures=3
-        )
-    except ConformanceFailure as exc:
-        if _only_the_known_kit_issue(exc.report):
-            pytest.xfail(f"the kit's known false positive: {exc.report.failures[0].message}")
-        raise
+    report = run_conformance(factory, max_examples=examples, steps=_STEPS, profile="ci")
     assert report.rules > 1000 and report.operations > report.rules
 
 
 @pytest.mark.parametrize("bug", sorted(EXPECTED))
 def test_each_bug_is_caught(bug: str) -> None:
     """Found without shrinking: a failing run is mostly shrinking, and the shortest
-    replays are in docs/conformance.md (measured with it). Up to three distinct checks, so
-    that the kit's known false positives cannot stand in for the bug's own check."""
+    replays are in docs/conformance.md (measured with it)."""
     with pytest.raises(ConformanceFailure) as info:
         run_conformance(
-            BUG_FACTORIES[bug], max_examples=500, steps=_STEPS, profile=FIND_ONLY, max_failures=3
+            BUG_FACTORIES[bug], max_examples=500, steps=_STEPS, profile=FIND_ONLY, max_failures=1
         )
-    assert EXPECTED[bug] & set(info.value.report.checks), str(info.value)
+    assert info.value.check in EXPECTED[bug], str(info.value)
 
 
 def test_a_bug_shrinks_to_a_short_replay() -> None:
