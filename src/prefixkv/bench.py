@@ -35,6 +35,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ FULL = BenchConfig(
     spec_num_blocks=256,
     spec_live=4,
     rounds=3,
-    processes=2,
+    processes=1,
     values=3,
     warmups=1,
     spec_values=2,
@@ -371,6 +372,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
 
     load_before = os.getloadavg()
     started = dt.datetime.now(dt.UTC)
+    wall_start = time.monotonic()
     variants = variants_of(make_cache("impl", 16, config.block_size))
     spec_variants = ("percall",)
     cases = [
@@ -487,6 +489,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_info(),
         "load_average_1m": {"start": load_before[0], "end": load_after[0]},
+        "wall_s": time.monotonic() - wall_start,
         "method": {
             "timer": "pyperf bench_time_func, values in fresh worker processes",
             "rounds": config.rounds,
