@@ -49,9 +49,10 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
 
         from .bench_lifecycle import make_cache, replay, trace_from_config
 
-        config = ChatConfig(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in case["trace"].items()}
-        )
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in case["trace"].items()
+        }
+        config = ChatConfig(**fields)
         trace = trace_from_config(config)
         manager, variant, n, live = (
             case["manager"],
@@ -66,7 +67,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
                 cache = make_cache(manager, n, trace.block_size)
                 start = clock()
                 replay(cache, trace, variant, live)
-                total += clock() - start
+                total += float(clock() - start)
                 del cache
             return total
 
@@ -89,7 +90,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
             for _ in range(loops):
                 for req in probes:
                     match(req)
-            return clock() - start
+            return float(clock() - start)
 
         return lookups, len(probes)
 
