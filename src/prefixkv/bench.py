@@ -608,7 +608,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "### The spec beside the impl (small trace, small pool)",
         "",
-        f"The spec copies its state on every call, so it runs only a small trace: "
+        f"The spec is the readable definition and its cost per call grows with the pool, so it "
+        f"runs only a small trace: "
         f"{sp['requests']} requests, {sp['blocks_touched']:,} blocks touched, "
         f"{sp['num_blocks']:,} blocks, per-call shape.",
         "",
