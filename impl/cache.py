@@ -33,6 +33,7 @@ How it stays cheap without giving anything up:
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +45,7 @@ from prefixkv.spec.errors import (
     InvalidOperation,
     InvalidRequest,
     OutOfBlocks,
+    PrefixCacheError,
     UnknownSequence,
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -53,6 +55,7 @@ from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
+from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from .index import HashIndex
 from .leaves import LeafHeap
@@ -668,8 +671,17 @@ class PrefixCacheManager:
         seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
+        accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
+        self._apply_commit(seq, accepted, new_computed)
+
+    def _check_commit_args(
+        self, seq: SeqState, num_computed: object, accepted_tokens: Sequence[int]
+    ) -> tuple[Sequence[int], int]:
+        """What ``commit`` raises, in the spec's order; returns the checked tokens and the
+        new computed count."""
         if type(num_computed) is not int or num_computed < 0:
             check_count(num_computed, "num_computed", minimum=0)
+        assert isinstance(num_computed, int)
         accepted = accepted_tokens
         if type(accepted) is list or type(accepted) is tuple:
             for t in accepted:
@@ -678,16 +690,147 @@ class PrefixCacheManager:
                     break
         else:
             accepted = token_tuple(accepted_tokens, what="accepted_tokens")
+        new_computed = seq.num_computed + num_computed
+        known = len(seq.tokens) + len(accepted)
+        if new_computed > seq.num_reserved or new_computed > known:
+            raise self._commit_error(seq, new_computed, known)
+        return accepted, new_computed
+
+    def _apply_commit(self, seq: SeqState, accepted: Sequence[int], new_computed: int) -> None:
         computed = seq.num_computed
-        new_computed = computed + num_computed
-        tokens = seq.tokens
-        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
-            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
-        tokens.extend(accepted)
+        seq.tokens.extend(accepted)
         seq.num_computed = new_computed
         bs = self._block_size
         if new_computed // bs > computed // bs:
             self._publish(seq, computed // bs, new_computed // bs)
+
+    # -- engine-shaped calls (prefixkv.spec.steps) -----------------------------------------
+
+    #: NOTE: a subclass whose commit, rollback or append does more (the hybrid manager)
+    #: sets this to False: its ``advance`` then runs the public calls under a saved state.
+    _fused_inline = True
+
+    def advance(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int] = (),
+        *,
+        num_rejected: int = 0,
+        num_reserve: int = 1,
+    ) -> list[int]:
+        """``commit``, ``rollback(num_rejected)``, ``append(num_reserve)``: one transaction.
+
+        Everything the three calls could raise is checked before anything changes, except
+        one case: the reservation needs eviction and the supply is within reach of what the
+        commit's publication can anchor (publishing under a canonical twin anchors it and
+        its unanchored ancestors, at most one chain per commit, so at most ``stop - 1``
+        blocks). Only then the calls run under a saved copy of the state.
+        """
+        if (type(num_rejected) is not int or num_rejected < 0) or (
+            type(num_reserve) is not int or num_reserve < 0
+        ):
+            check_step_counts(num_rejected, num_reserve)
+        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
+        if seq is None:
+            seq = self._seq(seq_id)
+        if not self._fused_inline:
+            return self._advance_saved(
+                seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+            )
+        accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
+        bs = self._block_size
+        reserved = seq.num_reserved
+        if num_rejected:
+            reserved -= num_rejected
+            if reserved < new_computed:
+                raise InvalidOperation(
+                    f"cannot roll back {num_rejected} slots of {seq.seq_id!r}: only "
+                    f"{seq.num_reserved - new_computed} reserved slots are unwritten"
+                )
+            cut = span_containing(seq.spans, reserved) if seq.spans else None
+            if cut is not None:
+                raise InvalidOperation(f"rolling back {num_rejected} slots would split {cut!r}")
+        kept = min(len(seq.blocks), -(-reserved // bs))
+        need = 0
+        if num_reserve:
+            grown = reserved + num_reserve
+            if reserved < seq.prompt_len:
+                check_growth(
+                    seq.seq_id,
+                    reserved,
+                    grown,
+                    new_computed,
+                    seq.prompt_len,
+                    seq.kv_token_limit,
+                    seq.spans,
+                )
+            need = -(-grown // bs) - kept
+            if need > 0:
+                dropped = len(seq.blocks) - kept
+                supply = self._pool.num_free + dropped + self._num_reclaimable
+                if need > supply:
+                    raise self._out_of_blocks(need, supply)
+                first, stop = seq.num_computed // bs, new_computed // bs
+                if stop > first and need > supply - (stop - 1):
+                    return self._advance_saved(
+                        seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+                    )
+        # Nothing below can raise.
+        self._apply_commit(seq, accepted, new_computed)
+        if num_rejected:
+            seq.num_reserved = reserved
+            if kept < len(seq.blocks):
+                dropped_blocks = seq.blocks[kept:]
+                del seq.blocks[kept:]
+                self._release(dropped_blocks)
+        if not num_reserve:
+            return []
+        seq.num_reserved = reserved + num_reserve
+        if need <= 0:
+            return []
+        new, _ = self._allocate(need)
+        seq.blocks.extend(new)
+        return new
+
+    def _advance_saved(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int],
+        num_rejected: int,
+        num_reserve: int,
+    ) -> list[int]:
+        """``advance`` by its definition, under a saved copy of the whole state."""
+        saved = copy.deepcopy(self.__dict__, {id(self): self})
+        try:
+            self.commit(seq_id, num_computed, accepted_tokens)
+            if num_rejected:
+                self.rollback(seq_id, num_rejected)
+            return self.append(seq_id, num_reserve) if num_reserve else []
+        except PrefixCacheError:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
+        """``advance`` per step, in order, each atomic, up to the first that raises."""
+        batch = check_batch(steps)
+        done: list[tuple[int, ...]] = []
+        advance = self.advance
+        for step in batch:
+            try:
+                new = advance(
+                    step.seq_id,
+                    step.num_computed,
+                    step.accepted_tokens,
+                    num_rejected=step.num_rejected,
+                    num_reserve=step.num_reserve,
+                )
+            except PrefixCacheError as exc:
+                return BatchOutcome(tuple(done), exc, step.seq_id)
+            done.append(tuple(new))
+        return BatchOutcome(tuple(done))
 
     @staticmethod
     def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:

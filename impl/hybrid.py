@@ -63,6 +63,9 @@ class _Ckpt:
 class HybridPrefixCacheManager(PrefixCacheManager):
     """A prefix cache manager with recurrent-state checkpoints; see the module doc."""
 
+    # NOTE: commit, rollback and append move checkpoints too: ``advance`` runs them in turn.
+    _fused_inline = False
+
     def __init__(
         self,
         num_blocks: int,

@@ -38,6 +38,7 @@ from .namespace import Namespace
 from .request import Request, SeqId, check_seq_id, token_tuple
 from .results import Admission, CacheStats, LostReuse, Match
 from .state import BlockView, CacheState, SeqView
+from .steps import StepCalls
 
 __all__ = [
     "SpecCache",
@@ -221,7 +222,7 @@ def _fresh_state(num_blocks: int) -> _State:
     )
 
 
-class SpecCache:
+class SpecCache(StepCalls):
     """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
 
     def __init__(

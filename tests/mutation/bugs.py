@@ -262,14 +262,17 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        tokens = seq.tokens
-        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
-            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
-        tokens.extend(accepted)""",
-                """        tokens = seq.tokens
-        tokens.extend(accepted)
-        if new_computed > seq.num_reserved or new_computed > len(tokens):
-            raise self._commit_error(seq, new_computed, len(tokens))""",
+                """        known = len(seq.tokens) + len(accepted)
+        if new_computed > seq.num_reserved or new_computed > known:""",
+                """        seq.tokens.extend(accepted)
+        known = len(seq.tokens)
+        if new_computed > seq.num_reserved or new_computed > known:""",
+            ),
+            (
+                "cache.py",
+                """        seq.tokens.extend(accepted)
+        seq.num_computed = new_computed""",
+                """        seq.num_computed = new_computed""",
             ),
         ),
     ),
