@@ -115,6 +115,18 @@ def test_crafted_prompts_fill_one_bucket_of_the_unkeyed_hash_only() -> None:
     assert largest_bucket(fast_hash, control.prompts) == 1
 
 
+def test_a_key_mixed_in_after_the_token_hash_does_not_help() -> None:
+    # The crafted blocks collide in hash(tokens) itself, so a secret mixed in around that
+    # value changes every key but keeps them equal: the key must enter the token hashing.
+    secret = random.Random(9).getrandbits(63)
+
+    def keyed_outside(parent: int | None, ns: bytes, tokens: tuple[int, ...], extra: Any) -> int:
+        return hash((secret, parent, ns, tokens, extra))
+
+    crafted = lookup_setup(True, 100, num_probes=16)
+    assert largest_bucket(keyed_outside, crafted.prompts) == 100
+
+
 def test_probes_miss_in_the_second_block() -> None:
     setup = lookup_setup(True, 100, num_probes=16)
     cache = make_cache("impl", 1024, 16, hasher=fast_hash)
