@@ -48,19 +48,36 @@ def _fingerprint(cache: Any) -> tuple[object, ...]:
     return (cache.stats(), cache.snapshot())
 
 
-@pytest.mark.parametrize("num_blocks", [20, 32, 4096])
+@pytest.mark.parametrize(
+    ("num_blocks", "running"), [(20, 1), (32, 1), (4096, 1), (32, 3), (32, 4), (4096, 4)]
+)
 @pytest.mark.parametrize("variant", VARIANTS[1:])
-def test_call_shapes_issue_the_same_operations(variant: str, num_blocks: int) -> None:
-    # 20 blocks forces early frees, 32 evicts, 4,096 never evicts.
+def test_call_shapes_issue_the_same_operations(variant: str, num_blocks: int, running: int) -> None:
+    # The small pools force early frees and evictions; 4,096 blocks never evicts.
     trace = trace_from_config(TINY)
     reference = make_cache("impl", num_blocks, 16)
     if variant not in variants_of(reference):
         pytest.skip(f"this build of the manager has no {variant!r} calls")
-    base = replay(reference, trace, "percall", live=3)
+    base = replay(reference, trace, "percall", live=3, running=running)
     other = make_cache("impl", num_blocks, 16)
-    result = replay(other, trace, variant, live=3)
+    result = replay(other, trace, variant, live=3, running=running)
     assert result == base
     assert _fingerprint(other) == _fingerprint(reference)
+
+
+@pytest.mark.parametrize("running", [1, 4])
+def test_every_request_runs_to_completion(running: int) -> None:
+    trace = trace_from_config(TINY)
+    cache = make_cache("impl", 4096, 16)
+    replay(cache, trace, "percall", live=3, running=running)
+    # The last ``live`` finished requests stay live, each with its whole prompt and reply
+    # but the last sampled token (which no forward has computed yet).
+    by_id = {r.seq_id: r for r in trace.requests}
+    live = cache.seq_ids()
+    assert len(live) == 3
+    for sid in live:
+        req = by_id[sid]
+        assert cache.num_computed_tokens(sid) == len(req.prompt) + len(req.rest)
 
 
 def test_spec_and_impl_agree_on_the_trace() -> None:

@@ -130,12 +130,23 @@ def _decode_step() -> Callable[..., Any] | None:
     return DecodeStep  # type: ignore[no-any-return,unused-ignore]
 
 
-def replay(cache: Any, trace: Trace, variant: str, live: int) -> LifecycleResult:
-    """Run ``trace`` through ``cache`` with the ``variant`` call shape (see the module doc)."""
+def replay(
+    cache: Any, trace: Trace, variant: str, live: int, *, running: int = 1
+) -> LifecycleResult:
+    """Run ``trace`` through ``cache`` with the ``variant`` call shape (see the module doc).
+
+    ``running``: how many requests decode at once. 1 is the life cycle of the module doc;
+    more runs a scheduler's continuous batch (:func:`_steps`).
+    """
     if variant not in variants_of(cache):
         raise ValueError(f"{type(cache).__name__} has no {variant!r} calls")
-    run = {"percall": _percall, "fused": _fused, "batched": _batched}[variant]
-    early = run(cache, trace.requests, live)
+    if running < 1:
+        raise ValueError(f"running must be >= 1, got {running}")
+    if running == 1:
+        run = {"percall": _percall, "fused": _fused, "batched": _batched}[variant]
+        early = run(cache, trace.requests, live)
+    else:
+        early = _steps(cache, trace.requests, live, running, variant)
     stats = cache.stats()
     return LifecycleResult(early, stats.hit_rate, stats.evictions)
 
@@ -246,3 +257,84 @@ def _batched(cache: Any, requests: tuple[TraceRequest, ...], live: int) -> int:
         if len(finished) > live:
             free((finished.popleft(),))
     return early
+
+
+def _steps(
+    cache: Any, requests: tuple[TraceRequest, ...], live: int, running: int, variant: str
+) -> int:
+    """A continuous batch: up to ``running`` requests decode together, one token per step.
+
+    Each step admits requests (in trace order) into free places, then advances every
+    running sequence by one token, in admission order: per sequence, ``commit`` then
+    ``append`` (per call), one ``advance`` (fused), or one ``advance_batch`` for the whole
+    step (batched). A sequence whose reply is complete leaves after its last commit.
+    """
+    step_type = _decode_step() if variant == "batched" else None
+    commit, append, free = cache.commit, cache.append, cache.free
+    advance = getattr(cache, "advance", None)
+    advance_batch = getattr(cache, "advance_batch", None)
+    finished: deque[int] = deque()
+    early = 0
+    pending = iter(requests)
+    exhausted = False
+    # Per running sequence: [seq id, tokens computed by the last forward, tokens accepted,
+    # index of the next reply token, the reply's further tokens].
+    active: list[list[Any]] = []
+    while True:
+        while not exhausted and len(active) < running:
+            req = next(pending, None)
+            if req is None:
+                exhausted = True
+                break
+            scheduled, e = _admit(cache, req, finished)
+            early += e
+            active.append([req.seq_id, scheduled, req.first, 0, req.rest])
+        if not active:
+            return early
+        reserves = [1 if a[3] < len(a[4]) else 0 for a in active]
+        if variant == "batched":
+            assert step_type is not None and advance_batch is not None
+            steps = [
+                step_type(a[0], a[1], a[2], num_reserve=r)
+                for a, r in zip(active, reserves, strict=True)
+            ]
+            while steps:
+                out = advance_batch(steps)
+                if out.error is None:
+                    break
+                if not isinstance(out.error, OutOfBlocks):
+                    raise out.error
+                _make_room(cache, finished, out.error)
+                early += 1
+                steps = steps[out.num_applied :]
+        else:
+            for a, r in zip(active, reserves, strict=True):
+                sid = a[0]
+                if variant == "fused":
+                    while True:
+                        try:
+                            advance(sid, a[1], a[2], num_reserve=r)
+                            break
+                        except OutOfBlocks as exc:
+                            _make_room(cache, finished, exc)
+                            early += 1
+                    continue
+                commit(sid, a[1], a[2])
+                while r:
+                    try:
+                        append(sid, 1)
+                        break
+                    except OutOfBlocks as exc:
+                        _make_room(cache, finished, exc)
+                        early += 1
+        still: list[list[Any]] = []
+        for a, r in zip(active, reserves, strict=True):
+            if r:
+                a[1], a[2] = 1, a[4][a[3]]
+                a[3] += 1
+                still.append(a)
+            else:
+                finished.append(a[0])
+                if len(finished) > live:
+                    free((finished.popleft(),))
+        active = still
