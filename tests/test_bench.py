@@ -179,6 +179,7 @@ def test_worker_cases_time_positive_durations() -> None:
             "num_blocks": 64,
             "trace": {"conversations": 2, "turns": 2, "system_tokens": 32},
             "live": 2,
+            "running": 2,
         },
         {"kind": "lookup", "crafted": True, "prompts": 32, "num_blocks": 256, "hasher": None},
     ]
@@ -207,6 +208,13 @@ def test_bench_quick_json_and_files(capsys: pytest.CaptureFixture[str], tmp_path
         assert row["values"] == len(row["values_us"]) >= 2 and row["processes"] >= 1
         assert 0 < row["hit_rate"] < 1 and row["blocks_touched"] > 0
     for ratio in life["ratios"]:
+        assert all(_positive_finite(v) for v in ratio.values())
+    batch = report["continuous_batch"]
+    assert batch["running"] > 1 and batch["variants"] == life["variants"]
+    assert len(batch["rows"]) == len(batch["variants"])
+    for row in batch["rows"]:
+        assert _positive_finite(row["median_us"]) and 0 < row["hit_rate"] < 1
+    for ratio in batch["ratios"]:
         assert all(_positive_finite(v) for v in ratio.values())
     spec = report["spec_beside_impl"]
     assert _positive_finite(spec["spec"]["median_us"]) and _positive_finite(spec["spec_over_impl"])

@@ -94,6 +94,9 @@ class BenchConfig:
     spec_values: int
     spec_warmups: int
     memory_sizes: tuple[int, ...]
+    #: The same trace with ``batch_running`` requests decoding at once, at these pool sizes.
+    batch_sizes: tuple[int, ...]
+    batch_running: int
     lookup_prompts: int
     lookup_num_blocks: int
     block_size: int = 16
@@ -118,6 +121,8 @@ FULL = BenchConfig(
     spec_values=2,
     spec_warmups=0,
     memory_sizes=(4_096, 65_536, 1_048_576),
+    batch_sizes=(65_536,),
+    batch_running=8,
     lookup_prompts=4_000,
     lookup_num_blocks=16_384,
 )
@@ -139,6 +144,8 @@ QUICK = BenchConfig(
     spec_values=2,
     spec_warmups=0,
     memory_sizes=(1_024, 4_096),
+    batch_sizes=(4_096,),
+    batch_running=4,
     lookup_prompts=200,
     lookup_num_blocks=1_024,
 )
@@ -271,7 +278,13 @@ def _trace_dict(config: ChatConfig) -> dict[str, Any]:
 
 
 def _lifecycle_case(
-    tag: str, manager: str, variant: str, n: int, trace: ChatConfig, live: int
+    tag: str,
+    manager: str,
+    variant: str,
+    n: int,
+    trace: ChatConfig,
+    live: int,
+    running: int = 1,
 ) -> dict[str, Any]:
     return {
         "kind": "lifecycle",
@@ -281,11 +294,17 @@ def _lifecycle_case(
         "num_blocks": n,
         "trace": _trace_dict(trace),
         "live": live,
+        "running": running,
     }
 
 
 def _outcome(
-    manager: str, n: int, trace_config: ChatConfig, live: int, variants: tuple[str, ...]
+    manager: str,
+    n: int,
+    trace_config: ChatConfig,
+    live: int,
+    variants: tuple[str, ...],
+    running: int = 1,
 ) -> dict[str, Any]:
     """Replay once per variant, untimed: what the cache did, and a check that every call
     shape did exactly the same thing (same hits, evictions and published blocks)."""
@@ -293,7 +312,7 @@ def _outcome(
     seen: dict[str, tuple[float, int, int, int]] = {}
     for variant in variants:
         cache = make_cache(manager, n, trace.block_size)
-        result = replay(cache, trace, variant, live)
+        result = replay(cache, trace, variant, live, running=running)
         stats = cache.stats()
         seen[variant] = (
             result.hit_rate,
@@ -397,8 +416,14 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         for h in hashers
         for crafted in (True, False)
     ]
+    batch_cases = [
+        _lifecycle_case("batch", "impl", v, n, config.trace, config.live, config.batch_running)
+        for n in config.batch_sizes
+        for v in variants
+    ]
+    everything = cases + batch_cases + spec_cases + lookup_cases
     with tempfile.TemporaryDirectory(prefix="prefixkv-bench-") as tmp:
-        timings = run_cases(cases + spec_cases + lookup_cases, config, Path(tmp), log)
+        timings = run_cases(everything, config, Path(tmp), log)
 
     log("checking that the call shapes agree (untimed replays)")
     lifecycle_rows = []
@@ -414,6 +439,25 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         for v in variants[1:]:
             ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
         ratios.append(ratio)
+
+    batch_rows = []
+    batch_ratios = []
+    for n in config.batch_sizes:
+        outcome = _outcome(
+            "impl", n, config.trace, config.live, variants, running=config.batch_running
+        )
+        by_variant = {}
+        for v in variants:
+            case = _lifecycle_case(
+                "batch", "impl", v, n, config.trace, config.live, config.batch_running
+            )
+            t = timings[case_name(case)]
+            by_variant[v] = t.median
+            batch_rows.append({"num_blocks": n, "variant": v, **t.as_dict(), **outcome})
+        ratio = {"num_blocks": n}
+        for v in variants[1:]:
+            ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
+        batch_ratios.append(ratio)
 
     spec_rows = {}
     for m in ("impl", "spec"):
@@ -505,6 +549,12 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
             "variants_missing": [v for v in VARIANTS if v not in variants],
             "rows": lifecycle_rows,
             "ratios": ratios,
+        },
+        "continuous_batch": {
+            "running": config.batch_running,
+            "variants": list(variants),
+            "rows": batch_rows,
+            "ratios": batch_ratios,
         },
         "spec_beside_impl": {
             "trace": _trace_dict(config.spec_trace),
@@ -603,6 +653,31 @@ def render_markdown(result: dict[str, Any]) -> str:
             "Not measured: " + ", ".join(life["variants_missing"]) + " (this build of the "
             "manager does not offer those calls).",
         ]
+    cb = result["continuous_batch"]
+    if cb["rows"]:
+        bsizes = sorted({r["num_blocks"] for r in cb["rows"]})
+        lines += [
+            "",
+            f"### Continuous batch: {cb['running']} requests decoding at once, µs per block "
+            "touched",
+            "",
+            "The same trace, admitted in order into a batch of "
+            f"{cb['running']} running requests, each step decoding one token of every one; "
+            "a batched step now holds up to that many sequences. A different schedule from "
+            "the table above (other hits, other evictions): compare within this table.",
+            "",
+            "| call shape | " + " | ".join(f"{n:,} blocks" for n in bsizes) + " |",
+            "|---|" + "---:|" * len(bsizes),
+        ]
+        for v in cb["variants"]:
+            cells = [
+                _us(next(r for r in cb["rows"] if r["num_blocks"] == n and r["variant"] == v))
+                for n in bsizes
+            ]
+            lines.append(f"| {_VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
+        for v in cb["variants"][1:]:
+            cells = [f"{r[f'{v}_over_percall']:.2f}x" for r in cb["ratios"]]
+            lines.append(f"| {v} / per call | " + " | ".join(cells) + " |")
     sp = result["spec_beside_impl"]
     lines += [
         "",
@@ -856,6 +931,10 @@ def _print_summary(result: dict[str, Any]) -> None:
             f"{v} / per call", *(f"{r[f'{v}_over_percall']:.2f}x" for r in life["ratios"])
         )
     console.print(table)
+    cb = result["continuous_batch"]
+    for n in sorted({r["num_blocks"] for r in cb["rows"]}):
+        cells = ", ".join(f"{r['variant']} {_us(r)}" for r in cb["rows"] if r["num_blocks"] == n)
+        console.print(f"continuous batch of {cb['running']} at {n:,} blocks: {cells}")
     sp = result["spec_beside_impl"]
     console.print(
         f"spec beside impl ({sp['requests']} requests, {sp['num_blocks']:,} blocks): impl "

@@ -21,9 +21,10 @@ figures differ only by what each call costs:
 * ``fused``: one ``advance(seq, num_computed, accepted, num_reserve=...)`` per step;
 * ``batched``: one ``advance_batch([DecodeStep(...)])`` per step.
 
-NOTE: the trace has one running request at a time (the life cycle the figures of other
-engines were measured on), so a batched step holds one sequence: the ``batched`` figure is
-the cost of the batched call's shape, not the gain of batching many sequences.
+NOTE: by default one request runs at a time (the life cycle the figures of other engines
+were measured on), so a batched step holds one sequence: that ``batched`` figure is the cost
+of the batched call's shape, not the gain of batching. ``replay(..., running=k)`` runs a
+continuous batch of ``k`` requests instead, whose steps hold up to ``k`` sequences.
 
 The fused and batched calls are optional: :func:`variants_of` says which ones a manager has.
 """

@@ -14,9 +14,10 @@ are seconds per unit.
 
 Cases (the ``--case`` JSON):
 
-* ``{"kind": "lifecycle", "manager": "impl"|"spec", "variant": "percall"|"fused"|"batched",
-  "num_blocks": N, "trace": {ChatConfig fields}, "live": 32}``: one replay of the engine
-  life cycle (:mod:`prefixkv.bench_lifecycle`) on a fresh cache per value; per block touched.
+* ``{"kind": "lifecycle", "tag": str, "manager": "impl"|"spec", "variant":
+  "percall"|"fused"|"batched", "num_blocks": N, "trace": {ChatConfig fields}, "live": 32,
+  "running": 1}``: one replay of the engine life cycle (:mod:`prefixkv.bench_lifecycle`)
+  on a fresh cache per value; per block touched.
 * ``{"kind": "lookup", "crafted": true|false, "prompts": 4000, "num_blocks": N,
   "hasher": name|null}``: ``match`` of every probe against a cache holding the prompts
   (:mod:`prefixkv.bench_collisions`); per lookup.
@@ -34,7 +35,10 @@ __all__ = ["case_name", "main", "prepare"]
 def case_name(case: dict[str, Any]) -> str:
     """The benchmark's name in pyperf's results (unique per case in a run)."""
     if case["kind"] == "lifecycle":
-        return f"lifecycle-{case['manager']}-{case['variant']}-{case['num_blocks']}"
+        return (
+            f"lifecycle-{case['tag']}-{case['manager']}-{case['variant']}-{case['num_blocks']}"
+            f"-r{case.get('running', 1)}"
+        )
     hasher = case.get("hasher") or "default"
     return f"lookup-{'crafted' if case['crafted'] else 'control'}-{hasher}"
 
@@ -54,19 +58,15 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
         }
         config = ChatConfig(**fields)
         trace = trace_from_config(config)
-        manager, variant, n, live = (
-            case["manager"],
-            case["variant"],
-            case["num_blocks"],
-            case["live"],
-        )
+        manager, variant = case["manager"], case["variant"]
+        n, live, running = case["num_blocks"], case["live"], case.get("running", 1)
 
         def lifecycle(loops: int) -> float:
             total = 0.0
             for _ in range(loops):
                 cache = make_cache(manager, n, trace.block_size)
                 start = clock()
-                replay(cache, trace, variant, live)
+                replay(cache, trace, variant, live, running=running)
                 total += float(clock() - start)
                 del cache
             return total
