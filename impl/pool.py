@@ -43,6 +43,7 @@ class BlockPool:
         "parent",
         "ref",
         "released",
+        "serial",
         "tokens",
     )
 
@@ -67,6 +68,8 @@ class BlockPool:
         self.leaf_version: list[int] = []
         #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
         self.gen: list[int] = []
+        #: The exact name of a published block's identity (see the manager's eviction record).
+        self.serial: list[int] = []
         self.fresh_next = 0
         self.released: deque[int] = deque()
 
@@ -84,6 +87,7 @@ class BlockPool:
             self.anchored_children,
             self.leaf_version,
             self.gen,
+            self.serial,
         ):
             zeros.extend([0] * extra)
         self.parent.extend([NO_PARENT] * extra)
