@@ -204,9 +204,10 @@ class _State:
     seqs: dict[SeqId, _Seq]
     counters: _Counters
     events: list[KVEvent]
-    # Hashes of evicted identities, oldest first, at most num_blocks of them: only to tell
-    # "evicted" from "never cached" in LostReuse.
-    evicted: dict[int, None]
+    # Evicted identities, oldest first, at most num_blocks of them: only to tell "evicted"
+    # from "never cached" in LostReuse. Keyed by identity, not hash: a result never
+    # depends on the hasher.
+    evicted: dict[BlockIdentity, None]
     clock: int = 0
 
 
@@ -323,9 +324,8 @@ class SpecCache(StepCalls):
         attached = clamp_out_of_spans(k1 - window, req.spans, bs)
         evicted = 0
         if not capped and self._s.evicted:
-            hashes = chain_hashes(self._hasher, chain[: min(full, cap)])
-            for h in hashes[m:]:
-                if h not in self._s.evicted:
+            for ident in chain[m : min(full, cap)]:
+                if ident not in self._s.evicted:
                     break
                 evicted += 1
         lost_cap = bs if capped else 0
@@ -386,8 +386,8 @@ class SpecCache(StepCalls):
         blk = blocks[victim]
         assert blk.identity is not None and blk.block_hash is not None
         del self._s.index[blk.identity]
-        self._s.evicted.pop(blk.block_hash, None)
-        self._s.evicted[blk.block_hash] = None
+        self._s.evicted.pop(blk.identity, None)
+        self._s.evicted[blk.identity] = None
         if len(self._s.evicted) > self._num_blocks:
             del self._s.evicted[next(iter(self._s.evicted))]
         self._emit(BlockRemoved((blk.block_hash,)))
