@@ -111,8 +111,10 @@ FULL = BenchConfig(
     sizes=(4_096, 65_536, 1_048_576),
     trace=ChatConfig(),
     live=32,
-    spec_trace=_SMALL_TRACE,
-    spec_num_blocks=256,
+    spec_trace=ChatConfig(
+        conversations=6, turns=2, system_tokens=128, user_tokens=(20, 60), reply_tokens=(8, 24)
+    ),
+    spec_num_blocks=128,
     spec_live=4,
     rounds=3,
     processes=1,
