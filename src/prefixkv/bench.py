@@ -596,6 +596,10 @@ def _us(row: dict[str, Any]) -> str:
     return f"{row['median_us']:.2f} ({row['q1_us']:.2f}-{row['q3_us']:.2f})"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 'es' if noun.endswith('s') else 's'}"
+
+
 def _met(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -617,11 +621,12 @@ def render_markdown(result: dict[str, Any]) -> str:
         "are the figures to compare.",
         "",
         f"Each figure is the median of the values of {meth['rounds']} rounds x "
-        f"{meth['processes_per_round']} fresh worker processes x "
-        f"{meth['values_per_process']} values (after {meth['warmups_per_process']} warm-up "
-        "values per process; the spec: "
-        f"{meth['spec_values_per_process']} values after {meth['spec_warmups_per_process']}); "
-        "in brackets, the interquartile range of those values.",
+        f"{_n(meth['processes_per_round'], 'fresh worker process')} x "
+        f"{_n(meth['values_per_process'], 'value')} (after "
+        f"{_n(meth['warmups_per_process'], 'warm-up value')} per process; the spec: "
+        f"{_n(meth['spec_values_per_process'], 'value')} after "
+        f"{meth['spec_warmups_per_process']}); in brackets, the interquartile range of those "
+        "values.",
         "",
         "### Engine life cycle: µs per block touched",
         "",
