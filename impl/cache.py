@@ -33,9 +33,11 @@ How it stays cheap without giving anything up:
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from prefixkv.spec.cache import check_count, check_growth, check_pool_shape, chunk_end
 from prefixkv.spec.errors import (
@@ -44,6 +46,7 @@ from prefixkv.spec.errors import (
     InvalidOperation,
     InvalidRequest,
     OutOfBlocks,
+    PrefixCacheError,
     UnknownSequence,
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
@@ -53,15 +56,54 @@ from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
+from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from .index import HashIndex
 from .leaves import LeafHeap
 from .pool import NO_PARENT, BlockPool
 from .sequence import SeqState
+from .stats import Counters
 
 __all__ = ["PrefixCacheManager"]
 
 _MISSING = -2
+
+#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly.
+_EvictedKey = tuple[int, bytes | None, tuple[int, ...] | None, tuple[tuple[int, bytes], ...]]
+
+
+class Walk(NamedTuple):
+    """What the index walk along a prompt found (before the cap, clamp and window)."""
+
+    blocks: list[int]
+    hashes: list[int]
+    #: Position of the first unanchored matched block (unanchored blocks form a suffix).
+    first_unanchored: int
+    #: Whether the full-prompt cap (choice 4) stopped the walk.
+    capped: bool
+
+
+class Matched(NamedTuple):
+    """A full match: the blocks to attach and what the admission must account for."""
+
+    blocks: list[int]
+    hashes: list[int]
+    #: How many of ``blocks`` are unanchored (pinning them costs eviction supply).
+    num_unanchored: int
+    window: int
+    lost: LostReuse
+
+
+class AdmitPlan(NamedTuple):
+    """A checked admission, ready to apply."""
+
+    blocks: list[int]
+    hashes: list[int]
+    #: The reserved end (tokens) and the number of new blocks it needs.
+    end: int
+    need: int
+    window: int
+    lost: LostReuse
 
 
 class PrefixCacheManager:
@@ -103,26 +145,22 @@ class PrefixCacheManager:
         self._num_cached = 0  # published, refcount 0
         self._num_published = 0
         self._num_reclaimable = 0  # published and unanchored
-        # statistics
-        self._queries = 0
-        self._hits = 0
-        self._prefill_tokens = 0
-        self._prefill_computed = 0
-        self._prefill_skipped = 0
-        self._admissions = 0
-        self._evictions = 0
-        self._blocks_published = 0
-        self._lost_window = 0
-        self._lost_span = 0
-        self._lost_cap = 0
-        self._lost_evicted = 0
-        self._lost_never_cached = 0
-        self._lost_checkpoint = 0
+        self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
         self._evict_hook: Callable[[int], None] | None = None
-        # Hashes of evicted identities, oldest first, at most num_blocks of them: only to
-        # tell "evicted" from "never cached" in LostReuse.
-        self._evicted: OrderedDict[int, None] = OrderedDict()
+        # Evicted identities, oldest first, at most num_blocks of them: only to tell
+        # "evicted" from "never cached" in LostReuse. Keyed by identity, never by hash (a
+        # result must not depend on the hasher). An identity is named by a *serial*: the
+        # key is (parent's serial, namespace, tokens, extra keys) and the value is the
+        # identity's own serial, so a chain of evicted identities is walked key by key.
+        #
+        # NOTE: serials are exact names. A published block carries its identity's serial
+        # (pool.serial); republishing a remembered identity takes its remembered serial, so
+        # children remembered under it are still found. A parent's latest eviction always
+        # follows its children's (only leaves are evicted), so when a parent's entry falls
+        # out of this record, no remembered child refers to its serial any more.
+        self._evicted: OrderedDict[_EvictedKey, int] = OrderedDict()
+        self._next_serial = 1  # 0: the parent serial of a root block
 
     @property
     def num_blocks(self) -> int:
@@ -155,7 +193,7 @@ class PrefixCacheManager:
             raise UnknownSequence(f"sequence {seq_id!r} is not live")
         return seq
 
-    def _lookup(self, req: Request) -> tuple[list[int], list[int], int, bool]:
+    def _lookup(self, req: Request) -> Walk:
         """Walk the index along ``req``'s prompt.
 
         Returns the matched blocks, their chain hashes, the position of the first unanchored
@@ -174,7 +212,7 @@ class PrefixCacheManager:
         pool = self._pool
         ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
-        get = self._index._buckets.get
+        get_one = self._index.get_one
         hasher = None if self._inline_hash else self._hasher
         blocks: list[int] = []
         hashes: list[int] = []
@@ -190,7 +228,7 @@ class PrefixCacheManager:
                 h = hash((h, nsd, tup, 0))
             else:
                 h = hash((nsd, tup, 0))
-            entry = get(h)
+            entry = get_one(h)
             if entry is None:
                 break
             if type(entry) is int:
@@ -202,7 +240,7 @@ class PrefixCacheManager:
                 if b < 0:
                     break
             if j >= cap:
-                return (
+                return Walk(
                     blocks,
                     hashes,
                     len(blocks) if first_unanchored < 0 else first_unanchored,
@@ -213,9 +251,11 @@ class PrefixCacheManager:
             parent = b
             if first_unanchored < 0 and not ref[b] and not anchored[b]:
                 first_unanchored = j
-        return blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
+        return Walk(
+            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
+        )
 
-    def _lookup_spans(self, req: Request) -> tuple[list[int], list[int], int, bool]:
+    def _lookup_spans(self, req: Request) -> Walk:
         """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
         ns, _ = self._ns_key(req.namespace)
         tokens, spans = req.token_ids, req.spans
@@ -243,28 +283,29 @@ class PrefixCacheManager:
             parent = b
             if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:
                 first_unanchored = j
-        return blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped
+        return Walk(
+            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped
+        )
 
-    def _evicted_run(self, req: Request, hashes: list[int], stop: int) -> int:
-        """How many blocks right after the matched ones were evicted (by remembered hash)."""
+    def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
+        """How many blocks right after the matched ones were evicted (by identity)."""
         ns, _ = self._ns_key(req.namespace)
         tokens, spans, bs = req.token_ids, req.spans, self._block_size
-        h: int | None = hashes[-1] if hashes else None
+        serial = self._pool.serial[blocks[-1]] if blocks else 0
+        remembered = self._evicted
         run = 0
-        for j in range(len(hashes), stop):
+        for j in range(len(blocks), stop):
             start = j * bs
-            h = self._hasher(h, ns, tokens[start : start + bs], block_extra_keys(spans, start, bs))
-            if h not in self._evicted:
+            key = (serial, ns, tokens[start : start + bs], block_extra_keys(spans, start, bs))
+            found = remembered.get(key)
+            if found is None:
                 break
+            serial = found
             run += 1
         return run
 
-    def _match(self, req: Request) -> tuple[list[int], list[int], int, int, LostReuse]:
-        """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec).
-
-        Returns the blocks to attach, their hashes, how many of them are unanchored, the
-        window size in blocks, and the lost reuse.
-        """
+    def _match(self, req: Request) -> Matched:
+        """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec)."""
         blocks, hashes, first_unanchored, capped = self._lookup(req)
         bs, n, spans = self._block_size, req.num_tokens, req.spans
         m = len(blocks)
@@ -275,7 +316,7 @@ class PrefixCacheManager:
             attached = clamp_out_of_spans(attached, spans, bs)
         evicted = 0
         if not capped and self._evicted:
-            evicted = self._evicted_run(req, hashes, min(n // bs, (n - 1) // bs))
+            evicted = self._evicted_run(req, blocks, min(n // bs, (n - 1) // bs))
         lost_cap = bs if capped else 0
         lost = LostReuse(
             window=window * bs,
@@ -287,7 +328,7 @@ class PrefixCacheManager:
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
-        return blocks, hashes, max(0, attached - first_unanchored), window, lost
+        return Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
 
     def match(self, req: Request) -> Match:
         blocks, _, _, window, lost = self._match(req)
@@ -311,20 +352,7 @@ class PrefixCacheManager:
             num_used_blocks=self._num_used,
             num_published_blocks=self._num_published,
             num_sequences=len(self._seqs),
-            queries=self._queries,
-            hits=self._hits,
-            prefill_tokens=self._prefill_tokens,
-            prefill_tokens_computed=self._prefill_computed,
-            prefill_tokens_skipped=self._prefill_skipped,
-            admissions=self._admissions,
-            evictions=self._evictions,
-            blocks_published=self._blocks_published,
-            lost_window=self._lost_window,
-            lost_span=self._lost_span,
-            lost_cap=self._lost_cap,
-            lost_evicted=self._lost_evicted,
-            lost_never_cached=self._lost_never_cached,
-            lost_checkpoint=self._lost_checkpoint,
+            **self._counters.as_dict(),
         )
 
     @property
@@ -375,10 +403,11 @@ class PrefixCacheManager:
             pool.tokens,
         )
         parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
-        buckets = self._index._buckets
+        index_remove = self._index.remove
         events = self._events if self._record_events else None
         hook = self._evict_hook
         remembered, forget_at = self._evicted, self._num_blocks
+        serial = pool.serial
         pop, push = heapq.heappop, heapq.heappush
         evicted = 0
         while evicted < count and heap:
@@ -386,11 +415,9 @@ class PrefixCacheManager:
             if version[b] != v or ref[b] or children[b] or ptoks[b] is None:
                 continue  # stale entry: b stopped being a leaf since it was queued
             h = block_hash[b]
-            if buckets.get(h) == b:
-                del buckets[h]
-            else:
-                self._index.remove(h, b)
+            index_remove(h, b)
             p = parent[b]
+            key = (serial[p] if p >= 0 else 0, pool.namespace[b], ptoks[b], pool.extra[b])
             if p >= 0:
                 left = children[p] - 1
                 children[p] = left
@@ -405,10 +432,10 @@ class PrefixCacheManager:
             gen[b] += 1
             released.append(b)
             evicted += 1
-            if h in remembered:
-                remembered.move_to_end(h)
+            if key in remembered:
+                remembered.move_to_end(key)
             else:
-                remembered[h] = None
+                remembered[key] = serial[b]
                 if len(remembered) > forget_at:
                     remembered.popitem(last=False)
             if events is not None:
@@ -418,7 +445,7 @@ class PrefixCacheManager:
         self._num_cached -= evicted
         self._num_published -= evicted
         self._num_reclaimable -= evicted
-        self._evictions += evicted
+        self._counters.evictions += evicted
         return evicted
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
@@ -484,14 +511,8 @@ class PrefixCacheManager:
 
     # -- admission -------------------------------------------------------------------------
 
-    def _plan(
-        self, req: Request, num_new_tokens: int | None
-    ) -> tuple[list[int], list[int], int, int, int, LostReuse]:
-        """Validate and size an admission; raises what ``admit`` would raise.
-
-        Returns the blocks to attach, their hashes, the reserved end, the number of new
-        blocks, the window size and the lost reuse.
-        """
+    def _plan(self, req: Request, num_new_tokens: int | None) -> AdmitPlan:
+        """Validate and size an admission; raises what ``admit`` would raise."""
         blocks, hashes, unanchored, window, lost = self._match(req)
         if num_new_tokens is not None:
             check_count(num_new_tokens, "num_new_tokens", minimum=1)
@@ -507,7 +528,7 @@ class PrefixCacheManager:
         supply = self._pool.num_free + self._num_reclaimable - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
-        return blocks, hashes, end, need, window, lost
+        return AdmitPlan(blocks, hashes, end, need, window, lost)
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
         try:
@@ -551,18 +572,19 @@ class PrefixCacheManager:
             spans=req.spans,
         )
         n = len(tokens)
-        self._admissions += 1
-        self._queries += n
-        self._hits += cached
-        self._prefill_tokens += n
-        self._prefill_skipped += cached
-        self._prefill_computed += n - cached
-        self._lost_window += lost.window
-        self._lost_span += lost.span
-        self._lost_cap += lost.cap
-        self._lost_evicted += lost.evicted
-        self._lost_never_cached += lost.never_cached
-        self._lost_checkpoint += lost.checkpoint
+        c = self._counters
+        c.admissions += 1
+        c.queries += n
+        c.hits += cached
+        c.prefill_tokens += n
+        c.prefill_tokens_skipped += cached
+        c.prefill_tokens_computed += n - cached
+        c.lost_window += lost.window
+        c.lost_span += lost.span
+        c.lost_cap += lost.cap
+        c.lost_evicted += lost.evicted
+        c.lost_never_cached += lost.never_cached
+        c.lost_checkpoint += lost.checkpoint
         return Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,
@@ -668,8 +690,17 @@ class PrefixCacheManager:
         seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
+        accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
+        self._apply_commit(seq, accepted, new_computed)
+
+    def _check_commit_args(
+        self, seq: SeqState, num_computed: object, accepted_tokens: Sequence[int]
+    ) -> tuple[Sequence[int], int]:
+        """What ``commit`` raises, in the spec's order; returns the checked tokens and the
+        new computed count."""
         if type(num_computed) is not int or num_computed < 0:
             check_count(num_computed, "num_computed", minimum=0)
+        assert isinstance(num_computed, int)
         accepted = accepted_tokens
         if type(accepted) is list or type(accepted) is tuple:
             for t in accepted:
@@ -678,16 +709,147 @@ class PrefixCacheManager:
                     break
         else:
             accepted = token_tuple(accepted_tokens, what="accepted_tokens")
+        new_computed = seq.num_computed + num_computed
+        known = len(seq.tokens) + len(accepted)
+        if new_computed > seq.num_reserved or new_computed > known:
+            raise self._commit_error(seq, new_computed, known)
+        return accepted, new_computed
+
+    def _apply_commit(self, seq: SeqState, accepted: Sequence[int], new_computed: int) -> None:
         computed = seq.num_computed
-        new_computed = computed + num_computed
-        tokens = seq.tokens
-        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
-            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
-        tokens.extend(accepted)
+        seq.tokens.extend(accepted)
         seq.num_computed = new_computed
         bs = self._block_size
         if new_computed // bs > computed // bs:
             self._publish(seq, computed // bs, new_computed // bs)
+
+    # -- engine-shaped calls (prefixkv.spec.steps) -----------------------------------------
+
+    #: NOTE: a subclass whose commit, rollback or append does more (the hybrid manager)
+    #: sets this to False: its ``advance`` then runs the public calls under a saved state.
+    _fused_inline = True
+
+    def advance(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int] = (),
+        *,
+        num_rejected: int = 0,
+        num_reserve: int = 1,
+    ) -> list[int]:
+        """``commit``, ``rollback(num_rejected)``, ``append(num_reserve)``: one transaction.
+
+        Everything the three calls could raise is checked before anything changes, except
+        one case: the reservation needs eviction and the supply is within reach of what the
+        commit's publication can anchor (publishing under a canonical twin anchors it and
+        its unanchored ancestors, at most one chain per commit, so at most ``stop - 1``
+        blocks). Only then the calls run under a saved copy of the state.
+        """
+        if (type(num_rejected) is not int or num_rejected < 0) or (
+            type(num_reserve) is not int or num_reserve < 0
+        ):
+            check_step_counts(num_rejected, num_reserve)
+        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
+        if seq is None:
+            seq = self._seq(seq_id)
+        if not self._fused_inline:
+            return self._advance_saved(
+                seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+            )
+        accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
+        bs = self._block_size
+        reserved = seq.num_reserved
+        if num_rejected:
+            reserved -= num_rejected
+            if reserved < new_computed:
+                raise InvalidOperation(
+                    f"cannot roll back {num_rejected} slots of {seq.seq_id!r}: only "
+                    f"{seq.num_reserved - new_computed} reserved slots are unwritten"
+                )
+            cut = span_containing(seq.spans, reserved) if seq.spans else None
+            if cut is not None:
+                raise InvalidOperation(f"rolling back {num_rejected} slots would split {cut!r}")
+        kept = min(len(seq.blocks), -(-reserved // bs))
+        need = 0
+        if num_reserve:
+            grown = reserved + num_reserve
+            if reserved < seq.prompt_len:
+                check_growth(
+                    seq.seq_id,
+                    reserved,
+                    grown,
+                    new_computed,
+                    seq.prompt_len,
+                    seq.kv_token_limit,
+                    seq.spans,
+                )
+            need = -(-grown // bs) - kept
+            if need > 0:
+                dropped = len(seq.blocks) - kept
+                supply = self._pool.num_free + dropped + self._num_reclaimable
+                if need > supply:
+                    raise self._out_of_blocks(need, supply)
+                first, stop = seq.num_computed // bs, new_computed // bs
+                if stop > first and need > supply - (stop - 1):
+                    return self._advance_saved(
+                        seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+                    )
+        # Nothing below can raise.
+        self._apply_commit(seq, accepted, new_computed)
+        if num_rejected:
+            seq.num_reserved = reserved
+            if kept < len(seq.blocks):
+                dropped_blocks = seq.blocks[kept:]
+                del seq.blocks[kept:]
+                self._release(dropped_blocks)
+        if not num_reserve:
+            return []
+        seq.num_reserved = reserved + num_reserve
+        if need <= 0:
+            return []
+        new, _ = self._allocate(need)
+        seq.blocks.extend(new)
+        return new
+
+    def _advance_saved(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int],
+        num_rejected: int,
+        num_reserve: int,
+    ) -> list[int]:
+        """``advance`` by its definition, under a saved copy of the whole state."""
+        saved = copy.deepcopy(self.__dict__, {id(self): self})
+        try:
+            self.commit(seq_id, num_computed, accepted_tokens)
+            if num_rejected:
+                self.rollback(seq_id, num_rejected)
+            return self.append(seq_id, num_reserve) if num_reserve else []
+        except PrefixCacheError:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
+        """``advance`` per step, in order, each atomic, up to the first that raises."""
+        batch = check_batch(steps)
+        done: list[tuple[int, ...]] = []
+        advance = self.advance
+        for step in batch:
+            try:
+                new = advance(
+                    step.seq_id,
+                    step.num_computed,
+                    step.accepted_tokens,
+                    num_rejected=step.num_rejected,
+                    num_reserve=step.num_reserve,
+                )
+            except PrefixCacheError as exc:
+                return BatchOutcome(tuple(done), exc, step.seq_id)
+            done.append(tuple(new))
+        return BatchOutcome(tuple(done))
 
     @staticmethod
     def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:
@@ -745,7 +907,8 @@ class PrefixCacheManager:
             seq.namespace,
         )
         pool, index = self._pool, self._index
-        buckets = index._buckets
+        get_one = index.get_one
+        remembered = self._evicted
         hasher = None if self._inline_hash else self._hasher
         nsd = seq.ns_digest
         ptoks, ref, anchored = pool.tokens, pool.ref, pool.anchored_children
@@ -772,22 +935,26 @@ class PrefixCacheManager:
                     p = self._canonical(seq, j - 1)
                     if p == _MISSING:
                         continue
-            entry = buckets.get(h)
-            if entry is not None:
+            if get_one(h) is not None:
                 twin = index.find(pool, h, p, tup, ns, extras)
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     continue
-                index.insert(h, blocks[j])
             b = blocks[j]
-            if entry is None:
-                buckets[h] = b
+            index.insert(h, b)
             ptoks[b] = tup
             pool.namespace[b] = ns
             pool.extra[b] = extras
             pool.parent[b] = p
             pool.block_hash[b] = h
             pool.depth[b] = j + 1
+            serial = None
+            if remembered:  # a remembered identity keeps its name (see __init__)
+                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, tup, extras))
+            if serial is None:
+                serial = self._next_serial
+                self._next_serial = serial + 1
+            pool.serial[b] = serial
             published += 1
             if p >= 0:
                 pool.num_children[p] += 1
@@ -800,7 +967,7 @@ class PrefixCacheManager:
             if self._record_events:
                 self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
         self._num_published += published
-        self._blocks_published += published
+        self._counters.blocks_published += published
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)

@@ -39,10 +39,10 @@ from prefixkv.spec.hybrid import (
 from prefixkv.spec.identity import BlockHasher, fast_hash
 from prefixkv.spec.multimodal import clamp_out_of_spans
 from prefixkv.spec.request import Request, SeqId, token_tuple
-from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
+from prefixkv.spec.results import Admission, CacheStats, Match
 from prefixkv.spec.state import CacheState, CheckpointView, StateSlotsView
 
-from .cache import PrefixCacheManager
+from .cache import AdmitPlan, Matched, PrefixCacheManager
 from .sequence import SeqState
 
 __all__ = ["HybridPrefixCacheManager"]
@@ -62,6 +62,9 @@ class _Ckpt:
 
 class HybridPrefixCacheManager(PrefixCacheManager):
     """A prefix cache manager with recurrent-state checkpoints; see the module doc."""
+
+    # NOTE: commit, rollback and append move checkpoints too: ``advance`` runs them in turn.
+    _fused_inline = False
 
     def __init__(
         self,
@@ -191,7 +194,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
 
     # -- match and admission ---------------------------------------------------------------
 
-    def _match(self, req: Request) -> tuple[list[int], list[int], int, int, LostReuse]:
+    def _match(self, req: Request) -> Matched:
         """The KV match cut back to the deepest boundary with a Ready checkpoint."""
         blocks, hashes, unanchored, window, lost = super()._match(req)
         bs, spans = self._block_size, req.spans
@@ -216,7 +219,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             del hashes[c:]
             unanchored = max(0, unanchored - (kv - c))
             lost = attrs.evolve(lost, checkpoint=(kv - c) * bs)
-        return blocks, hashes, unanchored, window, lost
+        return Matched(blocks, hashes, unanchored, window, lost)
 
     def match(self, req: Request) -> Match:
         m = super().match(req)
@@ -228,14 +231,12 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             routed_experts=self._experts_of(m.block_ids),
         )
 
-    def _plan(
-        self, req: Request, num_new_tokens: int | None
-    ) -> tuple[list[int], list[int], int, int, int, LostReuse]:
+    def _plan(self, req: Request, num_new_tokens: int | None) -> AdmitPlan:
         plan = super()._plan(req, num_new_tokens)
         if len(self._runtime) >= self._runtime_slots:
             raise OutOfStateSlots(f"{self._runtime_slots} sequences are live (max_num_seqs)")
         # A hit pins one Ready checkpoint; KV eviction only turns Ready ones into free slots.
-        supply = len(self._free_slots) + self._num_ready_unpinned - (1 if plan[0] else 0)
+        supply = len(self._free_slots) + self._num_ready_unpinned - (1 if plan.blocks else 0)
         if supply < 1:
             raise OutOfStateSlots("every state slot is held by a runtime or a checkpoint")
         return plan

@@ -12,17 +12,26 @@ stays published (INV-ANCESTOR) and is never reused while the child exists.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .pool import BlockPool
 
 __all__ = ["HashIndex"]
 
 
 class HashIndex:
-    __slots__ = ("_buckets",)
+    __slots__ = ("_buckets", "get_one")
 
     def __init__(self) -> None:
         # A bucket is one block id (the common case) or a list of ids after a collision.
         self._buckets: dict[int, int | list[int]] = {}
+        #: The bucket under a key: its one block id (the common case), its candidates (a
+        #: list, after a collision: use :meth:`find`), or None.
+        #:
+        #: NOTE: the bound ``dict.get`` itself, not a method around it: the match walk calls
+        #: it once per block. A single block is a candidate, not a hit: the caller verifies
+        #: the identity exactly, as :meth:`find` does for every candidate of a shared bucket.
+        self.get_one: Callable[[int], int | list[int] | None] = self._buckets.get
 
     def find(
         self,
@@ -61,6 +70,7 @@ class HashIndex:
             entry.append(b)
 
     def remove(self, key: int, b: int) -> None:
+        """Forget block ``b`` under ``key`` (it is in the index)."""
         entry = self._buckets[key]
         if type(entry) is int:
             del self._buckets[key]

@@ -19,6 +19,7 @@ of released ids, so construction and full reset cost nothing per block:
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 __all__ = ["NO_PARENT", "BlockPool"]
@@ -43,6 +44,7 @@ class BlockPool:
         "parent",
         "ref",
         "released",
+        "serial",
         "tokens",
     )
 
@@ -67,6 +69,10 @@ class BlockPool:
         self.leaf_version: list[int] = []
         #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
         self.gen: list[int] = []
+        #: The exact name of a published block's identity (see the manager's eviction record).
+        #: NOTE: a machine-int array: serials grow past the small-int cache, and a list
+        #: would hold one 28-byte int object per block.
+        self.serial: array[int] = array("q")
         self.fresh_next = 0
         self.released: deque[int] = deque()
 
@@ -86,6 +92,7 @@ class BlockPool:
             self.gen,
         ):
             zeros.extend([0] * extra)
+        self.serial.frombytes(bytes(8 * extra))  # zeros, without a temporary list
         self.parent.extend([NO_PARENT] * extra)
         self.tokens.extend([None] * extra)
         self.namespace.extend([None] * extra)

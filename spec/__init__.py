@@ -32,15 +32,17 @@ from .identity import (
 from .invariants import InvariantViolation, check, check_events, check_match, violations
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
-from .protocol import HybridPrefixCache, Inspectable, PrefixCache
+from .protocol import EngineSteps, HybridPrefixCache, Inspectable, PrefixCache
 from .request import Request, SeqId
 from .results import Admission, CacheStats, LostReuse, Match
 from .state import BlockView, CacheState, CheckpointView, SeqView, StateSlotsView
+from .steps import BatchOutcome, DecodeStep
 
 __all__ = [
     "HASHERS",
     "Admission",
     "AllBlocksCleared",
+    "BatchOutcome",
     "BlockHasher",
     "BlockIdentity",
     "BlockRemoved",
@@ -51,7 +53,9 @@ __all__ = [
     "CacheStats",
     "CheckedCache",
     "CheckpointView",
+    "DecodeStep",
     "DuplicateSequence",
+    "EngineSteps",
     "EventMirror",
     "EventStreamError",
     "HybridPrefixCache",

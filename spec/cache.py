@@ -50,6 +50,7 @@ from .namespace import Namespace
 from .request import Request, SeqId, check_seq_id, token_tuple
 from .results import Admission, CacheStats, LostReuse, Match
 from .state import BlockView, CacheState, SeqView
+from .steps import StepCalls
 
 __all__ = [
     "SpecCache",
@@ -233,9 +234,10 @@ class _State:
     seqs: dict[SeqId, _Seq]
     counters: _Counters
     events: list[KVEvent]
-    # Hashes of evicted identities, oldest first, at most num_blocks of them: only to tell
-    # "evicted" from "never cached" in LostReuse.
-    evicted: dict[int, None]
+    # Evicted identities, oldest first, at most num_blocks of them: only to tell "evicted"
+    # from "never cached" in LostReuse. Keyed by identity, not hash: a result never
+    # depends on the hasher.
+    evicted: dict[BlockIdentity, None]
     clock: int = 0
     # children[b]: how many published blocks have b as their parent. Derived from blocks and
     # index when not given (a state built by hand), then kept up to date by publish and evict.
@@ -275,7 +277,7 @@ def _fresh_state(num_blocks: int) -> _State:
     )
 
 
-class SpecCache:
+class SpecCache(StepCalls):
     """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
 
     def __init__(
@@ -414,9 +416,8 @@ class SpecCache:
         attached = clamp_out_of_spans(k1 - window, req.spans, bs)
         evicted = 0
         if not capped and self._s.evicted:
-            hashes = chain_hashes(self._hasher, chain[: min(full, cap)])
-            for h in hashes[m:]:
-                if h not in self._s.evicted:
+            for ident in chain[m : min(full, cap)]:
+                if ident not in self._s.evicted:
                     break
                 evicted += 1
         lost_cap = bs if capped else 0
@@ -499,8 +500,8 @@ class SpecCache:
         if parent is not None:
             self._s.children[parent] -= 1
         del self._s.index[blk.identity]
-        self._s.evicted.pop(blk.block_hash, None)
-        self._s.evicted[blk.block_hash] = None
+        self._s.evicted.pop(blk.identity, None)
+        self._s.evicted[blk.identity] = None
         if len(self._s.evicted) > self._num_blocks:
             del self._s.evicted[next(iter(self._s.evicted))]
         self._emit(BlockRemoved((blk.block_hash,)))

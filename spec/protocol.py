@@ -14,8 +14,9 @@ from .events import KVEvent
 from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
 from .state import CacheState
+from .steps import BatchOutcome, DecodeStep
 
-__all__ = ["HybridPrefixCache", "Inspectable", "PrefixCache"]
+__all__ = ["EngineSteps", "HybridPrefixCache", "Inspectable", "PrefixCache"]
 
 
 @runtime_checkable
@@ -109,6 +110,34 @@ class PrefixCache(Protocol):
 
     def take_events(self) -> list[KVEvent]:
         """Drain the queued KV events, oldest first."""
+        ...
+
+
+@runtime_checkable
+class EngineSteps(Protocol):
+    """The engine-shaped calls (see :mod:`prefixkv.spec.steps`): one fused call per
+    sequence per decode step, and a whole scheduler step in one call.
+
+    A separate protocol, so that a conformance adapter need not offer them: both are defined
+    by the per-call API of :class:`PrefixCache`, and both prefixkv managers and the spec
+    have them.
+    """
+
+    def advance(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int] = (),
+        *,
+        num_rejected: int = 0,
+        num_reserve: int = 1,
+    ) -> list[int]:
+        """``commit``, then ``rollback(num_rejected)``, then ``append(num_reserve)``, as
+        one transaction; returns the new block ids."""
+        ...
+
+    def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
+        """``advance`` per step, in order, each atomic, up to the first that raises."""
         ...
 
 

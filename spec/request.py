@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
-from typing import TypeAlias
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from operator import countOf
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -21,19 +23,88 @@ SeqId: TypeAlias = int | str
 MAX_TOKEN_ID = 2**32 - 1
 
 
-def token_tuple(token_ids: Iterable[int], *, what: str = "token_ids") -> tuple[int, ...]:
-    """Validate token ids and freeze them.
+#: ``array`` type codes of integer elements, and those that can hold a negative value.
+_INT_CODES = frozenset("bBhHiIlLqQ")
+_SIGNED_CODES = frozenset("bhilq")
+
+
+def _bad(what: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{what} must be a sequence of ints in [0, 2**32): {why}")
+
+
+def _from_ndarray(value: Any, what: str) -> tuple[int, ...]:
+    """A numpy-like integer array (duck-typed: spec imports no numpy), checked with
+    vectorised reductions and converted in one ``tolist``."""
+    kind = getattr(value.dtype, "kind", None)
+    if kind not in ("i", "u"):  # 'b' is bool, 'f' float, 'O' object, ...
+        raise _bad(what, f"an array of dtype {value.dtype}")
+    if value.ndim != 1:
+        raise _bad(what, f"a {value.ndim}-D array")
+    if value.size and (int(value.min()) < 0 or int(value.max()) > MAX_TOKEN_ID):
+        raise _bad(what, "an element is out of range")
+    return tuple(value.tolist())
+
+
+def _from_tensor(value: Any, what: str) -> tuple[int, ...]:
+    """A torch tensor (duck-typed: spec never imports torch): CPU only, integer dtype."""
+    if getattr(value.device, "type", None) != "cpu":
+        raise _bad(what, f"a tensor on {value.device} (copy it to the host first)")
+    if value.dtype.is_floating_point or value.dtype.is_complex or "bool" in str(value.dtype):
+        raise _bad(what, f"a tensor of dtype {value.dtype}")
+    try:
+        host = value.detach().numpy()  # a view of the same memory, no copy
+    except (TypeError, RuntimeError) as exc:
+        raise _bad(what, f"a tensor of dtype {value.dtype} ({exc})") from None
+    return _from_ndarray(host, what)
+
+
+def token_tuple(token_ids: object, *, what: str = "token_ids") -> tuple[int, ...]:
+    """Validate token ids and freeze them into one read-only tuple, in one pass.
+
+    Accepted: a list or tuple of ints, any other sequence of ints (``range``), an integer
+    ``array.array``, a 1-D integer numpy array, a 1-D integer CPU torch tensor.
+    Refused with :class:`InvalidRequest`: sets and mappings (no order, so no identity),
+    strings and bytes, bools and bool arrays, floats, negatives, ids past ``2**32 - 1``,
+    multi-dimensional arrays, device tensors, and iterators (a prompt is read more than once).
 
     NOTE: ``array('I', ...)`` does the range and type check in C. Validating a 2,000-token
-    prompt element by element in Python would cost more than admitting it.
+    prompt element by element in Python would cost more than admitting it. A tuple of plain
+    ints is kept as it is: no copy at all.
     """
-    if isinstance(token_ids, (str, bytes)):
-        raise InvalidRequest(f"{what} must be a sequence of ints, got {type(token_ids).__name__}")
+    kind = type(token_ids)
+    if kind is tuple or kind is list:
+        seq: Any = token_ids
+    elif isinstance(token_ids, array):
+        if token_ids.typecode not in _INT_CODES:
+            raise _bad(what, f"an array('{token_ids.typecode}')")
+        if token_ids and (
+            (token_ids.typecode in _SIGNED_CODES and min(token_ids) < 0)
+            or (token_ids.itemsize > 4 and max(token_ids) > MAX_TOKEN_ID)
+        ):
+            raise _bad(what, "an element is out of range")
+        return tuple(token_ids)
+    elif hasattr(token_ids, "dtype") and hasattr(token_ids, "ndim"):
+        if hasattr(token_ids, "device") and hasattr(token_ids, "detach"):
+            return _from_tensor(token_ids, what)
+        return _from_ndarray(token_ids, what)
+    elif isinstance(token_ids, (str, bytes, bytearray, memoryview)):
+        raise _bad(what, f"got {kind.__name__}")
+    elif isinstance(token_ids, (AbstractSet, Mapping)):
+        raise _bad(what, f"a {kind.__name__} has no order")
+    elif isinstance(token_ids, Sequence):
+        seq = tuple(token_ids)
+    else:
+        raise _bad(what, f"got {kind.__name__}, not a sequence")
     try:
-        checked = array("I", token_ids)
+        checked = array("I", seq)
     except (TypeError, OverflowError, ValueError) as exc:
-        raise InvalidRequest(f"{what} must be ints in [0, 2**32): {exc}") from None
-    return tuple(checked)
+        raise _bad(what, str(exc)) from None
+    # array('I') takes bools and anything with __index__: only plain ints may stay as given.
+    if countOf(map(type, seq), int) != len(seq):
+        if any(type(t) is bool for t in seq):
+            raise _bad(what, "bools are not token ids")
+        return tuple(checked)  # numpy scalars and other int-likes become ints
+    return seq if type(seq) is tuple else tuple(seq)
 
 
 def check_seq_id(seq_id: object) -> SeqId:
@@ -42,7 +113,7 @@ def check_seq_id(seq_id: object) -> SeqId:
     return seq_id
 
 
-def _to_tokens(value: Iterable[int]) -> tuple[int, ...]:
+def _to_tokens(value: object) -> tuple[int, ...]:
     tokens = token_tuple(value)
     if not tokens:
         raise InvalidRequest("a request needs at least one prompt token")

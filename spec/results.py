@@ -23,8 +23,8 @@ class LostReuse:
     * ``span``: matched blocks dropped so the match does not end inside a span (choice 5).
     * ``cap``: the last full block matched, but one prompt token must be computed (choice 4).
     * ``evicted``: the full blocks right after the hit were published once and evicted
-      (tracked by their hash in a bounded record of evictions, so a weak hash can
-      misclassify here; it never affects what is reused).
+      (tracked by identity in a record of the last ``num_blocks`` evictions, so the split
+      does not depend on the hasher).
     * ``never_cached``: the rest, including the partial last block.
     * ``checkpoint`` (hybrid models only): blocks the KV chain could serve, past the deepest
       boundary with a Ready recurrent-state checkpoint (choice 7). Always 0 otherwise.

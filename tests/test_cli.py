@@ -1,7 +1,7 @@
 """The command line (simulate, bench, prove), its registry and exit codes, and the workloads.
 
 No test here asserts a speed: speed is what ``prefixkv bench`` measures, on a quiet machine.
-These tests only keep the commands and the benchmark code working.
+These tests only keep the commands working (``bench`` has its own, in test_bench.py).
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import attrs
 import pytest
 
 from prefixkv import cli
-from prefixkv.bench import BEGIN, END, write_markdown
 from prefixkv.simulate import WORKLOADS, make_cache, replay
 from prefixkv.workloads import ChatConfig, chat_workload, interleave
 
@@ -190,41 +188,6 @@ def test_simulate_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["simulate", *SMALL]) == 0
     out = capsys.readouterr().out
     assert "hit rate" in out and "prefill tokens skipped" in out and "wall time" in out
-
-
-# -- bench ---------------------------------------------------------------------------------
-
-
-def test_bench_quick_json_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, report = _run_json(capsys, "bench", "--quick", "--out", str(tmp_path))
-    assert code == 0 and report["ok"] is True and report["quick"] is True
-    for key in ("machine", "ops", "chat", "quoted", "acceptance", "written"):
-        assert key in report
-    ops = report["ops"]
-    assert isinstance(ops, dict)
-    assert len(ops["sizes"]) == 2
-    for row in ops["sizes"]:
-        assert row["impl_ops"] > 0 and row["spec_ops"] >= 1 and row["speedup"] > 0
-    assert ops["impl_us_per_op_ratio_largest_to_smallest"] > 0
-    chat = report["chat"]
-    assert isinstance(chat, dict)
-    for row in chat["sizes"]:
-        assert row["us_per_block"] > 0 and 0 < row["hit_rate"] < 1
-        assert len(row["runs_us_per_block"]) >= 2
-    machine = report["machine"]
-    assert isinstance(machine, dict) and machine["python"] and machine["cpu"]
-    assert json.loads((tmp_path / "bench" / "cache.json").read_text())["chat"] == chat
-    assert (tmp_path / "bench" / "cache_per_block.png").read_bytes()[:4] == b"\x89PNG"
-    md = (tmp_path / "benchmarks.md").read_text()
-    assert md.startswith("# Benchmarks") and BEGIN in md and END in md
-
-
-def test_bench_markdown_keeps_hand_written_text(tmp_path: Path) -> None:
-    path = tmp_path / "benchmarks.md"
-    path.write_text(f"# Mine\n\nnotes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
-    write_markdown(path, f"{BEGIN}\nnew figures\n{END}\n")
-    text = path.read_text()
-    assert text == f"# Mine\n\nnotes\n\n{BEGIN}\nnew figures\n{END}\n\nafter\n"
 
 
 # -- exit codes and the registry -----------------------------------------------------------

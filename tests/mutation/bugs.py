@@ -56,11 +56,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """            if buckets.get(h) == b:
-                del buckets[h]
-            else:
-                self._index.remove(h, b)
-""",
+                "            index_remove(h, b)\n",
                 "",
             ),
         ),
@@ -262,14 +258,17 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        tokens = seq.tokens
-        if new_computed > seq.num_reserved or new_computed > len(tokens) + len(accepted):
-            raise self._commit_error(seq, new_computed, len(tokens) + len(accepted))
-        tokens.extend(accepted)""",
-                """        tokens = seq.tokens
-        tokens.extend(accepted)
-        if new_computed > seq.num_reserved or new_computed > len(tokens):
-            raise self._commit_error(seq, new_computed, len(tokens))""",
+                """        known = len(seq.tokens) + len(accepted)
+        if new_computed > seq.num_reserved or new_computed > known:""",
+                """        seq.tokens.extend(accepted)
+        known = len(seq.tokens)
+        if new_computed > seq.num_reserved or new_computed > known:""",
+            ),
+            (
+                "cache.py",
+                """        seq.tokens.extend(accepted)
+        seq.num_computed = new_computed""",
+                """        seq.num_computed = new_computed""",
             ),
         ),
     ),
@@ -303,10 +302,10 @@ BUGS: tuple[Bug, ...] = (
                 """        blocks, hashes, unanchored, window, lost = self._match(req)
         if num_new_tokens is not None:""",
                 """        blocks, hashes, unanchored, window, lost = self._match(req)
-        self._queries += len(req.token_ids)
+        self._counters.queries += len(req.token_ids)
         if num_new_tokens is not None:""",
             ),
-            ("cache.py", "        self._queries += n\n", ""),
+            ("cache.py", "        c.queries += n\n", ""),
         ),
     ),
     Bug(
@@ -372,8 +371,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        self._prefill_computed += n - cached\n",
-                "        self._prefill_computed += scheduled\n",
+                "        c.prefill_tokens_computed += n - cached\n",
+                "        c.prefill_tokens_computed += scheduled\n",
             ),
         ),
     ),
@@ -418,8 +417,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        self._hits += cached\n",
-                "        self._hits += cached + lost.window\n",
+                "        c.hits += cached\n",
+                "        c.hits += cached + lost.window\n",
             ),
         ),
     ),
@@ -481,7 +480,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            else:\n                remembered[h] = None\n",
+                "            else:\n                remembered[key] = serial[b]\n",
                 "            else:\n                pass\n",
             ),
         ),
@@ -676,7 +675,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "hybrid.py",
-                " + self._num_ready_unpinned - (1 if plan[0] else 0)",
+                " + self._num_ready_unpinned - (1 if plan.blocks else 0)",
                 " + self._num_ready_unpinned",
             ),
         ),

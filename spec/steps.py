@@ -1,0 +1,170 @@
+"""Engine-shaped calls: one fused call per sequence per decode step, and a whole step at once.
+
+An engine's decode step does the same three things to every running sequence: record what
+the last forward wrote and which tokens were accepted (``commit``), give back the slots of
+rejected draft tokens (``rollback``), and reserve the slots the next forward writes
+(``append``). :meth:`StepCalls.advance` is those three calls as one transaction, and
+:meth:`StepCalls.advance_batch` is ``advance`` over a whole scheduler step.
+
+::
+
+    advance(s, c, accepted, num_rejected=r, num_reserve=n)
+        ==  commit(s, c, accepted); rollback(s, r) if r; return append(s, n) if n else []
+        as one transaction: if any part raises, nothing changed (INV-TXN)
+
+Speculative decoding with ``k`` drafts: the forward wrote the pending token and the ``k``
+drafts (``k + 1`` reserved slots); ``a`` drafts were accepted plus one bonus token, so the
+engine calls ``advance(s, a + 1, accepted_and_bonus, num_rejected=k - a, num_reserve=k + 1)``.
+
+NOTE: ``advance_batch`` is *not* all-or-nothing across sequences. It applies the steps in
+order, each one atomically, and stops at the first that raises: the result says exactly
+which applied (a prefix of the batch), and the failing step and every step after it changed
+nothing. An engine preempts the failing sequence and carries on, which an all-or-nothing
+batch would force it to redo from scratch. A malformed batch (not an iterable of
+:class:`DecodeStep`, or a sequence listed twice) raises before anything is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .errors import DuplicateSequence, InvalidRequest, PrefixCacheError
+from .request import SeqId, check_seq_id
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+__all__ = ["BatchOutcome", "DecodeStep", "StepCalls", "check_batch", "check_step_counts"]
+
+
+@attrs.frozen
+class DecodeStep:
+    """One sequence's part of a scheduler step: the arguments of :meth:`StepCalls.advance`.
+
+    Plain data, validated when applied (so that building one costs an engine nothing).
+    """
+
+    seq_id: SeqId
+    num_computed: int
+    accepted_tokens: Sequence[int] = ()
+    num_rejected: int = 0
+    num_reserve: int = 1
+
+
+@attrs.frozen
+class BatchOutcome:
+    """What :meth:`StepCalls.advance_batch` applied.
+
+    ``new_blocks[i]`` is what ``advance`` returned for step ``i``, for each of the first
+    ``num_applied`` steps. When ``error`` is set, step ``num_applied`` raised it and changed
+    nothing, and the steps after it were not attempted.
+    """
+
+    new_blocks: tuple[tuple[int, ...], ...]
+    error: PrefixCacheError | None = None
+    failed_seq_id: SeqId | None = None
+
+    @property
+    def num_applied(self) -> int:
+        return len(self.new_blocks)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def raise_for_error(self) -> None:
+        """Raise the failing step's error, if any (for engines that treat it as fatal)."""
+        if self.error is not None:
+            raise self.error
+
+
+def _check_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{what} must be an int, got {value!r}")
+    if value < 0:
+        raise InvalidRequest(f"{what} must be >= 0, got {value}")
+    return value
+
+
+def check_step_counts(num_rejected: object, num_reserve: object) -> None:
+    """``num_rejected`` and ``num_reserve`` are ints >= 0 (``num_computed`` is commit's)."""
+    _check_count(num_rejected, "num_rejected")
+    _check_count(num_reserve, "num_reserve")
+
+
+def check_batch(steps: object) -> list[DecodeStep]:
+    """The batch as a list, or ``InvalidRequest``/``DuplicateSequence`` (nothing applied)."""
+    if isinstance(steps, (str, bytes, DecodeStep)):
+        raise InvalidRequest("advance_batch() takes an iterable of DecodeStep")
+    if not isinstance(steps, Iterable):
+        raise InvalidRequest(f"advance_batch() takes an iterable of DecodeStep, got {steps!r}")
+    batch = list(steps)
+    seen: set[SeqId] = set()
+    for step in batch:
+        if type(step) is not DecodeStep:
+            raise InvalidRequest(f"advance_batch() takes DecodeStep items, got {step!r}")
+        seq_id = check_seq_id(step.seq_id)
+        if seq_id in seen:
+            raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one advance_batch()")
+        seen.add(seq_id)
+    return batch
+
+
+class StepCalls:
+    """``advance`` and ``advance_batch`` by their definition: the per-call API, in one
+    transaction. The spec uses this as is; :class:`prefixkv.impl.PrefixCacheManager` has
+    its own, faster ``advance`` with the same observable behaviour.
+    """
+
+    if TYPE_CHECKING:
+
+        def _transaction(self) -> AbstractContextManager[None]: ...
+
+        def commit(
+            self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()
+        ) -> Any: ...
+
+        def rollback(self, seq_id: SeqId, num_tokens: int) -> None: ...
+
+        def append(self, seq_id: SeqId, num_tokens: int) -> list[int]: ...
+
+    def advance(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int] = (),
+        *,
+        num_rejected: int = 0,
+        num_reserve: int = 1,
+    ) -> list[int]:
+        """Commit, roll back the rejected drafts, reserve the next slots: one transaction.
+
+        Returns the block ids the reservation added (see the module doc).
+        """
+        with self._transaction():
+            check_step_counts(num_rejected, num_reserve)
+            self.commit(seq_id, num_computed, accepted_tokens)
+            if num_rejected:
+                self.rollback(seq_id, num_rejected)
+            return self.append(seq_id, num_reserve) if num_reserve else []
+
+    def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
+        """``advance`` for each step in order, up to the first that raises (module doc)."""
+        batch = check_batch(steps)
+        done: list[tuple[int, ...]] = []
+        for step in batch:
+            try:
+                new = self.advance(
+                    step.seq_id,
+                    step.num_computed,
+                    step.accepted_tokens,
+                    num_rejected=step.num_rejected,
+                    num_reserve=step.num_reserve,
+                )
+            except PrefixCacheError as exc:
+                return BatchOutcome(tuple(done), exc, step.seq_id)
+            done.append(tuple(new))
+        return BatchOutcome(tuple(done))

@@ -1,0 +1,223 @@
+"""Rules for the engine-shaped calls: ``advance`` (one fused call per sequence per decode
+step) and ``advance_batch`` (a whole scheduler step), bad inputs included.
+
+A mixin over :class:`~machines.differential.DifferentialMachine`, so the fused calls
+interleave with every per-call rule in the same runs and the usual checks apply after each
+of them: equal results and errors, equal snapshots, every invariant, and INV-TXN when a call
+raises (an ``advance`` whose reservation fails must also undo its commit and rollback).
+
+``advance_batch`` returns a :class:`~prefixkv.spec.BatchOutcome` that carries an exception
+object; the rules compare its applied prefix, the error's type and the failing sequence.
+
+Build a machine with :func:`build_step_machine` (same arguments as ``build_machine``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from prefixkv.spec import (
+    BatchOutcome,
+    DecodeStep,
+    DuplicateSequence,
+    InvalidOperation,
+    InvalidRequest,
+    PrefixCacheError,
+    SeqId,
+    SeqView,
+    UnknownSequence,
+)
+
+from .checks import CheckFailed, bad_inputs_due, counted
+from .differential import DifferentialMachine, build_machine
+from .factories import PairFactory
+from .strategies import sampled_tokens
+
+if TYPE_CHECKING:
+    _Base = DifferentialMachine
+else:
+    _Base = object
+
+__all__ = ["BAD_STEP_KINDS", "StepCallRules", "build_step_machine", "decode_step"]
+
+#: Malformed engine-shaped calls driven by ``bad_step_call``, and the error each must raise
+#: whatever the state (``None``: any PrefixCacheError).
+BAD_STEP_KINDS: dict[str, type[PrefixCacheError] | None] = {
+    "advance:unknown": UnknownSequence,
+    "advance:negative_rejected": InvalidRequest,
+    "advance:bool_reserve": InvalidRequest,
+    "advance:float_computed": InvalidRequest,
+    "advance:bad_tokens": InvalidRequest,
+    "advance:commit_past_reserved": InvalidOperation,
+    "advance:reject_past_computed": InvalidOperation,
+    "advance:reserve_past_pool": None,  # OutOfBlocks, or a chunk rule while prefilling
+    "batch:duplicate": DuplicateSequence,
+    "batch:not_steps": InvalidRequest,
+    "batch:not_iterable": InvalidRequest,
+    "batch:one_step": InvalidRequest,
+}
+
+
+def decode_step(view: SeqView, k: int, a: int, sampled: tuple[int, ...]) -> DecodeStep | None:
+    """The engine's next decode step for a sequence past its prompt, or None.
+
+    The forward wrote the pending token (if any) and the drafts in the unwritten slots;
+    ``a`` drafts are accepted plus a bonus token, the rest are rolled back, and ``k + 1``
+    slots are reserved for the next forward (the new pending token and ``k`` drafts).
+    """
+    c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
+    if r < view.num_prompt_tokens or known - c >= 2:
+        return None  # still prefilling
+    pending = known - c
+    unwritten = r - c
+    if unwritten < pending:  # nothing reserved for the pending token yet
+        return DecodeStep(view.seq_id, 0, (), 0, pending + k)
+    drafts = unwritten - pending
+    accepted = min(a, drafts)
+    tokens = (sampled * (accepted + 1))[: accepted + 1]
+    return DecodeStep(view.seq_id, pending + accepted, tokens, drafts - accepted, k + 1)
+
+
+def _summary(outcome: BatchOutcome) -> tuple[Any, ...]:
+    """What two caches' outcomes must agree on (an exception object compares by id)."""
+    return (
+        outcome.new_blocks,
+        type(outcome.error).__name__ if outcome.error is not None else None,
+        outcome.failed_seq_id,
+    )
+
+
+class StepCallRules(_Base):
+    """``advance`` and ``advance_batch`` rules (see the module doc)."""
+
+    def _advance_call(self, step: DecodeStep) -> bool:
+        out = self._op(
+            "advance",
+            lambda c: c.advance(
+                step.seq_id,
+                step.num_computed,
+                step.accepted_tokens,
+                num_rejected=step.num_rejected,
+                num_reserve=step.num_reserve,
+            ),
+        )
+        return not out.raised
+
+    @rule(
+        seq=DifferentialMachine.seqs,
+        k=st.integers(0, 3),
+        a=st.integers(0, 3),
+        sampled=sampled_tokens(),
+    )
+    @counted
+    def fused_decode(self, seq: SeqId, k: int, a: int, sampled: tuple[int, ...]) -> None:
+        """One decode step of a live sequence as a single ``advance`` (speculative when
+        ``k`` > 0); a sequence still prefilling takes the per-call step instead. When the
+        pool is full, the newest other sequence is preempted and the step retried."""
+        view = self._view(seq)
+        if view is None:
+            return
+        step = decode_step(view, k, a, sampled)
+        if step is None:
+            self._advance(seq, k, a, sampled)
+            return
+        if self._advance_call(step):
+            return
+        victims = [s for s in self._views if s != seq]
+        if victims and self._free([victims[-1]]):
+            self._advance_call(step)
+
+    @rule(
+        plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=4),
+        sampled=sampled_tokens(),
+        fail_at=st.sampled_from([None, None, 0, 1, 2]),
+    )
+    @counted
+    def batched_step(
+        self, plan: list[tuple[int, int]], sampled: tuple[int, ...], fail_at: int | None
+    ) -> None:
+        """A scheduler step over up to four decoding sequences in one ``advance_batch``;
+        ``fail_at`` puts an over-committing step there, so a prefix applies."""
+        steps: list[DecodeStep] = []
+        for view, (k, a) in zip(list(self._views.values()), plan, strict=False):
+            step = decode_step(view, k, a, sampled)
+            if step is not None:
+                steps.append(step)
+        if not steps:
+            return
+        if fail_at is not None and fail_at < len(steps):
+            bad = steps[fail_at]
+            view = self._views[bad.seq_id]
+            over = view.num_reserved - view.num_computed + 1
+            steps[fail_at] = DecodeStep(bad.seq_id, over, (1,) * over, 0, 1)
+        out = self._op("advance_batch", lambda c: _summary(c.advance_batch(steps)))
+        if out.raised:
+            raise CheckFailed("BATCH", f"advance_batch raised instead of reporting: {out!r}")
+        applied, error, failed = out.value
+        if fail_at is not None and fail_at < len(steps):
+            # An earlier step may run out of blocks first; the bad one never applies.
+            if len(applied) > fail_at:
+                raise CheckFailed("BATCH", f"steps past the failure applied: {out.value!r}")
+            reached = len(applied) == fail_at
+            if reached and (error != "InvalidOperation" or failed != steps[fail_at].seq_id):
+                raise CheckFailed("BATCH", f"step {fail_at} must fail alone, got {out.value!r}")
+        if error is not None:
+            self._rule_raised = True
+
+    @precondition(bad_inputs_due)
+    @rule(
+        kind=st.sampled_from(sorted(BAD_STEP_KINDS)),
+        seq=DifferentialMachine.seqs,
+        n=st.integers(0, 3),
+    )
+    @counted
+    def bad_step_call(self, kind: str, seq: SeqId, n: int) -> None:
+        """Malformed fused and batched calls raise a typed error and change nothing."""
+        self._since_bad = 0
+        self._rule_raised = True
+        view = self._view(seq)
+        assert view is not None and self.cfg is not None
+        c, r, known = view.num_computed, view.num_reserved, len(view.token_ids)
+        commit = max(0, min(n, r - c, known - c))  # a valid commit, undone by the failure
+        ghost = self._ghost()
+        pool = self.cfg.num_blocks * self.cfg.block_size
+        ops: dict[str, Any] = {
+            "advance:unknown": lambda x: x.advance(ghost, 0),
+            "advance:negative_rejected": lambda x: x.advance(seq, commit, num_rejected=-1),
+            "advance:bool_reserve": lambda x: x.advance(seq, commit, num_reserve=True),
+            "advance:float_computed": lambda x: x.advance(seq, 1.0),
+            "advance:bad_tokens": lambda x: x.advance(seq, 0, (1, -2)),
+            "advance:commit_past_reserved": lambda x: x.advance(
+                seq, r - c + 1, (1,) * max(1, r - known + 1)
+            ),
+            "advance:reject_past_computed": lambda x: x.advance(
+                seq, commit, num_rejected=r - c - commit + 1
+            ),
+            "advance:reserve_past_pool": lambda x: x.advance(seq, commit, num_reserve=pool + 1),
+            "batch:duplicate": lambda x: x.advance_batch(
+                [DecodeStep(seq, 0, (), 0, 0), DecodeStep(seq, 0, (), 0, 0)]
+            ),
+            "batch:not_steps": lambda x: x.advance_batch([(seq, 0)]),
+            "batch:not_iterable": lambda x: x.advance_batch(12345),
+            "batch:one_step": lambda x: x.advance_batch(DecodeStep(seq, 0)),
+        }
+        type(self).coverage.variants[f"bad_step_call:{kind}"] += 1
+        must = BAD_STEP_KINDS[kind]
+        self._op(kind.split(":")[0], ops[kind], must_raise=must or PrefixCacheError)
+        if kind == "advance:reserve_past_pool" and not r < view.num_prompt_tokens:
+            view = self._view(seq)
+            if view is None or (view.num_computed, view.num_reserved) != (c, r):
+                raise CheckFailed("INV-TXN", "a failed advance changed its sequence")
+
+
+def build_step_machine(
+    name: str, make_pair: PairFactory, **kwargs: Any
+) -> type[DifferentialMachine]:
+    """``build_machine`` with the engine-shaped call rules mixed in."""
+    base = build_machine(name, make_pair, **kwargs)
+    machine: type[DifferentialMachine] = type(name, (StepCallRules, base), {})
+    machine.__qualname__ = name
+    return machine

@@ -1,0 +1,157 @@
+"""The engine-shaped calls (``advance``, ``advance_batch``) against the spec.
+
+The machines mix the fused and batched rules into the whole differential rule set, so they
+run against every per-call rule, eviction pressure, preemption and bad inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
+from prefixkv.spec import (
+    BatchOutcome,
+    DecodeStep,
+    EngineSteps,
+    HybridSpecCache,
+    InvalidOperation,
+    Namespace,
+    OutOfBlocks,
+    Request,
+    SpecCache,
+)
+
+from prefixkv.conformance.machines import all_rule_names, spec_vs_impl
+from prefixkv.conformance.machines.step_calls import BAD_STEP_KINDS, build_step_machine
+
+
+def _examples(fraction: float, minimum: int = 5) -> int:
+    return max(minimum, int(settings().max_examples * fraction))
+
+
+StepsFast = build_step_machine("SpecVsImplSteps", spec_vs_impl("fast"))
+TestStepsFast = StepsFast.TestCase
+TestStepsFast.settings = settings(max_examples=_examples(0.5), stateful_step_count=100)
+
+# A weak hash and small pools: duplicates, canonical twins and eviction under every step,
+# which is where a fused reservation can fail after its commit anchored blocks.
+StepsWeak = build_step_machine(
+    "SpecVsImplStepsWeak", spec_vs_impl("weak"), num_blocks=(4, 12), block_sizes=(1, 3)
+)
+TestStepsWeak = StepsWeak.TestCase
+TestStepsWeak.settings = settings(max_examples=_examples(0.5), stateful_step_count=100)
+
+
+def test_step_rules_fire() -> None:
+    """Every rule fires (the step rules included), and the fused calls mostly succeed."""
+    machine = build_step_machine("SpecVsImplStepsCoverage", spec_vs_impl("fast"))
+    machine.coverage.reset()
+    start = time.perf_counter()
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=120, stateful_step_count=50, derandomize=True, database=None
+        ),
+    )
+    report = machine.coverage.report()
+    print(f"\n{report.format()}\nwall {time.perf_counter() - start:.1f} s")
+    assert not report.never_fired(all_rule_names(machine)), report.format()
+    for op in ("advance", "advance_batch"):
+        assert report.ops.get(op, 0) > report.op_errors.get(op, 0), f"{op} never succeeded"
+
+
+def test_every_bad_step_kind() -> None:
+    """A scripted run drives every malformed fused and batched call through both caches."""
+    machine = build_step_machine("SpecVsImplStepsScripted", spec_vs_impl("fast"))
+    state: Any = machine()
+    state.init(num_blocks=8, block_size=2, record_events=True)
+    seq = state.engine_step(
+        ns=0, tokens=(1, 2, 3, 4, 5), budget=None, steps=[(2, 1)], sampled=(3,), finish=False
+    )
+    for kind in sorted(BAD_STEP_KINDS):
+        for n in (0, 2):
+            state._since_bad = 3
+            state.bad_step_call(kind=kind, seq=seq, n=n)
+    state.batched_step(plan=[(1, 1)], sampled=(2,), fail_at=0)
+    state.teardown()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+def test_advance_is_the_three_calls(cls: type[Any]) -> None:
+    """Speculative decoding: reserve k+1, commit the accepted ones, roll back the rest."""
+    fused, percall = cls(16, 4), cls(16, 4)
+    ns = Namespace("m")
+    for c in (fused, percall):
+        adm = c.admit(Request("s", list(range(10)), ns))
+        c.commit("s", adm.num_scheduled_tokens, [42])
+        c.append("s", 3)  # the pending token and two drafts
+    # Both drafts rejected: the pending token's KV is written, one bonus token sampled.
+    new = fused.advance("s", 1, [7], num_rejected=2, num_reserve=3)
+    percall.commit("s", 1, [7])
+    percall.rollback("s", 2)
+    assert new == percall.append("s", 3) == [4]
+    assert fused.snapshot() == percall.snapshot()
+    assert isinstance(fused, EngineSteps)
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+def test_failed_reservation_undoes_the_commit(cls: type[Any]) -> None:
+    """OutOfBlocks in the reservation: the commit that would publish a block is undone."""
+    cache = cls(4, 2, record_events=True)
+    ns = Namespace("m")
+    cache.admit(Request("s", [1, 2, 3], ns))
+    before = cache.snapshot()
+    with pytest.raises(OutOfBlocks):
+        cache.advance("s", 3, [9], num_reserve=8)
+    assert cache.snapshot() == before
+    out = cache.advance_batch([DecodeStep("s", 3, (9,)), DecodeStep("t", 0)])
+    assert isinstance(out, BatchOutcome) and out.num_applied == 1 and not out.ok
+    assert out.failed_seq_id == "t"
+    with pytest.raises(type(out.error)):
+        out.raise_for_error()
+    bad = cache.advance_batch([DecodeStep("s", 99)])
+    assert isinstance(bad.error, InvalidOperation) and bad.num_applied == 0
+
+
+@pytest.mark.parametrize("cls", [HybridSpecCache, HybridPrefixCacheManager])
+def test_hybrid_advance(cls: type[Any]) -> None:
+    """The hybrid managers keep their checkpoint bookkeeping through ``advance``."""
+    fused = cls(16, 2, max_num_seqs=2, state_budget=2, decode_state_interval=2)
+    percall = cls(16, 2, max_num_seqs=2, state_budget=2, decode_state_interval=2)
+    ns = Namespace("m")
+    for c in (fused, percall):
+        adm = c.admit(Request("s", [1, 2, 3, 4, 5], ns))
+        c.commit("s", adm.num_scheduled_tokens, [6])
+        c.append("s", 1)
+    for tok in (7, 8, 9, 10, 11):
+        fused.advance("s", 1, [tok])
+        percall.commit("s", 1, [tok])
+        percall.append("s", 1)
+    assert fused.snapshot() == percall.snapshot()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+def test_publication_that_anchors_a_twin_fails_the_reservation(cls: type[Any]) -> None:
+    """The commit publishes under a canonical twin, anchoring the only evictable blocks;
+    the reservation then has no supply left, so the whole ``advance`` must be undone."""
+    cache = cls(7, 2, record_events=True)
+    ns = Namespace("m")
+    prompt = [1, 2, 3, 4, 5]
+    cache.admit(Request("a", prompt, ns))
+    cache.admit(Request("b", prompt, ns))  # before "a" publishes: private blocks
+    cache.commit("a", 5, [8])
+    cache.free(["a"])  # its two full blocks: cached, evictable; its tail: free
+    cache.commit("b", 5, [9])  # twins of "a"'s blocks: they stay private
+    cache.append("b", 1)
+    cache.admit(Request("c", [7, 7, 7], ns))  # takes the free blocks
+    assert cache.stats().num_free_blocks == 0
+    before = cache.snapshot()
+    with pytest.raises(OutOfBlocks):
+        cache.advance("b", 1, [10], num_reserve=1)
+    assert cache.snapshot() == before
+    cache.commit("b", 1, [10])  # per call, the commit alone succeeds...
+    assert not cache.can_append("b", 1)  # ...and anchored the twins
