@@ -33,6 +33,14 @@ class HashIndex:
         #: the identity exactly, as :meth:`find` does for every candidate of a shared bucket.
         self.get_one: Callable[[int], int | list[int] | None] = self._buckets.get
 
+    def __deepcopy__(self, memo: dict[int, object]) -> HashIndex:
+        # NOTE: ``get_one`` is bound to the bucket dict, and copy treats builtin methods as
+        # atomic: a plain deep copy would look up the *original* buckets. Rebind it.
+        twin = HashIndex()
+        for key, entry in self._buckets.items():
+            twin._buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
+        return twin
+
     def find(
         self,
         pool: BlockPool,

@@ -65,7 +65,7 @@ _QUERIES = frozenset(
 #: Calls that may change the snapshot when they succeed.
 _UPDATES = frozenset(
     {"admit", "continue_prefill", "append", "commit", "rollback", "free", "evict", "reset",
-     "take_events", "restore_issued"}
+     "take_events", "restore_issued", "advance", "advance_batch"}
 )  # fmt: skip
 
 

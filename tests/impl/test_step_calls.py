@@ -155,3 +155,21 @@ def test_publication_that_anchors_a_twin_fails_the_reservation(cls: type[Any]) -
     assert cache.snapshot() == before
     cache.commit("b", 1, [10])  # per call, the commit alone succeeds...
     assert not cache.can_append("b", 1)  # ...and anchored the twins
+
+
+def test_saved_state_restores_the_index() -> None:
+    """The saved state of a failed ``advance`` restores an index that looks up its own
+    buckets (a copied index once kept looking up the original ones)."""
+    import copy
+
+    from prefixkv.impl.index import HashIndex
+
+    index = HashIndex()
+    index.insert(5, 1)
+    index.insert(5, 2)
+    saved = copy.deepcopy(index)
+    index.remove(5, 1)
+    index.insert(7, 3)
+    assert saved.get_one(5) == [1, 2]
+    assert saved.get_one(7) is None
+    assert index.get_one(5) == 2
