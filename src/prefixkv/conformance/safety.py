@@ -214,7 +214,12 @@ def _write(s: CacheState, ledger: KVLedger) -> Iterator[str]:
                 )
         for b in seq.block_ids:
             view = s.blocks[b]
-            if not view.published and view.refcount != 1:
+            # NOTE: a block whose writer was freed before committing it may stay in the
+            # tables of the sequences that hit it in the writer's own step: a schedule-time
+            # publisher's engine takes a cancel between steps, after that step's forward
+            # wrote every scheduled block. Hits made after the cancel are INV-PUBLISH
+            # (KVLedger.unwritten).
+            if not view.published and view.refcount != 1 and b not in ledger.orphaned:
                 yield f"private block {b} is shared (refcount {view.refcount})"
 
 

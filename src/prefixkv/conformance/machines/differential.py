@@ -6,7 +6,7 @@ each on both caches and checks it: the same outcome, every invariant (under the 
 policy when the candidate runs alone), INV-TXN and purity, equal results and snapshots.
 The rules come from mixins, one concern each: :mod:`.lifecycle` (admission, growth,
 release, queries), :mod:`.bad_inputs`, :mod:`.features` (spans, windows, chunked prefill),
-all written in the composite steps of :mod:`.steps`.
+all written in the composite steps of :mod:`~prefixkv.conformance.machines.steps`.
 
 Rules add their own checks: ``check_match`` on every match and admission (``INV-MATCH``),
 ``can_admit``/``can_append`` must predict the operation that follows on the same cache
