@@ -3,9 +3,10 @@
 :class:`MachineBase` owns a :class:`~prefixkv.conformance.lockstep.Lockstep` oracle
 (``self.oracle``) that runs every operation on both caches and checks it; rule mixins call
 ``self.oracle.op(...)``, ``self.oracle.view(...)`` and ``self.oracle.check_match(...)``,
-never the caches directly. The composite protocol steps (:mod:`~prefixkv.conformance.machines.steps`) and the rule mixins
-(:mod:`.lifecycle`, :mod:`.bad_inputs`, :mod:`.features`) build on it;
-:class:`~.differential.DifferentialMachine` puts them together.
+never the caches directly. The composite protocol steps
+(:mod:`~prefixkv.conformance.machines.steps`) and the rule mixins (:mod:`.lifecycle`,
+:mod:`.bad_inputs`, :mod:`.features`) build on it; :class:`~.differential.DifferentialMachine`
+puts them together.
 """
 
 from __future__ import annotations
