@@ -11,6 +11,7 @@ the parent hash, so a hash collision costs a hit but never serves wrong KV.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 __all__ = ["NoFreeBlocks", "PlainBlock", "PlainEngine"]
 
@@ -48,16 +49,17 @@ class PlainEngine:
         self.num_evicted = 0
 
     def lookup(self, tokens: list[int], namespace: bytes) -> list[int]:
-        bs, hits, parent = self.block_size, [], None
+        bs = self.block_size
+        hits: list[int] = []
+        parent: int | None = None
         for j in range((len(tokens) - 1) // bs):  # at least one token is computed
             chunk = tuple(tokens[j * bs : (j + 1) * bs])
             b = self.cached.get(hash((parent, namespace, chunk)))
-            blk = None if b is None else self.blocks[b]
-            if blk is None or (blk.tokens, blk.parent_hash, blk.namespace) != (
-                chunk,
-                parent,
-                namespace,
-            ):
+            if b is None:
+                break
+            blk = self.blocks[b]
+            # The hash is only an index: a hit must equal the stored identity.
+            if (blk.tokens, blk.parent_hash, blk.namespace) != (chunk, parent, namespace):
                 break
             hits.append(b)
             parent = blk.block_hash
@@ -66,7 +68,7 @@ class PlainEngine:
     def blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
         return -(-num_tokens // self.block_size) - len(hits)
 
-    def num_free(self, hits: list[int] = ()) -> int:  # type: ignore[assignment]
+    def num_free(self, hits: Sequence[int] = ()) -> int:
         return sum(1 for b in self.free_list if b not in hits)
 
     def _take(self) -> int:

@@ -13,17 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, cast
 
-from prefixkv.spec import (
-    Admission,
-    BlockView,
-    CacheBusy,
-    CacheState,
-    DuplicateSequence,
-    InvalidOperation,
-    Match,
-    OutOfBlocks,
-    SeqView,
-)
+from prefixkv.spec import Admission, CacheState, Match, OutOfBlocks, SeqView
 from prefixkv.spec import Request as PkvRequest
 
 from prefixkv.conformance import Capabilities
@@ -39,7 +29,7 @@ CAPABILITIES = Capabilities(
 )  # fmt: skip
 
 
-class RadixStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the manager's
+class RadixStyleAdapter(tk.AdapterBase[Req]):  # prefixkv's calls and errors -> the manager's
     def __init__(self, manager: RadixKVManager) -> None:
         super().__init__(manager.pool.num_pages, manager.page_size)
         self.m, self.reqs = manager, manager.reqs
@@ -49,12 +39,7 @@ class RadixStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the m
         return Match(req.num_tokens, len(pages) * self.block_size, tuple(pages))
 
     def _req(self, req: PkvRequest, budget: int | None) -> Req:
-        r = Req(tk.check_request(req).seq_id, req.token_ids, req.namespace.key())
-        if budget is not None:
-            tk.check_count(budget, "num_new_tokens")
-        if req.seq_id in self.reqs:
-            raise DuplicateSequence(f"{req.seq_id!r} is live")
-        return r
+        return Req(tk.check_new(req, self.reqs, budget).seq_id, req.token_ids, req.namespace.key())
 
     def can_admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> bool:
         return self.m.can_admit(self._req(req, num_new_tokens), num_new_tokens)
@@ -68,41 +53,29 @@ class RadixStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the m
                          len(r.private), self.m.tree.num_evicted_pages - evicted)  # fmt: skip
 
     def can_append(self, seq_id: Any, num_tokens: int) -> bool:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
-        return self.m.can_extend(r, n)
+        return self.m.can_extend(tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "n"))
 
-    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
-        if not self.can_append(seq_id, num_tokens):
-            raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
+    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
         return self.m.extend(self.reqs[seq_id], num_tokens) or []
 
     def commit(self, seq_id: Any, num_computed: int, accepted_tokens: Any = ()) -> None:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_computed, "num_computed", 0)
-        tokens = tk.check_tokens(accepted_tokens)
-        total = r.kv_committed_len + n
-        if total > min(r.kv_allocated_len, len(r.fill_ids) + len(tokens)):
-            raise InvalidOperation(f"cannot commit {total} tokens of {seq_id!r}")
-        self.m.record_forward(r, n, tokens)
+        r = tk.live(self.reqs, seq_id)
+        self.m.record_forward(r, *tk.check_commit(num_computed, accepted_tokens,
+            committed=r.kv_committed_len, allocated=r.kv_allocated_len,
+            known=len(r.fill_ids)))  # fmt: skip
 
     def rollback(self, seq_id: Any, num_tokens: int) -> None:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
-        try:
-            self.m.release_tail(r, n)
-        except ValueError as exc:  # raised before anything changed
-            raise InvalidOperation(f"{seq_id!r}: {exc}") from None
+        with tk.refusal(ValueError, what=repr(seq_id)):  # raised before anything changed
+            self.m.release_tail(tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "n"))
 
-    def free(self, seq_ids: Any) -> None:
-        for s in tk.check_free_batch(seq_ids, self.reqs):
-            self.m.cache_finished_req(self.reqs[s])
+    def release(self, seq_id: Any) -> None:
+        self.m.cache_finished_req(self.reqs[seq_id])
 
     def evict(self, num_blocks: int) -> int:
         return self.m.evict(tk.check_count(num_blocks, "num_blocks", 0))
 
-    def reset(self, *, preserve_cache: bool) -> None:
-        if tk.check_flag(preserve_cache):
-            self.free(list(self.reqs))
-        elif not self.m.reset():
-            raise CacheBusy("requests are running")
+    def clear_cache(self) -> bool:
+        return self.m.reset()
 
     def block_table(self, seq_id: Any) -> tuple[int, ...]:
         return tuple(tk.live(self.reqs, seq_id).pages)
@@ -110,31 +83,21 @@ class RadixStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the m
     def num_computed_tokens(self, seq_id: Any) -> int:
         return tk.live(self.reqs, seq_id).kv_committed_len
 
-    def seq_ids(self) -> tuple[Any, ...]:
-        return tuple(self.reqs)
-
-    def snapshot(self) -> CacheState:
+    def snapshot(self) -> CacheState:  # a page is published iff the tree holds it
         ps, tree, c = self.block_size, self.m.tree, self.counters
         c.evictions, c.published = tree.num_evicted_pages, tree.num_inserted_pages
-        refs = Counter(p for r in self.reqs.values() for p in r.pages)
-        views = [BlockView(p, refs[p], False) for p in range(self.num_blocks)]
-        for page, node, i, ns in tree.all_pages():  # parents first; the page before it is its
-            up = node.parent  # parent (none for the first page under a root)
+        refs = Counter(p for r in self.reqs.values() for p in r.pages)  # page tables holding it
+        blocks = [tk.Block(p, refs[p]) for p in range(self.num_blocks)]
+        for page, node, i, ns in tree.all_pages():  # its parent: the page before it on its path
+            up = node.parent  # (none for the first page under a root)
             parent = node.value[i - 1] if i else up.value[-1] if up and up.value else None
             tokens = tuple(node.key[i * ps : (i + 1) * ps])
-            depth = views[parent].depth + 1 if parent is not None else 1
-            views[page] = BlockView(page, refs[page], True, cast(bytes, ns), parent, tokens, (),
-                                    page, depth)  # fmt: skip
-        seqs = tuple(
-            SeqView(r.rid, cast(bytes, r.namespace), tuple(r.fill_ids), tuple(r.pages),
-                    r.kv_committed_len, r.kv_allocated_len, len(r.origin_input_ids),
-                    r.num_cached_tokens)
-            for r in self.reqs.values()
-        )  # fmt: skip
-        free, index = tuple(self.m.pool.free_pages), tuple((p, p) for p, *_ in tree.all_pages())
-        stats = tk.stats_from(views, len(free), len(seqs), c, block_size=ps)
-        return CacheState(self.num_blocks, ps, tuple(views), free, tuple(sorted(index)), seqs,
-                          stats, ())  # fmt: skip
+            blocks[page] = tk.Block(page, refs[page], page, parent, tokens, cast(bytes, ns))
+        seqs = [SeqView(r.rid, cast(bytes, r.namespace), tuple(r.fill_ids), tuple(r.pages),
+                        r.kv_committed_len, r.kv_allocated_len, len(r.origin_input_ids),
+                        r.num_cached_tokens) for r in self.reqs.values()]  # fmt: skip
+        return tk.build_snapshot(blocks, seqs, self.m.pool.free_pages, c, block_size=ps,
+                                 cached_in_free_queue=False)  # fmt: skip
 
 
 def factory_for(cls: type[RadixKVManager] = RadixKVManager) -> Any:

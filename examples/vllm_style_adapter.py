@@ -11,17 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixkv.spec import (
-    Admission,
-    BlockView,
-    CacheBusy,
-    CacheState,
-    DuplicateSequence,
-    InvalidOperation,
-    Match,
-    OutOfBlocks,
-    SeqView,
-)
+from prefixkv.spec import Admission, CacheState, Match, OutOfBlocks, SeqView
 from prefixkv.spec import Request as PkvRequest
 
 from prefixkv.conformance import Capabilities
@@ -37,19 +27,15 @@ CAPABILITIES = Capabilities(
 )  # fmt: skip
 
 
-class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the manager's
+class VllmStyleAdapter(tk.AdapterBase[Request]):  # prefixkv's calls and errors -> the manager's
     def __init__(self, manager: KVCacheManager) -> None:
         super().__init__(manager.block_pool.num_blocks, manager.block_size)
-        self.m, self.reqs = manager, dict[Any, Request]()
+        self.m = manager
 
-    def _plan(self, req: PkvRequest, budget: int | None) -> tuple[Request, list[Any], int]:
-        r = Request(tk.check_request(req).seq_id, req.token_ids, req.namespace.key())
+    def _plan(self, req: PkvRequest, budget: int | None) -> tuple[Request, int, list[Any]]:
+        r = Request(tk.check_new(req, self.reqs, budget).seq_id, req.token_ids, req.namespace.key())
         hits, cached = self.m.get_computed_blocks(r)
-        if budget is not None and tk.check_count(budget, "num_new_tokens"):
-            budget = min(budget, r.num_tokens - cached)
-        if req.seq_id in self.reqs:
-            raise DuplicateSequence(f"{req.seq_id!r} is live")
-        return r, hits, r.num_tokens - cached if budget is None else budget
+        return r, min(budget or r.num_tokens, r.num_tokens - cached), hits
 
     def match(self, req: PkvRequest) -> Match:
         r = Request(0, tk.check_request(req).token_ids, req.namespace.key())
@@ -57,11 +43,10 @@ class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the ma
         return Match(req.num_tokens, cached, tuple(b.block_id for b in hits))
 
     def can_admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> bool:
-        r, hits, todo = self._plan(req, num_new_tokens)
-        return self.m.can_allocate(r, todo, hits)
+        return self.m.can_allocate(*self._plan(req, num_new_tokens))
 
     def admit(self, req: PkvRequest, num_new_tokens: int | None = None) -> Admission:
-        r, hits, todo = self._plan(req, num_new_tokens)
+        r, todo, hits = self._plan(req, num_new_tokens)
         evictions = self.m.block_pool.num_evictions
         if (new := self.m.allocate_slots(r, todo, hits)) is None:
             raise OutOfBlocks(f"{todo} tokens of {req.seq_id!r} do not fit")
@@ -71,38 +56,26 @@ class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the ma
                          len(new), self.m.block_pool.num_evictions - evictions)  # fmt: skip
 
     def can_append(self, seq_id: Any, num_tokens: int) -> bool:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
-        return self.m.can_allocate(r, n)
+        return self.m.can_allocate(tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "n"))
 
-    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
-        if not self.can_append(seq_id, num_tokens):
-            raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
+    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
         return [b.block_id for b in self.m.allocate_slots(self.reqs[seq_id], num_tokens) or ()]
 
     def commit(self, seq_id: Any, num_computed: int, accepted_tokens: Any = ()) -> None:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_computed, "num_computed", 0)
-        tokens = tk.check_tokens(accepted_tokens)
-        total = r.num_computed_tokens + n
-        if total > min(self.m.num_scheduled_tokens[seq_id], r.num_tokens + len(tokens)):
-            raise InvalidOperation(f"cannot commit {total} tokens of {seq_id!r}")
-        self.m.record_forward(r, n, tokens)
+        r = tk.live(self.reqs, seq_id)
+        self.m.record_forward(r, *tk.check_commit(num_computed, accepted_tokens,
+            committed=r.num_computed_tokens, allocated=self.m.num_scheduled_tokens[seq_id],
+            known=r.num_tokens))  # fmt: skip
 
     def rollback(self, seq_id: Any, num_tokens: int) -> None:
-        r, n = tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "num_tokens")
-        try:
-            self.m.free_tail_slots(r, n)
-        except ValueError as exc:  # raised before anything changed
-            raise InvalidOperation(f"{seq_id!r}: {exc}") from None
+        with tk.refusal(ValueError, what=repr(seq_id)):  # raised before anything changed
+            self.m.free_tail_slots(tk.live(self.reqs, seq_id), tk.check_count(num_tokens, "n"))
 
-    def free(self, seq_ids: Any) -> None:
-        for s in tk.check_free_batch(seq_ids, self.reqs):
-            self.m.free(self.reqs.pop(s))
+    def release(self, seq_id: Any) -> None:
+        self.m.free(self.reqs.pop(seq_id))
 
-    def reset(self, *, preserve_cache: bool) -> None:
-        if tk.check_flag(preserve_cache):
-            self.free(list(self.reqs))
-        elif self.reqs or not self.m.reset_prefix_cache():
-            raise CacheBusy("requests are running")
+    def clear_cache(self) -> bool:
+        return self.m.reset_prefix_cache()
 
     def block_table(self, seq_id: Any) -> tuple[int, ...]:
         return tuple(self.m.get_block_ids(tk.live(self.reqs, seq_id).request_id))
@@ -110,40 +83,25 @@ class VllmStyleAdapter(tk.AdapterBase):  # prefixkv's calls and errors -> the ma
     def num_computed_tokens(self, seq_id: Any) -> int:
         return tk.live(self.reqs, seq_id).num_computed_tokens
 
-    def seq_ids(self) -> tuple[Any, ...]:
-        return tuple(self.reqs)
-
-    def snapshot(self) -> CacheState:
-        pool, c, bs = self.m.block_pool, self.counters, self.block_size
+    def snapshot(self) -> CacheState:  # the index in lookup order: the oldest copy first
+        m, pool, c, bs = self.m, self.m.block_pool, self.counters, self.block_size
         c.evictions, c.published = pool.num_evictions, pool.num_blocks_cached
         index = [(h, b) for h, d in pool.cached_block_hash_to_block.items() for b in d]
-        owner: dict[Any, int] = {}  # identity -> the copy a lookup returns (the oldest)
-        for _, b in index:
-            owner.setdefault(pool.blocks[b].identity, b)
-        seqs = tuple(
-            SeqView(i, r.cache_salt or b"", tuple(r.all_token_ids), self.block_table(i),
-                    r.num_computed_tokens, self.m.num_scheduled_tokens[i], r.num_prompt_tokens,
-                    self.m.num_hit_blocks[i] * bs)
-            for i, r in self.reqs.items()
-        )  # fmt: skip
-        views = tuple(_view(b, owner) for b in pool.blocks)
-        free = tuple(b.block_id for b in pool.free_block_queue if b.block_hash is None)
-        stats = tk.stats_from(views, len(free), len(seqs), c, block_size=bs)
-        return CacheState(self.num_blocks, bs, views, free, tuple(sorted(index)), seqs, stats, ())
+        seqs = [SeqView(i, r.cache_salt or b"", tuple(r.all_token_ids), self.block_table(i),
+                        r.num_computed_tokens, m.num_scheduled_tokens[i], r.num_prompt_tokens,
+                        m.num_hit_blocks[i] * bs) for i, r in self.reqs.items()]  # fmt: skip
+        free, blocks = [b.block_id for b in pool.free_block_queue], map(_block, pool.blocks)
+        return tk.build_snapshot(list(blocks), seqs, free, c, block_size=bs, index=index)
 
 
-def _view(b: KVCacheBlock, owner: dict[Any, int]) -> BlockView:
-    """A cached block's stored identity is ``(parent identity, tokens)`` down to
-    ``(salt,)``; its parent is the block a lookup of the parent identity returns (``-1``
-    if none is cached: a match through it fails INV-MATCH)."""
-    if b.block_hash is None or b.identity is None:
-        return BlockView(b.block_id, b.ref_cnt, False)
-    (up, tokens), root, depth = b.identity, b.identity[0], 1
+def _block(b: KVCacheBlock) -> tk.Block:  # identity: (parent identity, tokens) ... (salt,)
+    up, tokens = b.identity if b.block_hash is not None and b.identity else ((None,), ())
+    root, depth = up, 1
     while len(root) == 2:
         root, depth = root[0], depth + 1
-    parent = None if len(up) == 1 else owner.get(up, -1)
-    return BlockView(b.block_id, b.ref_cnt, True, root[0] or b"", parent, tokens, (),
-                     b.block_hash, depth)  # fmt: skip
+    return tk.Block(b.block_id, b.ref_cnt, b.block_hash, None, tokens, root[0] or b"",
+                    identity=b.identity, parent_identity=up if len(up) == 2 else None,
+                    depth=depth)  # fmt: skip
 
 
 def factory_for(cls: type[KVCacheManager] = KVCacheManager, **options: Any) -> Any:

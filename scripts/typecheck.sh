@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy --strict over the whole prefixkv package.
+# mypy --strict over the whole prefixkv package and the example managers.
 #
 # The source directories map onto subpackages through setuptools' package-dir, which mypy
 # cannot see through an editable install. Stage a tree of symlinks with the installed
@@ -14,5 +14,6 @@ for entry in "$root"/src/prefixkv/*; do
     ln -s "$entry" "$stage/prefixkv/"
 done
 for sub in spec impl kernels proofs; do ln -s "$root/$sub" "$stage/prefixkv/$sub"; done
+ln -s "$root/examples" "$stage/examples"  # a top-level package next to prefixkv
 cd "$stage"
-python -m mypy --config-file "$root/pyproject.toml" -p prefixkv  # strict = true in pyproject
+python -m mypy --config-file "$root/pyproject.toml" -p prefixkv -p examples  # strict = true in pyproject

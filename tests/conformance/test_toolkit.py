@@ -10,9 +10,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from prefixkv.spec import (
+    CacheBusy,
     DuplicateSequence,
+    InvalidOperation,
     InvalidRequest,
     Namespace,
     OutOfBlocks,
@@ -28,6 +31,7 @@ from prefixkv.conformance import toolkit as tk
 from prefixkv.conformance.failures import CheckFailed
 
 _ROOT = Path(__file__).parents[2]
+_REQ = Request("a", (1, 2, 3), Namespace("m"))
 
 
 @pytest.mark.parametrize(
@@ -47,6 +51,15 @@ _ROOT = Path(__file__).parents[2]
         (lambda: tk.check_free_batch("ab", {"ab": 0}), InvalidRequest),
         (lambda: tk.check_free_batch([7, 7], {7: 0}), DuplicateSequence),
         (lambda: tk.check_free_batch([7, 8], {7: 0}), UnknownSequence),
+        (lambda: tk.check_new("not a request", {}), InvalidRequest),
+        (lambda: tk.check_new(_REQ, {"a": 0}), DuplicateSequence),
+        # the spec's order: a bad budget is reported before a duplicate sequence
+        (lambda: tk.check_new(_REQ, {"a": 0}, 0), InvalidRequest),
+        (lambda: tk.check_commit(-1, (), committed=0, allocated=4, known=4), InvalidRequest),
+        (lambda: tk.check_commit(1, "x", committed=0, allocated=4, known=4), InvalidRequest),
+        # past the slots, or past the known tokens plus the accepted ones
+        (lambda: tk.check_commit(5, (), committed=0, allocated=4, known=9), InvalidOperation),
+        (lambda: tk.check_commit(3, (7,), committed=2, allocated=9, known=3), InvalidOperation),
     ],
 )
 def test_argument_checks_raise_the_kits_errors(call: Any, error: type[Exception]) -> None:
@@ -58,6 +71,65 @@ def test_argument_checks_pass_good_values_through() -> None:
     assert tk.check_count(0, "n", 0) == 0 and tk.check_seq_id("a") == "a"
     assert tk.check_tokens((1, 2)) == [1, 2] and tk.check_flag(False) is False
     assert tk.check_free_batch([1, "a"], {1: 0, "a": 1}) == [1, "a"]
+    assert tk.check_new(_REQ, {"b": 0}, 2) is _REQ
+    # exactly up to the limit: the slots, and the known tokens plus the accepted ones
+    assert tk.check_commit(2, (), committed=2, allocated=4, known=9) == (2, [])
+    assert tk.check_commit(2, (7,), committed=2, allocated=9, known=3) == (2, [7])
+
+
+def test_refusal_translates_the_engines_error_and_keeps_the_kits() -> None:
+    with pytest.raises(InvalidOperation, match="'s': cannot"), tk.refusal(ValueError, what="'s'"):
+        raise ValueError("cannot")
+    # an argument check inside stays what it is; an error not listed is left alone
+    with pytest.raises(InvalidRequest), tk.refusal(ValueError):
+        tk.check_count(0, "n")
+    with pytest.raises(KeyError), tk.refusal(ValueError):
+        raise KeyError("x")
+
+
+class _Tiny(tk.AdapterBase[list[int]]):
+    """An adapter over a pool of ``room`` slots, logging the engine calls it makes."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__(4, 2)
+        self.room, self.calls = room, list[str]()
+        self.reqs.update({"a": [], "b": []})
+
+    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+        tk.live(self.reqs, seq_id)
+        return tk.check_count(num_tokens, "n") <= self.room
+
+    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
+        self.calls.append(f"extend {seq_id} {num_tokens}")
+        return [0]
+
+    def release(self, seq_id: Any) -> None:
+        self.calls.append(f"release {seq_id}")
+        del self.reqs[seq_id]
+
+    def clear_cache(self) -> bool:
+        self.calls.append("clear")
+        return True
+
+
+def test_adapter_base_checks_before_it_calls_the_engine() -> None:
+    tiny = _Tiny(room=3)
+    with pytest.raises(OutOfBlocks):
+        tiny.append("a", 4)
+    with pytest.raises(UnknownSequence):
+        tiny.append("zz", 1)
+    with pytest.raises(UnknownSequence):  # "a" is not released: the batch is checked first
+        tiny.free(["a", "zz"])
+    with pytest.raises(CacheBusy):
+        tiny.reset(preserve_cache=False)
+    with pytest.raises(InvalidRequest):
+        tiny.reset(preserve_cache=1)  # type: ignore[arg-type]
+    assert tiny.calls == [] and tiny.seq_ids() == ("a", "b")
+    assert tiny.append("a", 3) == [0]
+    tiny.reset(preserve_cache=True)  # frees every live sequence, keeps the cache
+    assert tiny.calls == ["extend a 3", "release a", "release b"] and tiny.seq_ids() == ()
+    tiny.reset(preserve_cache=False)
+    assert tiny.calls[-1] == "clear"
 
 
 def test_snapshot_of_a_hash_chained_cache_with_cached_blocks_in_the_free_queue() -> None:
@@ -78,6 +150,55 @@ def test_snapshot_of_a_hash_chained_cache_with_cached_blocks_in_the_free_queue()
     assert (st.num_free_blocks, st.num_cached_blocks, st.num_used_blocks) == (1, 2, 1)
     found = {v.invariant for v in invariants.violations(snap)}
     assert found <= {"INV-ANCESTOR"}, found  # only the any-order eviction difference
+
+
+def test_snapshot_names_the_parent_by_identity_under_a_colliding_hash() -> None:
+    """Blocks 0 and 2 share the hash 5 with different identities: block 1's parent is the
+    block with its parent's identity (2), not the first one indexed under the hash (0)."""
+    ns = Namespace("m").key()
+    a, b = ("a",), ("b",)
+    blocks = [
+        tk.Block(0, 0, 5, token_ids=(1, 1), namespace=ns, identity=a),
+        tk.Block(1, 0, 6, token_ids=(3, 3), namespace=ns, identity=(b, 3), parent_identity=b),
+        tk.Block(2, 0, 5, token_ids=(2, 2), namespace=ns, identity=b),
+    ]
+    snap = tk.build_snapshot(blocks, [], [], tk.Counters(), block_size=2)
+    assert (snap.blocks[1].parent, snap.blocks[1].depth) == (2, 2)
+    assert snap.index == ((5, 0), (5, 2), (6, 1))
+    # by hash alone, the same cache names the first block indexed under 5
+    by_hash = [attrs.evolve(x, identity=None, parent_identity=None) for x in blocks]
+    by_hash[1] = attrs.evolve(by_hash[1], parent_hash=5)
+    assert tk.build_snapshot(by_hash, [], [], tk.Counters(), block_size=2).blocks[1].parent == 0
+
+
+def test_snapshot_takes_the_first_copy_in_the_order_the_index_is_given() -> None:
+    """Two copies of one identity (blocks 3 and 1): the parent is the copy the engine's
+    lookup returns, the first in the index as given, whatever the block ids."""
+    ns = Namespace("m").key()
+    blocks = [
+        tk.Block(0, 0, 7, parent_hash=5, token_ids=(2, 2), namespace=ns),
+        tk.Block(1, 0, 5, token_ids=(1, 1), namespace=ns),
+        tk.Block(3, 0, 5, token_ids=(1, 1), namespace=ns),
+        tk.Block(2, 0),
+    ]
+    for order, parent in (([(5, 3), (5, 1), (7, 0)], 3), ([(5, 1), (5, 3), (7, 0)], 1)):
+        snap = tk.build_snapshot(blocks, [], [], tk.Counters(), block_size=2, index=order)
+        assert snap.blocks[0].parent == parent, order
+        assert snap.index == ((5, 1), (5, 3), (7, 0))  # held sorted
+
+
+def test_snapshot_depth_and_free_queue_options() -> None:
+    ns = Namespace("m").key()
+    orphan = tk.Block(0, 0, 9, parent_hash=4, token_ids=(1, 1), namespace=ns, depth=3)
+    cached = tk.Block(1, 0, 8, token_ids=(2, 2), namespace=ns)
+    snap = tk.build_snapshot([orphan, cached], [], [1], tk.Counters(), block_size=2)
+    assert (snap.blocks[0].parent, snap.blocks[0].depth) == (-1, 3)  # depth as the engine knows
+    assert snap.free_queue == ()  # lazily evicting queue: the cached block is evictable
+    strict = tk.build_snapshot(
+        [orphan, cached], [], [1], tk.Counters(), block_size=2, cached_in_free_queue=False
+    )
+    assert strict.free_queue == (1,)  # a published block in the free list is a bug...
+    assert "INV-PARTITION" in {v.invariant for v in invariants.violations(strict)}  # ...reported
 
 
 class _Flaky:
@@ -155,13 +276,27 @@ def test_the_lockstep_oracle_runs_without_hypothesis() -> None:
     ok.check_match(req, ok.op("match", lambda c: c.match(req), pure=True).value, "match")
 
 
+def _translation_lines(text: str, start: str, end: str) -> int:
+    """Non-blank lines from ``start`` (the adapter class) up to ``end``: the class and the
+    helpers that render the engine's state; the capabilities and factories are apart."""
+    block = re.search(rf"^{start}.*?(?=^{end})", text, re.M | re.S)
+    assert block is not None, start
+    return sum(1 for line in block.group(0).splitlines() if line.strip())
+
+
 def test_the_readme_adapter_is_at_most_60_lines() -> None:
     """The README's adapter is the translation only: count its non-blank lines."""
     text = (_ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"^class PlainAdapter.*?(?=^PlainAdapter\.capabilities)", text, re.M | re.S)
-    assert block is not None
-    lines = [line for line in block.group(0).splitlines() if line.strip()]
-    assert len(lines) <= 60, len(lines)
+    lines = _translation_lines(text, "class PlainAdapter", r"PlainAdapter\.capabilities")
+    assert lines <= 60, lines
+
+
+@pytest.mark.parametrize("module", ["vllm_style_adapter", "radix_style_adapter"])
+def test_each_example_adapter_is_at_most_60_lines(module: str) -> None:
+    """Each example manager's adapter is the translation only, counted as the README's."""
+    text = (_ROOT / "examples" / f"{module}.py").read_text(encoding="utf-8")
+    lines = _translation_lines(text, r"class \w+Adapter\(", "def factory_for")
+    assert lines <= 60, (module, lines)
 
 
 def test_deepcopy_of_a_populated_manager_is_faithful_enough_for_dry_runs() -> None:

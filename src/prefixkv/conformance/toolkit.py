@@ -4,9 +4,15 @@ An adapter turns the kit's calls into the engine's and renders the engine's stat
 :class:`~prefixkv.spec.CacheState`. Everything else an adapter used to carry is here:
 
 * **Argument checks** (:func:`check_count`, :func:`check_seq_id`, :func:`check_request`,
-  :func:`check_tokens`, :func:`check_flag`, :func:`check_free_batch`, :func:`live`) raise
-  the exact :class:`~prefixkv.spec.PrefixCacheError` subclasses the kit expects, before the
-  engine is touched, so a refused call changes nothing (INV-TXN).
+  :func:`check_new`, :func:`check_tokens`, :func:`check_commit`, :func:`check_flag`,
+  :func:`check_free_batch`, :func:`live`) raise the exact
+  :class:`~prefixkv.spec.PrefixCacheError` subclasses the kit expects, before the engine is
+  touched, so a refused call changes nothing (INV-TXN); :func:`refusal` turns an engine's
+  own refusal into ``InvalidOperation``.
+* **The operations every adapter writes the same way** (:class:`AdapterBase`): ``append``
+  after ``can_append``, a batched ``free``, ``reset`` and ``seq_ids`` over the adapter's
+  table of live requests; the adapter supplies the engine calls (``extend``, ``release``,
+  ``clear_cache``).
 * **Statistics from a snapshot** (:class:`Counters`, :func:`stats_from`,
   :class:`AdapterBase`) for engines that
   keep no :class:`~prefixkv.spec.CacheStats`: occupancy is derived from the blocks, and
@@ -21,18 +27,22 @@ An adapter turns the kit's calls into the engine's and renders the engine's stat
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import attrs
 
 from prefixkv.spec import (
     BlockView,
+    CacheBusy,
     CacheState,
     CacheStats,
     DuplicateSequence,
+    InvalidOperation,
     InvalidRequest,
+    OutOfBlocks,
     PrefixCacheError,
     Request,
     SeqId,
@@ -45,20 +55,24 @@ __all__ = [
     "Block",
     "Counters",
     "build_snapshot",
+    "check_commit",
     "check_count",
     "check_deepcopy",
     "check_flag",
     "check_free_batch",
+    "check_new",
     "check_request",
     "check_seq_id",
     "check_tokens",
     "dry_run",
     "live",
+    "refusal",
     "stats_from",
 ]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
+_R = TypeVar("_R")  # an engine's request
 
 #: Token ids the kit's workloads use fit here; the kit's bad inputs fall outside.
 MAX_TOKEN_ID = 2**32
@@ -88,6 +102,19 @@ def check_request(value: object) -> Request:
     return value
 
 
+def check_new(value: object, table: Mapping[Any, Any], num_new_tokens: object = None) -> Request:
+    """The arguments of ``can_admit`` and ``admit``, in the spec's order: a
+    :class:`~prefixkv.spec.Request` and a token budget that is ``None`` or an ``int >= 1``
+    (else ``InvalidRequest``), for a sequence not live in ``table`` (else
+    ``DuplicateSequence``)."""
+    req = check_request(value)
+    if num_new_tokens is not None:
+        check_count(num_new_tokens, "num_new_tokens")
+    if req.seq_id in table:
+        raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
+    return req
+
+
 def check_tokens(value: object) -> list[int]:
     """``accepted_tokens``: a sequence (not a string) of token ids, else ``InvalidRequest``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
@@ -97,6 +124,44 @@ def check_tokens(value: object) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < MAX_TOKEN_ID:
             raise InvalidRequest(f"bad token id {t!r}")
     return tokens
+
+
+def check_commit(
+    num_computed: object, accepted_tokens: object, *, committed: int, allocated: int, known: int
+) -> tuple[int, list[int]]:
+    """The arguments of ``commit``: ``(num_computed, accepted_tokens)`` checked.
+
+    ``committed`` tokens of the sequence hold written KV, ``allocated`` have slots and
+    ``known`` token ids are known before ``accepted_tokens`` arrive. KV can be committed
+    only for slots that exist and for tokens whose ids are known (an accepted draft token
+    is known once it is accepted): anything past ``min(allocated, known + accepted)`` is
+    refused with ``InvalidOperation``, before the engine is touched.
+    """
+    n = check_count(num_computed, "num_computed", 0)
+    tokens = check_tokens(accepted_tokens)
+    limit = min(allocated, known + len(tokens))
+    if committed + n > limit:
+        raise InvalidOperation(
+            f"cannot commit {n} more tokens after {committed}: only {limit} have slots and "
+            f"known token ids ({allocated} slots, {known} + {len(tokens)} tokens)"
+        )
+    return n, tokens
+
+
+@contextlib.contextmanager
+def refusal(*errors: type[Exception], what: str = "") -> Iterator[None]:
+    """Turn the engine's own refusal (one of ``errors``) into ``InvalidOperation``.
+
+    NOTE: use it only around an engine call that raises before it changes anything (a
+    validation the engine does itself); a refusal half way through breaks INV-TXN, and the
+    kit will say so.
+    """
+    try:
+        yield
+    except PrefixCacheError:
+        raise  # already the kit's: an argument check inside the block
+    except errors as exc:
+        raise InvalidOperation(f"{what}{': ' if what else ''}{exc}") from None
 
 
 def check_flag(value: object, what: str = "preserve_cache") -> bool:
@@ -133,14 +198,26 @@ def check_free_batch(seq_ids: object, table: Mapping[Any, Any]) -> list[SeqId]:
 # -- statistics -----------------------------------------------------------------------------
 
 
-class AdapterBase:
+class AdapterBase(Generic[_R]):
     """The part every adapter of an engine without statistics or KV events shares: the pool
     shape, the :class:`Counters`, ``stats()`` read from the adapter's own ``snapshot()``,
-    and no events (declare ``events=False``). Subclasses translate the rest."""
+    and no events (declare ``events=False``).
+
+    It also writes the operations whose translation is the same for every engine, over
+    ``reqs`` (the engine's requests by live sequence id: the adapter's own table, or the
+    engine's if it keeps one):
+    ``append`` asks ``can_append`` first, so a refused append changes nothing; ``free``
+    checks the whole batch before it releases any of it; ``reset`` frees every live
+    sequence when the cache is kept, and is refused while one is live otherwise. The
+    subclass supplies the engine calls behind them: ``extend``, ``release`` and
+    ``clear_cache``. An operation whose hook the engine lacks is declared missing in the
+    capabilities, and the kit never calls it.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.counters = Counters()
+        self.reqs: dict[Any, _R] = {}
 
     def snapshot(self) -> CacheState:
         raise NotImplementedError("render the engine's state with build_snapshot")
@@ -152,6 +229,47 @@ class AdapterBase:
     def take_events(self) -> list[Any]:
         """No KV events: the engine publishes none."""
         return []
+
+    def seq_ids(self) -> tuple[Any, ...]:
+        """The live sequences, in the order of ``reqs``."""
+        return tuple(self.reqs)
+
+    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+        raise NotImplementedError("ask the engine whether num_tokens more slots fit")
+
+    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
+        """Hook: give the live ``seq_id`` ``num_tokens`` more slots (they fit); return the
+        ids of the blocks it added."""
+        raise NotImplementedError("call the engine's allocation for more slots")
+
+    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
+        """``can_append`` checks the arguments and the room; only then is the engine
+        called, so ``OutOfBlocks`` leaves everything as it was."""
+        if not self.can_append(seq_id, num_tokens):
+            raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
+        return self.extend(seq_id, num_tokens)
+
+    def release(self, seq_id: Any) -> None:
+        """Hook: release the live ``seq_id`` and its blocks."""
+        raise NotImplementedError("call the engine's free")
+
+    def free(self, seq_ids: Any) -> None:
+        """Every id is checked (:func:`check_free_batch`) before any is released."""
+        for s in check_free_batch(seq_ids, self.reqs):
+            self.release(s)
+
+    def clear_cache(self) -> bool:
+        """Hook: drop every cached block, no sequence being live; ``False`` if the engine
+        refused."""
+        raise NotImplementedError("call the engine's cache reset")
+
+    def reset(self, *, preserve_cache: bool) -> None:
+        """``preserve_cache=True`` frees every live sequence and keeps what is cached; a
+        full reset is refused with ``CacheBusy`` while a sequence is live."""
+        if check_flag(preserve_cache):
+            self.free(list(self.reqs))
+        elif self.reqs or not self.clear_cache():
+            raise CacheBusy("a full reset while sequences are live")
 
 
 @attrs.define
@@ -217,10 +335,21 @@ def stats_from(
 class Block:
     """One engine block as an adapter reads it.
 
-    ``block_hash`` is set iff the block is findable (published). ``parent_hash`` is the
-    chained hash of the block before it (``None`` for a first block); the builder turns it
-    into a parent block id. ``token_ids`` and ``namespace`` are the stored identity the
-    engine verifies a hit against (or the request's, if it verifies nothing).
+    ``block_hash`` is set iff the block is findable (published). ``token_ids`` and
+    ``namespace`` are the stored identity the engine verifies a hit against (or the
+    request's, if it verifies nothing).
+
+    The builder finds the parent by the key the engine looks the parent up by:
+
+    * ``parent_hash``, the chained hash of the block before it (``None`` for a first
+      block), for an engine that finds a block by its hash alone;
+    * ``identity`` and ``parent_identity``, for an engine that keeps each block's full
+      identity and verifies a hit against it (``parent_identity`` is ``None`` for a first
+      block). Then a colliding hash cannot name the wrong parent. Set both on every
+      published block or on none.
+
+    ``depth`` is derived from the parents when ``None``; give it when the engine knows it,
+    so a block whose parent was evicted keeps its true depth.
     """
 
     block_id: int
@@ -231,6 +360,19 @@ class Block:
     namespace: bytes = b""
     extra_keys: tuple[tuple[int, bytes], ...] = ()
     last_use: int = 0
+    identity: Hashable | None = None
+    parent_identity: Hashable | None = None
+    depth: int | None = None
+
+    @property
+    def key(self) -> Hashable | None:
+        """What a lookup of this block goes by: its identity, else its hash."""
+        return self.identity if self.identity is not None else self.block_hash
+
+    @property
+    def parent_key(self) -> Hashable | None:
+        """What a lookup of its parent goes by (``None`` for a first block)."""
+        return self.parent_identity if self.identity is not None else self.parent_hash
 
 
 def build_snapshot(
@@ -242,16 +384,22 @@ def build_snapshot(
     block_size: int,
     index: Iterable[tuple[int, int]] | None = None,
     stats: CacheStats | None = None,
+    cached_in_free_queue: bool = True,
 ) -> CacheState:
     """A :class:`~prefixkv.spec.CacheState` for a hash-chained cache.
 
-    * Parent ids come from ``parent_hash``: the block indexed under that hash (the first
-      one in ``index`` order when several share it). A parent hash that is no longer
-      indexed (a parent evicted before its child) leaves the parent unknown: the block is
-      rendered with the parent id ``-1``, so no match through it can pass INV-MATCH.
-    * ``free_queue`` may hold cached blocks (engines that evict lazily from the free
-      queue): only the unpublished ones are free; the cached ones count as evictable.
-    * ``index`` defaults to ``(hash, block_id)`` of every published block.
+    * A block's parent is the block a lookup of its :attr:`Block.parent_key` returns: the
+      first indexed block, in the order ``index`` is given, whose :attr:`Block.key` is that
+      key (so give the index in the order the engine's lookup prefers its copies). A parent
+      key that no indexed block has (a parent evicted before its child) leaves the parent
+      unknown: the block is rendered with the parent id ``-1``, so no match through it can
+      pass INV-MATCH.
+    * With ``cached_in_free_queue`` (engines that evict lazily from the free queue),
+      ``free_queue`` may hold cached blocks: only the unpublished ones are free; the cached
+      ones count as evictable. Without it, ``free_queue`` is rendered as it is, so a
+      published block in it is a bug the invariants report (INV-PARTITION).
+    * ``index`` defaults to ``(hash, block_id)`` of every published block, by block id. The
+      snapshot holds it sorted, so that equal indexes compare equal.
 
     Fill each :class:`~prefixkv.spec.SeqView`'s ``num_cached_tokens`` (the tokens attached
     from the cache at admission): the kit tells the blocks a sequence hit from the blocks
@@ -260,30 +408,51 @@ def build_snapshot(
     by_id = {b.block_id: b for b in blocks}
     if index is None:
         index = [(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None]
-    entries = sorted(index)
-    owner: dict[int, int] = {}
-    for h, b in entries:
-        owner.setdefault(h, b)
+    entries = list(index)
+    owner: dict[Hashable, int] = {}  # key -> the copy a lookup returns: the first indexed
+    for _, b in entries:
+        if b in by_id:  # an entry outside the pool is left for INV-INDEX to report
+            owner.setdefault(by_id[b].key, b)
 
-    def depth(b: Block, seen: int = 0) -> int:
-        if b.parent_hash is None or seen > len(blocks):
-            return 1
-        parent = owner.get(b.parent_hash)
-        return 1 + (depth(by_id[parent], seen + 1) if parent is not None else 0)
+    def parent_of(b: Block) -> int | None:
+        return None if b.parent_key is None else owner.get(b.parent_key, -1)
+
+    depths: dict[int, int] = {}
+
+    def depth(b: Block) -> int:
+        # Walk up to a first block, a known depth or a lost parent; a cycle (a corrupt
+        # engine) stops after len(blocks) steps, and the invariants report the rest.
+        chain: list[Block] = []
+        cur: Block | None = b
+        base = 0
+        while cur is not None and len(chain) <= len(blocks):
+            if cur.block_id in depths:
+                base = depths[cur.block_id]
+                break
+            if cur.depth is not None:
+                base = cur.depth
+                depths[cur.block_id] = base
+                break
+            chain.append(cur)
+            up = parent_of(cur)
+            cur = by_id[up] if up is not None and up >= 0 else None
+        for blk in reversed(chain):
+            base += 1
+            depths[blk.block_id] = base
+        return depths.get(b.block_id, base)
 
     views: list[BlockView] = []
     for blk in sorted(blocks, key=lambda x: x.block_id):
         if blk.block_hash is None:
             views.append(BlockView(blk.block_id, blk.refcount, False))
             continue
-        parent = None if blk.parent_hash is None else owner.get(blk.parent_hash, -1)
         views.append(
             BlockView(
                 blk.block_id,
                 blk.refcount,
                 True,
                 blk.namespace,
-                parent,
+                parent_of(blk),
                 tuple(blk.token_ids),
                 tuple(blk.extra_keys),
                 blk.block_hash,
@@ -291,14 +460,19 @@ def build_snapshot(
                 blk.last_use,
             )
         )
-    free = tuple(q for q in free_queue if by_id[q].block_hash is None)  # cached: evictable
+    free = tuple(
+        q
+        for q in free_queue
+        # A cached block in a lazily evicting free queue is evictable, not free.
+        if not cached_in_free_queue or q not in by_id or by_id[q].block_hash is None
+    )
     seqs = tuple(sequences)
     return CacheState(
         num_blocks=len(views),
         block_size=block_size,
         blocks=tuple(views),
         free_queue=free,
-        index=tuple(entries),
+        index=tuple(sorted(entries)),
         sequences=seqs,
         stats=stats
         if stats is not None
