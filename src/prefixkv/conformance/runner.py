@@ -214,7 +214,7 @@ def run_conformance(
         failure_listeners.append(listen)
         began = time.perf_counter()
         try:
-            run_state_machine_as_test(  # type: ignore[no-untyped-call]
+            run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]
                 machine, settings=settings(base, **extra)
             )
         except CheckFailed as exc:

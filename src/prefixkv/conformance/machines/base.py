@@ -180,7 +180,7 @@ class MachineBase(RuleBasedStateMachine):
 
     def _prune_seqs(self) -> None:
         """Drop ids that are no longer live from the bundle (freed in a batch or a reset)."""
-        bundle = self.bundle("seqs")  # type: ignore[no-untyped-call]
+        bundle = self.bundle("seqs")  # type: ignore[no-untyped-call, unused-ignore]
         values = getattr(self, "names_to_values", None)
         if values is None:  # pragma: no cover - other Hypothesis internals
             return

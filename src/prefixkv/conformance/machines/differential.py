@@ -128,5 +128,5 @@ def skip(machine: type[DifferentialMachine], rules: Collection[str]) -> None:
 
 def all_rule_names(machine: type[DifferentialMachine]) -> list[str]:
     """Every rule and initialize rule of ``machine``, by function name."""
-    state = machine.setup_state()  # type: ignore[no-untyped-call]
+    state = machine.setup_state()  # type: ignore[no-untyped-call, unused-ignore]
     return sorted(r.function.__name__ for r in (*state.rules, *state.initializers))
