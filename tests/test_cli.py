@@ -1,7 +1,7 @@
 """The command line (simulate, bench, prove), its registry and exit codes, and the workloads.
 
 No test here asserts a speed: speed is what ``prefixkv bench`` measures, on a quiet machine.
-These tests only keep the commands working (``bench`` has its own, in test_bench.py).
+These tests only keep the commands working (``bench`` has its own, in test_cache_bench.py).
 """
 
 from __future__ import annotations

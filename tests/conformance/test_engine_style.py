@@ -28,12 +28,14 @@ _EXAMPLES = 150
 _BUG_EXAMPLES = 500
 _STEPS = 30
 
-#: bug -> the check that must catch it.
+#: bug -> the checks that may catch it first (the derandomized search's first failure can
+#: move between Hypothesis releases; a batch that frees one block twice either corrupts a
+#: refcount or crashes the manager's own bookkeeping).
 _EXPECTED = {
-    "stale_hash_after_reuse": "INV-INDEX",
-    "hit_verified_on_own_block": "INV-MATCH",
-    "can_admit_ignores_hits": "CAN-ADMIT",
-    "double_free_in_batch": "INV-REF",
+    "stale_hash_after_reuse": {"INV-INDEX"},
+    "hit_verified_on_own_block": {"INV-MATCH"},
+    "can_admit_ignores_hits": {"CAN-ADMIT"},
+    "double_free_in_batch": {"INV-REF", "CRASH(double_free)"},
 }
 
 
@@ -58,7 +60,7 @@ def test_each_classic_bug_fails_with_a_short_replay(bug: str) -> None:
     with pytest.raises(ConformanceFailure) as info:
         _run(factory, examples=_BUG_EXAMPLES)
     failure = info.value
-    assert failure.check == _EXPECTED[bug], str(failure)
+    assert failure.check in _EXPECTED[bug], str(failure)
     assert failure.steps <= 15, str(failure)
     text = str(failure)
     assert "minimal replay" in text and "cache = make(num_blocks=" in text
