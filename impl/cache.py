@@ -50,7 +50,7 @@ from prefixkv.spec.errors import (
     UnknownSequence,
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
-from prefixkv.spec.identity import BlockHasher, fast_hash, ns_digest
+from prefixkv.spec.identity import NS_DIGEST_CACHE_SIZE, BlockHasher, fast_hash, ns_digest
 from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans, span_containing
 from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
@@ -180,6 +180,11 @@ class PrefixCacheManager:
         """The namespace's identity key, and its digest for the inline fast hash."""
         entry = self._ns_keys.get(namespace)
         if entry is None:
+            # NOTE: a server that isolates every user by salt sees unboundedly many
+            # namespaces; the memo is only a memo, so it starts over at the bound rather than
+            # growing forever (clearing is O(1) amortised and needs no LRU bookkeeping).
+            if len(self._ns_keys) >= NS_DIGEST_CACHE_SIZE:
+                self._ns_keys.clear()
             key = namespace.key()
             entry = self._ns_keys[namespace] = (key, ns_digest(key))
         return entry

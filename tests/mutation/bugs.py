@@ -128,14 +128,13 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        entry = self._ns_keys.get(namespace)
-        if entry is None:
-            key = namespace.key()
-            entry = self._ns_keys[namespace] = (key, ns_digest(key))""",
-                """        entry = self._ns_keys.get(namespace.model)  # type: ignore[call-overload]
-        if entry is None:
-            key = namespace.key()
-            entry = self._ns_keys[namespace.model] = (key, ns_digest(key))  # type: ignore""",
+                """        entry = self._ns_keys.get(namespace)""",
+                """        entry = self._ns_keys.get(namespace.model)""",
+            ),
+            (
+                "cache.py",
+                """            entry = self._ns_keys[namespace] = (key, ns_digest(key))""",
+                """            entry = self._ns_keys[namespace.model] = (key, ns_digest(key))""",
             ),
         ),
     ),
