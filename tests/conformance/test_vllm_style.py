@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import Phase, settings
+from kit_runs import first_failure, passes, shortest_failure
 
 from examples.vllm_style import (
     BUGS,
@@ -27,8 +27,6 @@ from examples.vllm_style_adapter import (
     make_manager,
     make_verified_weak_hash,
 )
-from prefixkv.conformance import ConformanceFailure, run_conformance
-from prefixkv.conformance.profiles import register_profiles
 
 BS = 2
 
@@ -175,15 +173,6 @@ def test_reset_prefix_cache_is_refused_while_blocks_are_in_use() -> None:
 
 # -- the conformance kit ---------------------------------------------------------------------
 
-_STEPS = 30
-#: The ``ci`` profile without the shrink phase.
-FIND_ONLY = "ci-find-only"
-register_profiles()
-settings.register_profile(
-    FIND_ONLY,
-    settings.get_profile("ci"),
-    phases=[p for p in settings.get_profile("ci").phases if p is not Phase.shrink],
-)
 
 #: bug -> the checks that may catch it first. A capacity check that is too generous
 #: surfaces where the manager's own allocation guard trips.
@@ -205,33 +194,19 @@ def test_every_bug_has_an_expected_check() -> None:
 @pytest.mark.parametrize("factory", [make_manager, make_verified_weak_hash])
 def test_the_correct_manager_passes_the_kit(factory: Any) -> None:
     assert factory.capabilities == CAPABILITIES
-    examples = 500 if factory is make_manager else 200
-    report = run_conformance(factory, max_examples=examples, steps=_STEPS, profile="ci")
-    assert report.rules > 1000 and report.operations > report.rules
+    passes(factory, examples=500 if factory is make_manager else 200)
 
 
 @pytest.mark.parametrize("bug", sorted(EXPECTED))
 def test_each_bug_is_caught(bug: str) -> None:
     """Found without shrinking: a failing run is mostly shrinking, and the shortest
     replays are in docs/conformance.md (measured with it)."""
-    with pytest.raises(ConformanceFailure) as info:
-        run_conformance(
-            BUG_FACTORIES[bug], max_examples=500, steps=_STEPS, profile=FIND_ONLY, max_failures=1
-        )
-    assert info.value.check in EXPECTED[bug], str(info.value)
+    failure = first_failure(BUG_FACTORIES[bug])
+    assert failure.check in EXPECTED[bug], str(failure)
 
 
 def test_a_bug_shrinks_to_a_short_replay() -> None:
-    with pytest.raises(ConformanceFailure) as info:
-        run_conformance(
-            BUG_FACTORIES["cancelled_writer_still_findable"],
-            max_examples=500,
-            steps=_STEPS,
-            profile="ci",
-            max_failures=1,
-        )
-    failure = info.value.report.failures[0]
+    failure = shortest_failure(BUG_FACTORIES["cancelled_writer_still_findable"])
     assert failure.check in EXPECTED["cancelled_writer_still_findable"] and failure.steps <= 3, (
         failure.format()
     )
-    assert failure.calls[1].startswith("cache = make(num_blocks=")
