@@ -1,4 +1,5 @@
-"""prefixkv.impl: the optimized cache manager (and, later, the scheduler and engine)."""
+"""prefixkv.impl: the optimized cache managers (the scheduler that drives them is in
+``prefixkv.engine``)."""
 
 from .cache import PrefixCacheManager
 from .hybrid import HybridPrefixCacheManager

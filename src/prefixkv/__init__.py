@@ -10,8 +10,8 @@ The public surface in one import::
 * the runtime invariant checker (:func:`checked`, :func:`check`).
 
 The layers stay importable on their own: ``prefixkv.spec`` (the executable model),
-``prefixkv.impl`` (the managers and the scheduler), ``prefixkv.kernels`` (Triton),
-``prefixkv.proofs`` (Z3), ``prefixkv.engine`` (the reference engine) and
+``prefixkv.impl`` (the managers), ``prefixkv.kernels`` (Triton), ``prefixkv.proofs``
+(Z3), ``prefixkv.engine`` (the reference scheduler and engine) and
 ``prefixkv.conformance`` (the kit). Importing this package pulls in neither torch nor z3.
 """
 

@@ -75,7 +75,7 @@ def run_engine_bench(
 
     from prefixkv.bench import machine_info
     from prefixkv.engine import Engine, EngineConfig, ModelConfig
-    from prefixkv.impl.policy import SchedulerConfig
+    from prefixkv.engine.policy import SchedulerConfig
 
     L, bs = cfg.prompt_tokens, cfg.block_size
     model = ModelConfig(

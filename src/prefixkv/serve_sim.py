@@ -161,7 +161,7 @@ def _run(args: argparse.Namespace) -> int:
         compare_runs,
     )
     from prefixkv.engine.engine import RunResult
-    from prefixkv.impl.policy import SchedulerConfig
+    from prefixkv.engine.policy import SchedulerConfig
 
     sim = ServeSimConfig(
         conversations=args.conversations,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefixkv.impl.generation import GenerationRequest
-from prefixkv.impl.step import Kind, StepOutput, StepPlan
+from prefixkv.engine.generation import GenerationRequest
+from prefixkv.engine.step import Kind, StepOutput, StepPlan
 
 VOCAB = 61
 UNWRITTEN = -1

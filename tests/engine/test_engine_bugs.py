@@ -19,8 +19,8 @@ import pytest
 from mutation.engine_bugs import CONTROL, ENGINE_BUGS, ROOT, PatchError, apply, ok, run_bug
 from mutation.sandbox import checkout_digest, module_of, process_gone, stage_sources
 
-#: One bug per source root the harness maps (impl/, src/prefixkv/engine/) and the hybrid
-#: path; each is caught within seconds of the engine tests' start.
+#: One bug in the torch-free scheduler, one in the torch engine and one on the hybrid path;
+#: each is caught within seconds of the engine tests' start.
 REPRESENTATIVE = (
     "cancel_step does not roll back appends",
     "kv write skipped for the last token of a step",
@@ -90,7 +90,7 @@ def test_killing_the_harness_leaves_the_checkout_untouched(
     """Kill the harness while a patched copy is under test: the checkout keeps its bytes,
     and the child pytest dies with the harness."""
     before = checkout_digest(ROOT)
-    index = next(i for i, b in enumerate(ENGINE_BUGS) if b.path.startswith("impl/"))
+    index = next(i for i, b in enumerate(ENGINE_BUGS) if b.path.endswith("/scheduler.py"))
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -7,8 +7,6 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-from prefixkv.impl.policy import SchedulerConfig
-from prefixkv.impl.step import StepPlan
 
 from prefixkv.engine import (
     Engine,
@@ -20,6 +18,8 @@ from prefixkv.engine import (
     image_item,
 )
 from prefixkv.engine.equality import EqualityReport
+from prefixkv.engine.policy import SchedulerConfig
+from prefixkv.engine.step import StepPlan
 
 CONFIG = EngineConfig(num_blocks=96, block_size=4)
 SYSTEM = tuple(range(20, 52))  # 32 tokens = 8 blocks

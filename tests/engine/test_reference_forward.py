@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from prefixkv.impl.generation import MultimodalItem
-from prefixkv.impl.policy import SchedulerConfig
 
 from prefixkv.engine import Engine, EngineConfig, ModelConfig, Turn, image_item
+from prefixkv.engine.generation import MultimodalItem
 from prefixkv.engine.layers import apply_rope
 from prefixkv.engine.model import TinyDecoder
 from prefixkv.engine.multimodal import StubEncoder
+from prefixkv.engine.policy import SchedulerConfig
 
 
 @torch.no_grad()

@@ -13,9 +13,9 @@ from __future__ import annotations
 import itertools
 
 import torch
-from prefixkv.impl.step import Kind, ScheduledSeq, StepPlan
 
 from prefixkv.engine import Engine, EngineConfig, image_item
+from prefixkv.engine.step import Kind, ScheduledSeq, StepPlan
 
 
 def _logits(

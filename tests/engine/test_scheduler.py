@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 from fake_model import FakeRunner, oracle
 from prefixkv.impl import PrefixCacheManager
-from prefixkv.impl.generation import GenerationRequest, MultimodalItem, Status
-from prefixkv.impl.policy import (
+from prefixkv.spec import InvalidOperation, InvalidRequest, MultimodalSpan, Namespace, OutOfBlocks
+from prefixkv.spec.invariants import check
+
+from prefixkv.engine.generation import GenerationRequest, MultimodalItem, Status
+from prefixkv.engine.policy import (
     SchedulerConfig,
     choose_victim,
     fit_decode,
@@ -15,11 +18,8 @@ from prefixkv.impl.policy import (
     split_budget,
     verify_greedy,
 )
-from prefixkv.impl.scheduler import Scheduler
-from prefixkv.impl.step import Kind, StepOutput
-from prefixkv.spec import InvalidOperation, InvalidRequest, MultimodalSpan, Namespace, OutOfBlocks
-from prefixkv.spec.invariants import check
-
+from prefixkv.engine.scheduler import Scheduler
+from prefixkv.engine.step import Kind, StepOutput
 from prefixkv.errors import InvalidConfig
 
 NS = Namespace("fake@1")

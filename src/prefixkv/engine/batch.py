@@ -16,9 +16,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from prefixkv.impl.generation import MultimodalItem
-from prefixkv.impl.step import StepPlan
 from prefixkv.kernels.metadata import BatchMetadata, build_batch_metadata
+
+from .generation import MultimodalItem
+from .step import StepPlan
 
 __all__ = ["MultimodalOverride", "StepBatch", "build_step_batch"]
 

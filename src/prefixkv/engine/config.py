@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 
 from prefixkv.errors import InvalidConfig, require_int
-from prefixkv.impl.policy import SchedulerConfig
+
+from .policy import SchedulerConfig
 
 __all__ = ["BACKENDS", "DTYPES", "EngineConfig", "ModelConfig"]
 

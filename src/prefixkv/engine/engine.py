@@ -23,10 +23,7 @@ import attrs
 import torch
 
 from prefixkv.impl.cache import PrefixCacheManager
-from prefixkv.impl.generation import GenerationRequest, MultimodalItem
 from prefixkv.impl.hybrid import HybridPrefixCacheManager
-from prefixkv.impl.scheduler import Scheduler, SchedulerStats
-from prefixkv.impl.step import Kind, StepPlan
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace
@@ -35,11 +32,14 @@ from prefixkv.spec.results import CacheStats
 from .backend import resolve_device, select_backend
 from .config import EngineConfig
 from .draft import RECOMPUTE_BLOCKS, NgramDrafter
+from .generation import GenerationRequest, MultimodalItem
 from .hybrid import RecurrentState, RecurrentStatePool
 from .kv_pool import KVPool
 from .model import TinyDecoder, torch_dtype
 from .multimodal import StubEncoder
 from .runner import ModelRunner, RunnerOutput
+from .scheduler import Scheduler, SchedulerStats
+from .step import Kind, StepPlan
 
 __all__ = ["Engine", "RequestResult", "RunResult", "Turn"]
 

@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from prefixkv.impl.step import StepPlan
-
 from .config import EngineConfig
 from .engine import Engine, RunResult, Turn
 from .errors import EqualityMismatch
+from .step import StepPlan
 
 __all__ = ["TOLERANCE", "EqualityReport", "check_equality", "compare_runs"]
 

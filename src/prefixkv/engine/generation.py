@@ -18,6 +18,7 @@ import enum
 from collections.abc import Sequence
 
 import attrs
+
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace

@@ -13,8 +13,9 @@ import hashlib
 
 import torch
 
-from prefixkv.impl.generation import MultimodalItem
 from prefixkv.spec.multimodal import MultimodalSpan
+
+from .generation import MultimodalItem
 
 __all__ = ["StubEncoder", "content_hash", "image_item"]
 

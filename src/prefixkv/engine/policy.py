@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 import attrs
-from prefixkv.spec.errors import InvalidRequest
 
 from prefixkv.errors import InvalidConfig, require_int
+from prefixkv.spec.errors import InvalidRequest
 
 __all__ = [
     "SchedulerConfig",

@@ -7,15 +7,14 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from prefixkv.impl.generation import MultimodalItem
-from prefixkv.impl.step import StepOutput, StepPlan
-
 from .backend import Backend
 from .batch import build_step_batch
+from .generation import MultimodalItem
 from .hybrid import RecurrentState
 from .kv_pool import KVPool
 from .model import TinyDecoder
 from .multimodal import StubEncoder
+from .step import StepOutput, StepPlan
 
 __all__ = ["ModelRunner", "RunnerOutput"]
 

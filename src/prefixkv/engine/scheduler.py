@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import attrs
+
 from prefixkv.spec.errors import DuplicateSequence, InvalidOperation, OutOfBlocks
 from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.protocol import PrefixCache

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 
 import attrs
+
 from prefixkv.spec.request import SeqId
 
 from .generation import MultimodalItem
