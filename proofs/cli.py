@@ -19,10 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from prefixkv.spec.invariant_ids import InvariantId
+
 from . import broken, checkpoints, ckpt_drift, drift, kernel_index, obligations
 from .encoding import Bounds, Encoding
 
-__all__ = ["add_arguments", "main", "run", "setup"]
+__all__ = ["PROVED", "add_arguments", "main", "run", "setup"]
+
+#: Every invariant ``prove`` has obligations for (``--invariants`` picks among them); the
+#: registry's other ids are in ``prefixkv.spec.invariant_ids.NOT_PROVED``, with the reason.
+PROVED = (*obligations.PROPERTY_IDS, InvariantId.CKPT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,12 +112,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print("--seqs must be >= 2 and --table >= 1", file=sys.stderr)
         return 2
     all_ops = list(dict.fromkeys([*obligations.OPERATIONS, *checkpoints.CKPT_OPERATIONS]))
-    picked = _csv(args.invariants, [*obligations.PROPERTY_IDS, "INV-CKPT"], "invariant")
+    picked = _csv(args.invariants, PROVED, "invariant")
     asked = _csv(args.operations, all_ops, "operation")
-    invs = [i for i in picked if i != "INV-CKPT"]
+    invs = [i for i in picked if i != InvariantId.CKPT]
     ops = [o for o in asked if o in obligations.OPERATIONS] if invs else []
     ckpt_ops = [o for o in asked if o in checkpoints.CKPT_OPERATIONS]
-    do_ckpt = not args.no_checkpoints and "INV-CKPT" in picked and bool(ckpt_ops)
+    do_ckpt = not args.no_checkpoints and InvariantId.CKPT in picked and bool(ckpt_ops)
     enc = Encoding(bounds)
     prover = obligations.Prover(enc, rlimit=args.rlimit, seed=args.seed)
     text = not args.json

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from prefixkv.spec.invariant_ids import InvariantId
 
 __all__ = [
     "NONE",
@@ -972,15 +973,15 @@ class Encoding:
     def invariants(self, d: Domain, st: State) -> dict[str, Term]:
         """Every invariant of the model by id (INV-* of the design, AUX-* strengthenings)."""
         return {
-            "INV-REF": self.inv_ref(d, st),
-            "INV-PARTITION": self.inv_partition(d, st),
-            "INV-INDEX": self.inv_index(d, st),
-            "INV-ANCESTOR": self.inv_ancestor(d, st),
-            "INV-WRITE": self.inv_write(d, st),
-            "INV-PUBLISH": self.inv_publish(d, st),
-            "INV-WINDOW": self.inv_window(d, st),
-            "INV-LIMIT": self.inv_limit(d, st),
-            "INV-STATS": self.inv_stats(d, st),
+            InvariantId.REF: self.inv_ref(d, st),
+            InvariantId.PARTITION: self.inv_partition(d, st),
+            InvariantId.INDEX: self.inv_index(d, st),
+            InvariantId.ANCESTOR: self.inv_ancestor(d, st),
+            InvariantId.WRITE: self.inv_write(d, st),
+            InvariantId.PUBLISH: self.inv_publish(d, st),
+            InvariantId.WINDOW: self.inv_window(d, st),
+            InvariantId.LIMIT: self.inv_limit(d, st),
+            InvariantId.STATS: self.inv_stats(d, st),
             "AUX-CHAIN": self.aux_chain(d, st),
             "AUX-CHUNK": self.aux_chunk(d, st),
         }

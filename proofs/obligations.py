@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from prefixkv.spec.invariant_ids import InvariantId
 
 from .concrete import format_state, model_reader, read
 from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State, Step
@@ -55,15 +56,15 @@ __all__ = [
 ]
 
 INVARIANT_IDS = (
-    "INV-REF",
-    "INV-PARTITION",
-    "INV-INDEX",
-    "INV-ANCESTOR",
-    "INV-WRITE",
-    "INV-PUBLISH",
-    "INV-WINDOW",
-    "INV-LIMIT",
-    "INV-STATS",
+    InvariantId.REF,
+    InvariantId.PARTITION,
+    InvariantId.INDEX,
+    InvariantId.ANCESTOR,
+    InvariantId.WRITE,
+    InvariantId.PUBLISH,
+    InvariantId.WINDOW,
+    InvariantId.LIMIT,
+    InvariantId.STATS,
     "AUX-CHAIN",
     "AUX-CHUNK",
 )
@@ -84,16 +85,16 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
 
 SLOT_STEPS = frozenset({"attach", "grow", "commit", "rollback"})
 
-POSTCONDITIONS: dict[str, tuple[str, str]] = {"INV-MATCH": ("admit", "attach")}
+POSTCONDITIONS: dict[str, tuple[str, str]] = {InvariantId.MATCH: ("admit", "attach")}
 """Properties of one step's result rather than of states: id -> (operation, step). The
 INV-MATCH row of ``admit`` proves this postcondition of ``attach`` besides the lookup."""
 
-MATCH = "INV-MATCH"
+MATCH = InvariantId.MATCH
 """A lookup of *any* prompt, after every proof step, returns only blocks whose identity
 chain is the prompt's prefix (:meth:`~.encoding.Encoding.lookup_ok`). Not a hypothesis of
 the other obligations: it follows from them, and is proved, not assumed."""
 
-TXN = "INV-TXN"
+TXN = InvariantId.TXN
 """Per operation and error class: under the failing precondition the operation's outcome
 is the pre-state, every component and counter included (:meth:`~.encoding.Encoding.outcome`)."""
 

@@ -29,6 +29,7 @@ from .identity import (
     tokens_only_hash,
     weak_hash,
 )
+from .invariant_ids import InvariantId
 from .invariants import InvariantViolation, check, check_events, check_match, violations
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
@@ -63,6 +64,7 @@ __all__ = [
     "Inspectable",
     "InvalidOperation",
     "InvalidRequest",
+    "InvariantId",
     "InvariantViolation",
     "KVEvent",
     "LostReuse",

@@ -34,6 +34,7 @@ from typing import Any
 
 from .errors import PrefixCacheError
 from .event_mirror import EventMirror, EventStreamError
+from .invariant_ids import InvariantId
 from .invariants import InvariantViolation, Violation, check, check_events, check_match
 from .protocol import Inspectable
 from .request import Request
@@ -127,7 +128,7 @@ class CheckedCache:
                     self.mirror.apply_all(result)
                 except EventStreamError as exc:
                     raise InvariantViolation(
-                        Violation("INV-EVENTS", f"take_events returned a bad stream: {exc}")
+                        Violation(InvariantId.EVENTS, f"take_events returned a bad stream: {exc}")
                     ) from None
             self._after(name, before, changed_ok=name in _UPDATES)
             req = args[0] if args else kwargs.get("req")
@@ -149,7 +150,7 @@ class CheckedCache:
         if not changed_ok and after != before:
             what = "raised" if name in _UPDATES else "is a query"
             raise InvariantViolation(
-                Violation("INV-TXN", f"{name} {what} but changed the cache state")
+                Violation(InvariantId.TXN, f"{name} {what} but changed the cache state")
             )
         check(after)
         if self.mirror is not None:

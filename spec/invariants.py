@@ -9,7 +9,7 @@ it has its own entry point, :func:`check_match`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -17,6 +17,7 @@ from prefixkv.errors import PrefixKVError
 
 from .event_mirror import EventMirror, EventStreamError, published_blocks
 from .hybrid import save_point
+from .invariant_ids import InvariantId
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
 from .request import Request
@@ -27,6 +28,7 @@ __all__ = [
     "HYBRID_INVARIANTS",
     "INVARIANTS",
     "STREAM_INVARIANTS",
+    "TRANSITION_INVARIANTS",
     "InvariantViolation",
     "Violation",
     "check",
@@ -37,32 +39,40 @@ __all__ = [
     "violations",
 ]
 
+#: Invariants of one snapshot, in the order :func:`check` evaluates them. The ids themselves
+#: are listed once, in :mod:`.invariant_ids`; these tuples say which of them each entry
+#: point checks (``tests/spec/test_invariant_ids.py`` asserts that together they cover it).
 INVARIANTS = (
-    "INV-REF",
-    "INV-PARTITION",
-    "INV-INDEX",
-    "INV-ANCESTOR",
-    "INV-WRITE",
-    "INV-PUBLISH",
-    "INV-WINDOW",
-    "INV-LIMIT",
-    "INV-MATCH",
-    "INV-STATS",
+    InvariantId.REF,
+    InvariantId.PARTITION,
+    InvariantId.INDEX,
+    InvariantId.ANCESTOR,
+    InvariantId.WRITE,
+    InvariantId.PUBLISH,
+    InvariantId.WINDOW,
+    InvariantId.LIMIT,
+    InvariantId.MATCH,
+    InvariantId.STATS,
 )
 
 #: Invariants of the optional hybrid-model capability (choice 7): ``check`` evaluates them
 #: on every snapshot that carries ``state_slots`` (a hybrid cache's) and skips them otherwise.
-HYBRID_INVARIANTS = ("INV-CKPT",)
+HYBRID_INVARIANTS = (InvariantId.CKPT,)
+
+#: Invariants of a transition: they compare the state before a refused call with the state
+#: after it, so no snapshot alone can show them (:func:`check_unchanged`).
+TRANSITION_INVARIANTS = (InvariantId.TXN,)
 
 #: Invariants of the event stream. A snapshot holds only the pending events, not those
 #: already drained, so these take the consumer's mirror of the drained events as well:
 #: :func:`check_events` (the runtime checker and the state machines keep the mirror).
-STREAM_INVARIANTS = ("INV-EVENTS",)
+STREAM_INVARIANTS = (InvariantId.EVENTS,)
 
 
 @attrs.frozen
 class Violation:
-    invariant: str
+    #: NOTE: converted, so an id outside the registry fails here, where it is written.
+    invariant: InvariantId = attrs.field(converter=InvariantId)
     message: str
 
     def __str__(self) -> str:
@@ -85,19 +95,7 @@ def _state(obj: CacheState | Inspectable) -> CacheState:
 def violations(obj: CacheState | Inspectable) -> list[Violation]:
     s = _state(obj)
     found: list[Violation] = []
-    for name, gen in (
-        ("INV-REF", _inv_ref),
-        ("INV-PARTITION", _inv_partition),
-        ("INV-INDEX", _inv_index),
-        ("INV-ANCESTOR", _inv_ancestor),
-        ("INV-WRITE", _inv_write),
-        ("INV-PUBLISH", _inv_publish),
-        ("INV-WINDOW", _inv_window),
-        ("INV-LIMIT", _inv_limit),
-        ("INV-MATCH", _inv_match_state),
-        ("INV-STATS", _inv_stats),
-        ("INV-CKPT", _inv_ckpt),
-    ):
+    for name, gen in _STATE_CHECKS.items():
         found.extend(Violation(name, msg) for msg in gen(s))
     return found
 
@@ -118,7 +116,7 @@ def check_unchanged(before: CacheState, after: CacheState, what: str) -> None:
             if getattr(before, f.name) != getattr(after, f.name)
         ]
         raise InvariantViolation(
-            Violation("INV-TXN", f"{what} failed but changed: {', '.join(diffs)}")
+            Violation(InvariantId.TXN, f"{what} failed but changed: {', '.join(diffs)}")
         )
 
 
@@ -126,7 +124,7 @@ def event_violations(drained: EventMirror, obj: CacheState | Inspectable) -> lis
     """INV-EVENTS: ``drained`` (the mirror of the events drained so far) with the snapshot's
     pending events applied holds exactly the published blocks: identity, hash and parent.
     ``drained`` is not changed."""
-    return [Violation("INV-EVENTS", msg) for msg in _inv_events(drained, _state(obj))]
+    return [Violation(InvariantId.EVENTS, msg) for msg in _inv_events(drained, _state(obj))]
 
 
 def check_events(drained: EventMirror, obj: CacheState | Inspectable) -> None:
@@ -168,7 +166,7 @@ def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> No
             problems.append(f"matched block {b} (#{j}) has another identity than the request")
         parent = b
     if problems:
-        raise InvariantViolation(*(Violation("INV-MATCH", p) for p in problems))
+        raise InvariantViolation(*(Violation(InvariantId.MATCH, p) for p in problems))
 
 
 # -- the invariants -------------------------------------------------------------------------
@@ -550,3 +548,20 @@ def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
             yield f"hash {h} is stored {have.total()} times in the mirror, published {want.total()}"
         else:
             yield f"hash {h}: the mirror holds another identity than the published block {where[h]}"
+
+
+#: Every snapshot invariant and the generator of its failures, in the order :func:`check`
+#: reports them: :data:`INVARIANTS`, then :data:`HYBRID_INVARIANTS`.
+_STATE_CHECKS: dict[InvariantId, Callable[[CacheState], Iterator[str]]] = {
+    InvariantId.REF: _inv_ref,
+    InvariantId.PARTITION: _inv_partition,
+    InvariantId.INDEX: _inv_index,
+    InvariantId.ANCESTOR: _inv_ancestor,
+    InvariantId.WRITE: _inv_write,
+    InvariantId.PUBLISH: _inv_publish,
+    InvariantId.WINDOW: _inv_window,
+    InvariantId.LIMIT: _inv_limit,
+    InvariantId.MATCH: _inv_match_state,
+    InvariantId.STATS: _inv_stats,
+    InvariantId.CKPT: _inv_ckpt,
+}

@@ -7,7 +7,8 @@ The public surface in one import::
 * the two cache managers (:class:`PrefixCacheManager`, :class:`HybridPrefixCacheManager`);
 * what a request is made of (:class:`Request`, :class:`Namespace`, :class:`MultimodalSpan`);
 * the errors, all under :class:`PrefixKVError`;
-* the runtime invariant checker (:func:`checked`, :func:`check`).
+* the runtime invariant checker (:func:`checked`, :func:`check`) and the invariant ids
+  (:class:`InvariantId`).
 
 The layers stay importable on their own: ``prefixkv.spec`` (the executable model),
 ``prefixkv.impl`` (the managers), ``prefixkv.kernels`` (Triton), ``prefixkv.proofs``
@@ -26,6 +27,7 @@ from .spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    InvariantId,
     InvariantViolation,
     MultimodalSpan,
     Namespace,
@@ -68,6 +70,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidOperation",
     "InvalidRequest",
+    "InvariantId",
     "InvariantViolation",
     "MultimodalSpan",
     "Namespace",

@@ -16,6 +16,7 @@ from typing import Any
 
 from prefixkv.spec import invariants as inv
 from prefixkv.spec.event_mirror import EventMirror, EventStreamError
+from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.spec.state import CacheState
 
 from .failures import CheckFailed
@@ -41,11 +42,11 @@ class EventStreams:
                 mirror.apply_all(value)
             except (EventStreamError, TypeError) as exc:
                 raise CheckFailed(
-                    prefix + "INV-EVENTS", f"{who}: take_events returned a bad stream: {exc}"
+                    prefix + InvariantId.EVENTS, f"{who}: take_events returned a bad stream: {exc}"
                 ) from None
         found = inv.event_violations(mirror, snap)
         if found:
             raise CheckFailed(
-                prefix + "INV-EVENTS",
+                prefix + InvariantId.EVENTS,
                 f"after {name}, {who}: " + "; ".join(str(v) for v in found),
             )

@@ -48,6 +48,7 @@ from prefixkv.spec import (
     SeqView,
 )
 from prefixkv.spec import invariants as inv
+from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
@@ -277,11 +278,11 @@ class Lockstep:
             try:
                 inv.check_match(snap, req, match)
             except InvariantViolation as exc:
-                self.fail(prefix + "INV-MATCH", f"{what}: {exc}")
+                self.fail(prefix + InvariantId.MATCH, f"{what}: {exc}")
         if self.ref is None and self.snap_c is not None:
             found = self.ledger.unwritten(match.block_ids, self.snap_c, what)
             if found:
-                self.fail("INV-PUBLISH", "; ".join(found))
+                self.fail(InvariantId.PUBLISH, "; ".join(found))
 
     # -- the checks -----------------------------------------------------------------------
 
@@ -309,14 +310,14 @@ class Lockstep:
         snap = self.snapshot_candidate(name)
         ledger = self.ledger.copy()
         hits = ledger.update(before, snap)
-        found = [Violation("INV-PUBLISH", h) for h in hits]
+        found = [Violation(InvariantId.PUBLISH, h) for h in hits]
         self.check_invariants(name, None, snap, ledger=ledger, more=found)
         self.events.after(name, "candidate", out.value, out.raised, snap)
         if out.raised or pure:
             try:
                 inv.check_unchanged(before, snap, name)
             except InvariantViolation as exc:
-                self.fail("INV-TXN" if out.raised else "PURE", str(exc))
+                self.fail(InvariantId.TXN if out.raised else "PURE", str(exc))
         self.snap_c, self.ledger = snap, ledger
         self._set_views()
         return out
@@ -345,7 +346,7 @@ class Lockstep:
         self.events.after(name, "candidate", out_c.value, out_c.raised, snap_c)
         self.events.after(name, "reference", out_r.value, out_r.raised, snap_r)
         if out_r.raised or pure:
-            check = "INV-TXN" if out_r.raised else "PURE"
+            check = InvariantId.TXN if out_r.raised else "PURE"
             for who, before, after in (
                 ("candidate", before_c, snap_c),
                 ("reference", before_r, snap_r),

@@ -42,6 +42,7 @@ import attrs
 
 from prefixkv.spec import CacheState, SeqId, SeqView
 from prefixkv.spec import invariants as inv
+from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
@@ -52,17 +53,17 @@ __all__ = ["ROOT_CAUSE_ORDER", "KVLedger", "root_cause_first", "safety_violation
 #: cause of the others (a block published too early makes its writer's table look shared,
 #: so INV-PUBLISH comes before INV-WRITE).
 ROOT_CAUSE_ORDER = (
-    "INV-REF",
-    "INV-PUBLISH",
-    "INV-INDEX",
-    "INV-ANCESTOR",
-    "INV-MATCH",
-    "INV-WRITE",
-    "INV-WINDOW",
-    "INV-PARTITION",
-    "INV-LIMIT",
-    "INV-STATS",
-    "INV-CKPT",
+    InvariantId.REF,
+    InvariantId.PUBLISH,
+    InvariantId.INDEX,
+    InvariantId.ANCESTOR,
+    InvariantId.MATCH,
+    InvariantId.WRITE,
+    InvariantId.WINDOW,
+    InvariantId.PARTITION,
+    InvariantId.LIMIT,
+    InvariantId.STATS,
+    InvariantId.CKPT,
 )
 
 
@@ -161,16 +162,16 @@ def safety_violations(
     relaxed = set()
     extra: list[Violation] = []
     if caps.publish == "schedule":
-        relaxed |= {"INV-PUBLISH", "INV-WRITE"}
+        relaxed |= {InvariantId.PUBLISH, InvariantId.WRITE}
         led = ledger if ledger is not None else KVLedger()
-        extra += [Violation("INV-PUBLISH", m) for m in _publish(state, led)]
-        extra += [Violation("INV-WRITE", m) for m in _write(state, led)]
+        extra += [Violation(InvariantId.PUBLISH, m) for m in _publish(state, led)]
+        extra += [Violation(InvariantId.WRITE, m) for m in _write(state, led)]
     if caps.eviction == "any":
-        relaxed.add("INV-ANCESTOR")
-        extra += [Violation("INV-ANCESTOR", m) for m in _parent_in_pool(state)]
+        relaxed.add(InvariantId.ANCESTOR)
+        extra += [Violation(InvariantId.ANCESTOR, m) for m in _parent_in_pool(state)]
     if caps.duplicates != "private":
-        relaxed.add("INV-INDEX")
-        extra += [Violation("INV-INDEX", m) for m in _index(state, caps)]
+        relaxed.add(InvariantId.INDEX)
+        extra += [Violation(InvariantId.INDEX, m) for m in _index(state, caps)]
     found = [v for v in inv.violations(state) if v.invariant not in relaxed]
     return root_cause_first(found + extra)
 

@@ -30,6 +30,7 @@ from prefixkv.spec import (
     SeqView,
     UnknownSequence,
 )
+from prefixkv.spec.invariant_ids import InvariantId
 
 from .checks import CheckFailed, bad_inputs_due, counted
 from .differential import DifferentialMachine, build_machine
@@ -210,7 +211,7 @@ class StepCallRules(_Base):
         if kind == "advance:reserve_past_pool" and not r < view.num_prompt_tokens:
             view = self._view(seq)
             if view is None or (view.num_computed, view.num_reserved) != (c, r):
-                raise CheckFailed("INV-TXN", "a failed advance changed its sequence")
+                raise CheckFailed(InvariantId.TXN, "a failed advance changed its sequence")
 
 
 def build_step_machine(
