@@ -2,6 +2,9 @@
 
 Plain data and obvious code. Imports nothing heavy (no torch), so engines can depend on the
 contract and the invariant checker alone.
+
+The hashes that collide on purpose (for tests and the conformance kit) are not exported
+here: import them from :mod:`prefixkv.spec.hashing`.
 """
 
 from .cache import SpecCache
@@ -19,16 +22,9 @@ from .errors import (
 )
 from .event_mirror import EventMirror, EventStreamError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .hashing import HASHERS
 from .hybrid import HybridSpecCache, StateSlotPool
-from .identity import (
-    HASHERS,
-    BlockHasher,
-    BlockIdentity,
-    fast_hash,
-    sha256_hash,
-    tokens_only_hash,
-    weak_hash,
-)
+from .identity import BlockHasher, BlockIdentity, fast_hash, sha256_hash
 from .invariant_ids import InvariantId
 from .invariants import InvariantViolation, check, check_events, check_match, violations
 from .multimodal import MultimodalSpan
@@ -89,7 +85,5 @@ __all__ = [
     "checked",
     "fast_hash",
     "sha256_hash",
-    "tokens_only_hash",
     "violations",
-    "weak_hash",
 ]

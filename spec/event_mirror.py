@@ -16,7 +16,7 @@ blocks with different parent identities can look alike to a consumer, so a repea
 only when it outnumbers the published blocks.
 
 NOTE: hashes are an index, not an identity. Under a deliberately colliding test hash
-(:func:`~prefixkv.spec.identity.weak_hash`) two published blocks may share one, and a
+(:func:`~prefixkv.spec.hashing.weak_hash`) two published blocks may share one, and a
 ``BlockRemoved`` of that hash cannot say which one left. The mirror then drops the most
 recently stored block under the hash and marks the hash *ambiguous*: for it, INV-EVENTS
 compares the number of blocks only, not their identities. With a collision-free hash (the

@@ -3,7 +3,7 @@
 Events are queued as the cache changes and drained by ``take_events()``. A consumer that
 applies them in order mirrors exactly the published blocks (INV-EVENTS, checked by
 :mod:`prefixkv.spec.event_mirror`). Hashes are the cache's configured block hash; with
-:func:`~prefixkv.spec.identity.weak_hash` two blocks may share one, so routers across
+:func:`~prefixkv.spec.hashing.weak_hash` two blocks may share one, so routers across
 processes should run with ``sha256``.
 
 ``BlockStored`` carries the whole identity of its blocks: the namespace parts (model, adapter,

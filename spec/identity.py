@@ -5,13 +5,15 @@ It is what two blocks must share for one to stand in for the other. A hash of th
 *only an index*: every hit is verified against the stored identity, so a weak or colliding
 hash can cost time, never correctness (INV-INDEX, INV-MATCH).
 
-Three hashes ship, all with the signature of :data:`BlockHasher`:
+Two hashes ship for use, both with the signature of :data:`BlockHasher`:
 
 * :func:`fast_hash` (the default): CPython's tuple hash over ints, stable across processes.
 * :func:`sha256_hash`: a cryptographic digest over a canonical byte encoding, for events that
   leave the process or caches shared between tenants that must not probe each other.
-* :func:`weak_hash`: collides on purpose (four buckets). Tests run with it to prove that
-  exact verification, not the hash, decides every hit.
+
+The hashes that collide on purpose, which tests and the conformance kit run with to show
+that exact verification, not the hash, decides every hit, are in :mod:`.hashing`, with
+every hash by name.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 import attrs
 
+from .framing import frame, i64, u64
+
 __all__ = [
-    "HASHERS",
     "NS_DIGEST_CACHE_SIZE",
     "BlockHasher",
     "BlockIdentity",
@@ -32,8 +35,6 @@ __all__ = [
     "fast_hash",
     "ns_digest",
     "sha256_hash",
-    "tokens_only_hash",
-    "weak_hash",
 ]
 
 #: One multimodal item (or prompt embedding) overlapping a block: ``(offset, content hash)``.
@@ -149,11 +150,11 @@ def _extra_digest(extra_keys: tuple[ExtraKey, ...]) -> int:
 
 
 def _encode_extras(extra_keys: tuple[ExtraKey, ...]) -> bytes:
-    out = bytearray(len(extra_keys).to_bytes(8, "big"))
+    # count, then per key its offset and its framed content (injective: see .framing)
+    out = bytearray(u64(len(extra_keys)))
     for offset, content in extra_keys:
-        out += offset.to_bytes(8, "big", signed=True)
-        out += len(content).to_bytes(8, "big")
-        out += content
+        out += i64(offset)
+        out += frame(content)
     return bytes(out)
 
 
@@ -177,47 +178,9 @@ def sha256_hash(
 ) -> int:
     """SHA-256 over a canonical, length-prefixed encoding, truncated to 64 bits."""
     h = hashlib.sha256()
-    h.update(b"\x00" if parent is None else b"\x01" + parent.to_bytes(8, "big", signed=True))
-    h.update(len(namespace).to_bytes(8, "big") + namespace)
-    h.update(len(token_ids).to_bytes(8, "big"))
+    h.update(b"\x00" if parent is None else b"\x01" + i64(parent))
+    h.update(frame(namespace))
+    h.update(u64(len(token_ids)))
     h.update(b"".join(t.to_bytes(4, "big") for t in token_ids))
     h.update(_encode_extras(extra_keys))
     return int.from_bytes(h.digest()[:8], "big", signed=True)
-
-
-def weak_hash(
-    parent: int | None,
-    namespace: bytes,
-    token_ids: tuple[int, ...],
-    extra_keys: tuple[ExtraKey, ...],
-) -> int:
-    """Deliberately terrible: four buckets. Correctness must not depend on the hash.
-
-    It ignores the parent, the namespace and the extra keys, so equal tokens always collide:
-    at other depths, under other adapters, and as text against a multimodal item.
-    """
-    return sum(token_ids) % 4
-
-
-def tokens_only_hash(
-    parent: int | None,
-    namespace: bytes,
-    token_ids: tuple[int, ...],
-    extra_keys: tuple[ExtraKey, ...],
-) -> int:
-    """The classic mistake: a hash of the block's own tokens only.
-
-    Equal tokens collide exactly: at other depths, under other namespaces, and as text
-    against a multimodal item, while most buckets still hold one block. Verification must
-    compare the whole identity even when a lookup finds a single candidate.
-    """
-    return hash(token_ids)
-
-
-#: Hashes by the names the CLI and the conformance kit accept.
-HASHERS: dict[str, BlockHasher] = {
-    "fast": fast_hash,
-    "sha256": sha256_hash,
-    "tokens": tokens_only_hash,
-    "weak": weak_hash,
-}

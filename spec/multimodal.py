@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import attrs
 
 from .errors import InvalidRequest
+from .framing import frame, u64
 from .identity import ExtraKey
 
 __all__ = ["MultimodalSpan", "block_extra_keys", "clamp_out_of_spans", "span_containing"]
@@ -77,14 +78,7 @@ class MultimodalSpan:
 
     def key(self) -> bytes:
         """Injective: modality and hash are length-prefixed, and the length is included."""
-        modality = self.modality.encode("utf-8")
-        return (
-            len(modality).to_bytes(8, "big")
-            + modality
-            + self.length.to_bytes(8, "big")
-            + len(self.content_hash).to_bytes(8, "big")
-            + self.content_hash
-        )
+        return frame(self.modality.encode("utf-8")) + u64(self.length) + frame(self.content_hash)
 
 
 def block_extra_keys(

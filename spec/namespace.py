@@ -5,8 +5,9 @@ identity through :meth:`Namespace.key`, an injective, length-prefixed byte encod
 
 NOTE: plain concatenation is not injective: ``("ab", "c")`` and ``("a", "bc")`` would
 collide, and so would a salt that happens to end with an adapter name. Each field is
-therefore written as ``tag | length (8 bytes, big-endian) | bytes``, and ``None`` gets a tag
-of its own so that "no adapter" never equals the adapter ``""``.
+therefore written as ``tag | frame`` (:func:`.framing.frame`: the length, then the bytes;
+the injectivity argument is there), and ``None`` gets a tag of its own so that "no adapter"
+never equals the adapter ``""``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import lru_cache
 import attrs
 
 from .errors import InvalidRequest
+from .framing import FramingError, frame, read_frame
 
 __all__ = ["Namespace"]
 
@@ -28,9 +30,8 @@ def _field(value: str | bytes | None) -> bytes:
     if value is None:
         return _TAG_NONE
     if isinstance(value, str):
-        data = value.encode("utf-8")
-        return _TAG_STR + len(data).to_bytes(8, "big") + data
-    return _TAG_BYTES + len(value).to_bytes(8, "big") + value
+        return _TAG_STR + frame(value.encode("utf-8"))
+    return _TAG_BYTES + frame(value)
 
 
 def _encodable(what: str, value: str) -> None:
@@ -106,15 +107,12 @@ def _decode(key: bytes) -> Namespace:
         if tag == _TAG_NONE:
             fields.append(None)
             continue
-        if tag not in (_TAG_STR, _TAG_BYTES) or pos + 8 > len(key):
-            raise InvalidRequest(f"not a namespace key: {key!r}")
-        n = int.from_bytes(key[pos : pos + 8], "big")
-        data, pos = key[pos + 8 : pos + 8 + n], pos + 8 + n
-        if len(data) != n:
+        if tag not in (_TAG_STR, _TAG_BYTES):
             raise InvalidRequest(f"not a namespace key: {key!r}")
         try:
+            data, pos = read_frame(key, pos)
             fields.append(data.decode("utf-8") if tag == _TAG_STR else data)
-        except UnicodeDecodeError:
+        except (FramingError, UnicodeDecodeError):
             raise InvalidRequest(f"not a namespace key: {key!r}") from None
     model, adapter, salt = fields
     ns = Namespace(model, adapter, salt)  # type: ignore[arg-type]

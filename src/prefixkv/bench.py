@@ -361,7 +361,7 @@ def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[dict[str, A
 def _lookup_hashers() -> list[str | None]:
     """The default hasher, and the unkeyed tuple hash when it is not the default."""
     from prefixkv.impl import PrefixCacheManager
-    from prefixkv.spec.identity import HASHERS
+    from prefixkv.spec.hashing import HASHERS
 
     default = PrefixCacheManager(16, 16).hasher
     hashers: list[str | None] = [None]
@@ -372,7 +372,7 @@ def _lookup_hashers() -> list[str | None]:
 
 def _hasher_of(name: str | None) -> Any:
     from prefixkv.impl import PrefixCacheManager
-    from prefixkv.spec.identity import HASHERS
+    from prefixkv.spec.hashing import HASHERS
 
     return PrefixCacheManager(16, 16).hasher if name is None else HASHERS[name]
 

@@ -74,7 +74,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
         return lifecycle, trace.blocks_touched
 
     if case["kind"] == "lookup":
-        from prefixkv.spec.identity import HASHERS
+        from prefixkv.spec.hashing import HASHERS
 
         from .bench_collisions import lookup_setup, publish
         from .bench_lifecycle import make_cache

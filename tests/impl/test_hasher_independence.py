@@ -13,7 +13,8 @@ from typing import Any
 
 from hypothesis import settings
 from prefixkv.impl import PrefixCacheManager
-from prefixkv.spec import SpecCache, sha256_hash, weak_hash
+from prefixkv.spec import SpecCache, sha256_hash
+from prefixkv.spec.hashing import weak_hash
 
 from prefixkv.conformance.machines import PoolConfig, build_machine
 

@@ -28,7 +28,8 @@ from prefixkv.spec import (
     SpecCache,
     invariants,
 )
-from prefixkv.spec.identity import NS_DIGEST_CACHE_SIZE, BlockIdentity, ns_digest, weak_hash
+from prefixkv.spec.hashing import weak_hash
+from prefixkv.spec.identity import NS_DIGEST_CACHE_SIZE, BlockIdentity, ns_digest
 
 from prefixkv.conformance.machines.strategies import (
     BAD_NAMESPACE_ARGS,

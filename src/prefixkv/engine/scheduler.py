@@ -42,6 +42,7 @@ from typing import Protocol
 import attrs
 
 from prefixkv.spec.errors import DuplicateSequence, InvalidOperation, OutOfBlocks
+from prefixkv.spec.framing import frame, u64
 from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request
@@ -84,12 +85,12 @@ class _Reservation:
 def _off_namespace(base: Namespace, request_id: str, attempt: int) -> Namespace:
     """A namespace no other admission shares: cache off, like for like.
 
-    Length-prefixed (injective), so ``("a", 12)`` and ``("a1", 2)`` never collide.
+    Framed (:mod:`prefixkv.spec.framing`, injective), so ``("a", 12)`` and ``("a1", 2)``
+    never collide.
     """
-    rid = request_id.encode("utf-8")
-    salt = b"prefixkv-cache-off" + len(rid).to_bytes(8, "big") + rid + attempt.to_bytes(8, "big")
+    salt = b"prefixkv-cache-off" + frame(request_id.encode("utf-8")) + u64(attempt)
     if base.salt is not None:
-        salt += len(base.salt).to_bytes(8, "big") + base.salt
+        salt += frame(base.salt)
     return Namespace(base.model, base.adapter, salt)
 
 
