@@ -16,6 +16,8 @@ from prefixkv.spec import invariants as inv
 from prefixkv.spec.invariant_ids import KIND, MEANING, NOT_PROVED, InvariantId, Kind
 from prefixkv.spec.invariants import InvariantViolation, Violation
 
+from prefixkv.errors import InvalidConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 ALL = set(InvariantId)
 
@@ -55,9 +57,10 @@ def test_the_checker_covers_the_registry() -> None:
 
 
 def test_an_id_outside_the_registry_is_refused() -> None:
-    assert Violation("INV-REF", "x").invariant is InvariantId.REF  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="INV-NOPE"):
-        Violation("INV-NOPE", "x")  # type: ignore[arg-type]
+    assert Violation("INV-REF", "x").invariant is InvariantId.REF
+    with pytest.raises(InvalidConfig, match="'INV-NOPE' is not an invariant id"):
+        Violation("INV-NOPE", "x")
+    assert issubclass(InvalidConfig, ValueError)
     err = InvariantViolation(Violation(InvariantId.TXN, "changed"))
     assert err.invariant == "INV-TXN"
 
