@@ -9,7 +9,8 @@ shared node set, so those facts are proved together with the lifecycle instead o
 
     nodes  pub, gen (ghost: which publication this is), parent, pgen (ghost: the parent's
            gen when this node was published), depth, refcount, routed-expert data
-    seqs   live, hit length h, hit path (the nodes of the hit, root first)
+    seqs   live, hit length h (the cached prefix), held length, path (the published chain
+           the sequence holds, root first: its hit, then the blocks it published)
     slots  Free | Ready(node, boundary, sgen) | Pinned(node, boundary, sgen, owner)
            sgen (ghost): the node's gen when the checkpoint was saved
     clock  the next gen
@@ -99,7 +100,8 @@ class JState:
     rc: tuple[Term, ...]
     exp: tuple[Term, ...]
     live: tuple[Term, ...]
-    h: tuple[Term, ...]
+    h: tuple[Term, ...]  # the hit: the cached prefix attached at admission
+    held: tuple[Term, ...]  # the published chain the sequence holds: its hit, then its own
     path: tuple[tuple[Term, ...], ...]
     rs: tuple[Term, ...]  # the slot of the sequence's pending restore (-1: none)
     kind: tuple[Term, ...]
@@ -224,6 +226,7 @@ class JointModel:
             ints("exp", N),
             tuple(z3.Bool(f"{p}live{s}") for s in S),
             ints("h", S),
+            ints("held", S),
             tuple(tuple(z3.Int(f"{p}path{s}_{j}") for j in D) for s in S),
             ints("rs", S),
             ints("kind", K),
@@ -263,7 +266,10 @@ class JointModel:
     def holds(self, x: JState, s: int, n: int) -> Term:
         """How many times sequence ``s``'s hit holds node ``n``."""
         return z3.Sum(
-            [z3.If(z3.And(x.live[s], j < x.h[s], x.path[s][j] == n), 1, 0) for j in range(self.D)]
+            [
+                z3.If(z3.And(x.live[s], j < x.held[s], x.path[s][j] == n), 1, 0)
+                for j in range(self.D)
+            ]
         )
 
     def is_leaf(self, x: JState, n: Term) -> Term:
@@ -336,7 +342,13 @@ class JointModel:
             for m in N
             if n < m
         ]
-        hit = [z3.Implies(x.live[s], self.chain_ok(x, x.h[s], x.path[s])) for s in S]
+        hit = [
+            z3.Implies(
+                x.live[s],
+                z3.And(x.h[s] >= 0, x.h[s] <= x.held[s], self.chain_ok(x, x.held[s], x.path[s])),
+            )
+            for s in S
+        ]
         ck = []
         for k in K:
             nd = x.node[k]
@@ -439,6 +451,7 @@ class JointModel:
             rc=rc,
             live=put(x.live, a.s, z3.BoolVal(True)),
             h=put(x.h, a.s, a.h),
+            held=put(x.held, a.s, a.h),
             path=path,
             rs=put(x.rs, a.s, a.r),
             kind=put(x.kind, a.r, z3.IntVal(PINNED), restore),
@@ -465,7 +478,7 @@ class JointModel:
 
     def publish(self, x: JState, a: PublishArgs) -> Step:
         s, n = a.s, a.n
-        h = sel(x.h, s)
+        h = sel(x.held, s)
         mypath = [sel([x.path[q][j] for q in range(self.S)], s) for j in range(self.D)]
         parent = z3.If(h == 0, z3.IntVal(-1), self.last(mypath, h))
         pgen = z3.If(h == 0, z3.IntVal(0), sel(x.gen, parent))
@@ -491,7 +504,7 @@ class JointModel:
             dep=put(x.dep, n, h + 1),
             rc=put(x.rc, n, z3.IntVal(1)),
             exp=put(x.exp, n, a.e),
-            h=put(x.h, s, h + 1),
+            held=put(x.held, s, h + 1),
             path=path,
             clock=x.clock + 1,
         )
@@ -643,6 +656,7 @@ class JointModel:
             (z,) * N,
             (f,) * S,
             (z,) * S,
+            (z,) * S,
             tuple((z,) * self.D for _ in range(S)),
             (m1,) * S,
             (z3.IntVal(FREE),) * K,
@@ -664,9 +678,9 @@ class JointModel:
             return [p == q for p, q in zip(u, v, strict=True)]
 
         cs = [a.clock == b.clock]
-        for f in ("pub", "gen", "par", "pgen", "dep", "rc", "live", "h", "rs", "kind", "node"):
+        for f in ("pub", "gen", "par", "pgen", "dep", "rc", "live", "h", "held", "rs", "kind"):
             cs += eq(getattr(a, f), getattr(b, f))
-        cs += eq(a.bnd, b.bnd) + eq(a.sgen, b.sgen) + eq(a.owner, b.owner)
+        cs += eq(a.node, b.node) + eq(a.bnd, b.bnd) + eq(a.sgen, b.sgen) + eq(a.owner, b.owner)
         for s in range(self.S):
             cs += eq(a.path[s], b.path[s])
         return _all(cs)
@@ -763,7 +777,7 @@ class JointModel:
         if op == "publish" and isinstance(a, PublishArgs):
             return (
                 "a node evicted before is published again as a child, with experts",
-                z3.And(sel(x.h, a.s) >= 1, sel(x.gen, a.n) >= 1, a.e > 0),
+                z3.And(sel(x.held, a.s) >= 1, sel(x.gen, a.n) >= 1, a.e > 0),
             )
         if op == "save":
             return ("a checkpoint is saved on a node nobody holds", _all([x.rc[n] == 0 for n in N]))
@@ -823,9 +837,9 @@ class JointModel:
         seqs = []
         for s in range(self.S):
             if z3.is_true(ev(x.live[s])):
-                h = ev(x.h[s]).as_long()
-                path = [str(ev(x.path[s][j])) for j in range(max(0, min(h, self.D)))]
-                seqs.append(f"s{s} hit [{' '.join(path)}]")
+                h, held = ev(x.h[s]).as_long(), ev(x.held[s]).as_long()
+                path = [str(ev(x.path[s][j])) for j in range(max(0, min(held, self.D)))]
+                seqs.append(f"s{s} holds [{' '.join(path)}], hit {h}")
         cks = []
         names = {FREE: "free", READY: "ready", PINNED: "pinned"}
         for k in range(self.K):

@@ -67,6 +67,7 @@ def _fields(x: jt.JState) -> list[Any]:
         *x.exp,
         *x.live,
         *x.h,
+        *x.held,
         *[t for p in x.path for t in p],
         *x.rs,
         *x.kind,
@@ -175,6 +176,7 @@ def abstract(cache: HybridSpecCache, g: _Ghosts, m: jt.JointModel) -> list[int |
         *exp,
         *live,
         *h,
+        *h,  # held: the hit only (J-REF, which counts the rest, is not evaluated here)
         *[b for p in path for b in p],
         *rs,
         *kind,
