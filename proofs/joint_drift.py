@@ -1,6 +1,8 @@
-"""The joint model (:mod:`.joint`) against :class:`HybridSpecCache`: every reachable state
-of the spec, abstracted, satisfies the joint invariants, and every restore the spec makes is
-RESTORE-SAFE.
+"""The joint model (:mod:`.joint`) checked on :class:`HybridSpecCache`'s reachable states.
+
+Every reachable state of the spec, abstracted, satisfies the joint invariants, every restore
+the spec makes is RESTORE-SAFE, and two runs that differ only in routed-expert data stay
+equal in everything else (EXPERTS).
 
 Random runs of the hybrid spec (6 blocks, ``BS`` 2, commits with and without routed
 experts, evictions, restores, resets) are abstracted after every step to the joint model's
