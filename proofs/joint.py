@@ -622,9 +622,6 @@ class JointModel:
         return Step(guard, post, {})
 
     def step(self, op: str, x: JState, a: Args) -> Step:
-        table: dict[str, Callable[[], Step]] = {
-            "reset_full": lambda: self.reset_full(x),
-        }
         if isinstance(a, AdmitArgs):
             return self.admit(x, a)
         if isinstance(a, PublishArgs):
@@ -639,9 +636,9 @@ class JointModel:
             return self.drop(x, a)
         if isinstance(a, SeqArgs):
             return self.restore_issued(x, a) if op == "restore_issued" else self.free(x, a)
-        if op in table:
-            return table[op]()
-        raise ValueError(f"no joint step {op!r}")
+        if op == "reset_full":
+            return self.reset_full(x)
+        raise ValueError(f"no joint step {op!r} with {a!r}")
 
     def init_state(self) -> JState:
         f, z, m1 = z3.BoolVal(False), z3.IntVal(0), z3.IntVal(-1)

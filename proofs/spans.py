@@ -104,8 +104,9 @@ class SpanState:
 
 @dataclass(frozen=True)
 class AdmitArgs:
-    """``admit(req, num_new_tokens)``: the request, the raw match (blocks the index gave,
-    before cap-free clamping) and the step budget (0 = None)."""
+    """``admit(req, num_new_tokens)``: the request, the raw match ``m`` (the blocks the
+    index verified, under the cap, before the span clamp), ``recompute_blocks`` and the step
+    budget ``nn`` (0 = None)."""
 
     P: Term
     L: Term
