@@ -230,9 +230,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             rlimit=args.rlimit,
             seed=args.seed,
             witnesses=not args.no_witnesses,
-            progress=lambda r, g=group: show(
-                f"{g}:{r.invariant}", r.operation, r.status, r.seconds, r.model
-            ),
+            progress=_small_progress(group, show),
         )
         small_runs[group] = mrun
         ok &= mrun.ok
@@ -291,9 +289,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             for sr in mrun.rows:
                 if sr.status != "proved":
                     print(f"\n{sr.invariant} / {sr.operation}: {sr.status}\n{sr.detail}", file=out)
-            for op, w in mrun.witnesses.items():
-                if w[1] != "sat":
-                    print(f"  {op}: {w[0]}: {w[1]}", file=out)
+            for op, (scenario, status, _) in mrun.witnesses.items():
+                if status != "sat":
+                    print(f"  {op}: {scenario}: {status}", file=out)
         for fr in failed:
             print(f"\n{fr.invariant} / {fr.operation}: {fr.status}\n{fr.detail}", file=out)
         if witnesses:
@@ -532,6 +530,15 @@ SMALL_MODELS = {
     ),
 }
 """The small models' groups, as ``--invariants`` names them (``SPANS``, ``JOINT``)."""
+
+
+def _small_progress(
+    group: str, show: Callable[[str, str, str, float, str], None]
+) -> Callable[[small.SmallRow], None]:
+    def progress(r: small.SmallRow) -> None:
+        show(f"{group}:{r.invariant}", r.operation, r.status, r.seconds, r.model)
+
+    return progress
 
 
 def _span_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: TextIO) -> bool:
