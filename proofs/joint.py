@@ -438,7 +438,7 @@ class JointModel:
             sel(x.kind, a.r) == READY,
             self.restore_source(x, a),
         )
-        guard = z3.And(s_ok, self.chain_ok(x, a.h, a.path), a.r >= -1, z3.Implies(restore, pick))
+        guard = z3.And(s_ok, self.hit_ok(x, a), a.r >= -1, z3.Implies(restore, pick))
         rc = tuple(
             x.rc[n] + z3.Sum([z3.If(z3.And(j < a.h, a.path[j] == n), 1, 0) for j in range(self.D)])
             for n in range(self.N)
@@ -459,6 +459,10 @@ class JointModel:
         )
         safe = z3.Implies(restore, self.restore_safe(post, a.r, a.h, a.path))
         return Step(guard, post, {"RESTORE-SAFE": safe})
+
+    def hit_ok(self, x: JState, a: AdmitArgs) -> Term:
+        """The hit is a verified published chain (what INV-MATCH's lookup returns)."""
+        return self.chain_ok(x, a.h, a.path)
 
     def restore_source(self, x: JState, a: AdmitArgs) -> Term:
         """The checkpoint restored is the one on the hit's last node, at the hit's depth."""
@@ -564,10 +568,7 @@ class JointModel:
     def free(self, x: JState, a: SeqArgs) -> Step:
         s = a.s
         guard = z3.And(s >= 0, s < self.S, sel(x.live, s))
-        rc = tuple(
-            x.rc[n] - z3.Sum([z3.If(a.s == q, self.holds(x, q, n), 0) for q in range(self.S)])
-            for n in range(self.N)
-        )
+        rc = tuple(x.rc[n] - self.released(x, a.s, n) for n in range(self.N))
         mine = [z3.And(x.kind[k] == PINNED, x.owner[k] == s) for k in range(self.K)]
         post = replace(
             x,
@@ -579,6 +580,10 @@ class JointModel:
         )
         return Step(guard, post, {})
 
+    def released(self, x: JState, s: Term, n: int) -> Term:
+        """How many holds on node ``n`` freeing sequence ``s`` gives back."""
+        return z3.Sum([z3.If(s == q, self.holds(x, q, n), 0) for q in range(self.S)])
+
     def evict(self, x: JState, a: NodeArgs) -> Step:
         n = a.n
         guard = z3.And(self.in_nodes(n), self.evictable(x, n))
@@ -586,11 +591,15 @@ class JointModel:
         post = replace(
             x,
             pub=put(x.pub, n, z3.BoolVal(False)),
-            exp=put(x.exp, n, z3.IntVal(0)),
+            exp=self.evicted_experts(x, n),
             kind=tuple(z3.If(stale[k], FREE, x.kind[k]) for k in range(self.K)),
             owner=tuple(z3.If(stale[k], -1, x.owner[k]) for k in range(self.K)),
         )
         return Step(guard, post, {})
+
+    def evicted_experts(self, x: JState, n: Term) -> tuple[Term, ...]:
+        """Routed experts ride on the published block: they go with it."""
+        return put(x.exp, n, z3.IntVal(0))
 
     def evictable(self, x: JState, n: Term) -> Term:
         """Choice 3: a published leaf that no table holds."""
@@ -830,7 +839,9 @@ class JointModel:
                     f"depth {ev(x.dep[n])}, rc {ev(x.rc[n])}, experts {ev(x.exp[n])})"
                 )
             else:
-                nodes.append(f"n{n}(free, gen {ev(x.gen[n])}, rc {ev(x.rc[n])})")
+                e = ev(x.exp[n])
+                extra = "" if z3.is_int_value(e) and e.as_long() == 0 else f", experts {e}"
+                nodes.append(f"n{n}(free, gen {ev(x.gen[n])}, rc {ev(x.rc[n])}{extra})")
         seqs = []
         for s in range(self.S):
             if z3.is_true(ev(x.live[s])):
@@ -927,6 +938,31 @@ class EvictSparesExperts(JointModel):
         return z3.And(super().evictable(x, n), sel(x.exp, n) == 0)
 
 
+class AdmitUnverifiedHit(JointModel):
+    """The hit's nodes are whatever the hash bucket offered: published, not a chain."""
+
+    def hit_ok(self, x: JState, a: AdmitArgs) -> Term:
+        return _all(
+            [
+                z3.Implies(j < a.h, z3.And(self.in_nodes(a.path[j]), sel(x.pub, a.path[j])))
+                for j in range(self.D)
+            ]
+            + [a.h >= 0, a.h <= self.D]
+        )
+
+
+class FreeKeepsHolds(JointModel):
+    """Freeing a sequence does not give its holds back (a leak: its prefix is never evictable)."""
+
+    def released(self, x: JState, s: Term, n: int) -> Term:
+        return z3.IntVal(0)
+
+
+class EvictKeepsExperts(JointModel):
+    def evicted_experts(self, x: JState, n: Term) -> tuple[Term, ...]:
+        return tuple(x.exp)
+
+
 JOINT_VARIANTS = (
     Variant(
         "evict-keeps-checkpoint",
@@ -991,6 +1027,30 @@ JOINT_VARIANTS = (
         "off-by-one",
         "a republished node keeps its old identity instance",
         GenNotFresh,
+    ),
+    Variant(
+        "admit-unverified-hit",
+        "J-HIT",
+        "admit",
+        "dropped conjunct",
+        "the hit's nodes are published but not checked to be the prompt's chain",
+        AdmitUnverifiedHit,
+    ),
+    Variant(
+        "free-keeps-holds",
+        "J-REF",
+        "free",
+        "broken transition",
+        "freeing a sequence does not release its nodes",
+        FreeKeepsHolds,
+    ),
+    Variant(
+        "evict-keeps-experts",
+        "J-EXP",
+        "evict",
+        "dropped conjunct",
+        "routed experts stay on an evicted node",
+        EvictKeepsExperts,
     ),
     Variant(
         "match-prefers-experts",
