@@ -396,8 +396,11 @@ class SpanModel:
 
     def commit(self, x: SpanState, a: CommitArgs) -> Step:
         nc = x.C + a.n
-        guard = z3.And(x.live, a.n >= 0, a.acc >= 0, nc <= x.R, nc <= x.T + a.acc)
+        guard = z3.And(x.live, a.n >= 0, a.acc >= 0, self.within_reserved(x, nc), nc <= x.T + a.acc)
         return Step(guard, replace(x, C=nc, T=x.T + a.acc), {})
+
+    def within_reserved(self, x: SpanState, nc: Term) -> Term:
+        return nc <= x.R
 
     def free(self, x: SpanState) -> Step:
         return Step(x.live, replace(x, live=z3.BoolVal(False)), {})
@@ -640,6 +643,11 @@ class ClampToSpanStartBlock(SpanModel):
         return z3.If(b > 0, b - 1, 0)
 
 
+class CommitPastReserved(SpanModel):
+    def within_reserved(self, x: SpanState, nc: Term) -> Term:
+        return z3.BoolVal(True)
+
+
 SPAN_VARIANTS = (
     Variant(
         "chunk-splits-span",
@@ -704,6 +712,14 @@ SPAN_VARIANTS = (
         "dropped conjunct",
         "the prefix left after the window is not clamped again",
         WindowNotReclamped,
+    ),
+    Variant(
+        "commit-past-reserved",
+        "SPAN-SHAPE",
+        "commit",
+        "dropped conjunct",
+        "a commit may compute past the reserved tokens",
+        CommitPastReserved,
     ),
     Variant(
         "clamp-one-block-short",
