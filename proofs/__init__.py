@@ -7,6 +7,12 @@
 * :mod:`.checkpoints`: INV-CKPT, the checkpoint lifecycle of ``HybridSpecCache``: its own
   model, obligations, non-vacuity and broken variants; :mod:`.ckpt_drift` checks it
   against the spec.
+* :mod:`.spans`: multimodal spans in admission's match, the chunks and the tail (the span
+  parts of INV-LIMIT and INV-MATCH); :mod:`.span_drift` checks it against the spec.
+* :mod:`.joint`: the KV and checkpoint transition systems composed over one node set:
+  restore safety over every interleaving, and routed experts' non-interference;
+  :mod:`.joint_drift` checks it on the hybrid spec's reachable states.
+* :mod:`.small`: how the small models state, prove and break their obligations.
 * :mod:`.kernel_index`: ``prefixkv.kernels.index_math`` in bit-vectors and integers.
 * :mod:`.cli`: ``python -m prefixkv.proofs`` (``add_arguments``/``run`` for the project CLI).
 

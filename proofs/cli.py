@@ -17,11 +17,24 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from prefixkv.spec.invariant_ids import InvariantId
 
-from . import broken, checkpoints, ckpt_drift, drift, kernel_index, obligations
+from . import (
+    broken,
+    checkpoints,
+    ckpt_drift,
+    drift,
+    joint,
+    joint_drift,
+    kernel_index,
+    obligations,
+    small,
+    span_drift,
+    spans,
+)
 from .encoding import Bounds, Encoding
 
 __all__ = ["PROVED", "add_arguments", "main", "run", "setup"]
@@ -68,6 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the INV-CKPT checkpoint-lifecycle proofs",
     )
     parser.add_argument(
+        "--no-spans",
+        action="store_true",
+        help="skip the multimodal-span proofs (INV-LIMIT/INV-MATCH with spans)",
+    )
+    parser.add_argument(
+        "--no-joint",
+        action="store_true",
+        help="skip the joint KV + checkpoint model (restore safety, routed experts)",
+    )
+    parser.add_argument(
         "--no-witnesses", action="store_true", help="skip the non-vacuity (satisfiability) checks"
     )
     parser.add_argument(
@@ -111,10 +134,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if bounds.seqs < 2 or bounds.table < 1:
         print("--seqs must be >= 2 and --table >= 1", file=sys.stderr)
         return 2
-    all_ops = list(dict.fromkeys([*obligations.OPERATIONS, *checkpoints.CKPT_OPERATIONS]))
-    picked = _csv(args.invariants, PROVED, "invariant")
+    all_ops = list(
+        dict.fromkeys(
+            [
+                *obligations.OPERATIONS,
+                *checkpoints.CKPT_OPERATIONS,
+                *spans.SPAN_OPERATIONS,
+                *joint.JOINT_OPERATIONS,
+            ]
+        )
+    )
+    groups = (InvariantId.CKPT, *SMALL_MODELS)
+    picked = _csv(args.invariants, [*PROVED, *SMALL_MODELS], "invariant")
     asked = _csv(args.operations, all_ops, "operation")
-    invs = [i for i in picked if i != InvariantId.CKPT]
+    invs = [i for i in picked if i not in groups]
     ops = [o for o in asked if o in obligations.OPERATIONS] if invs else []
     ckpt_ops = [o for o in asked if o in checkpoints.CKPT_OPERATIONS]
     do_ckpt = not args.no_checkpoints and InvariantId.CKPT in picked and bool(ckpt_ops)
@@ -191,6 +224,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             },
             "strengthenings": checkpoints.STRENGTHENINGS,
         }
+    small_runs: dict[str, small.ModelRun] = {}
+    for group, spec in SMALL_MODELS.items():
+        model_ops = [o for o in asked if o in spec.operations]
+        if group not in picked or getattr(args, spec.skip_flag) or not model_ops:
+            continue
+        model = spec.model()
+        mrun = small.prove_all(
+            model,
+            model_ops,
+            rlimit=args.rlimit,
+            seed=args.seed,
+            witnesses=not args.no_witnesses,
+            progress=_small_progress(group, show),
+        )
+        small_runs[group] = mrun
+        ok &= mrun.ok
+        doc[spec.key] = {
+            "bounds": model.describe(),
+            "obligations": [r.as_dict() for r in mrun.rows],
+            "non_vacuity": {
+                op: {
+                    "scenario": w[0],
+                    "status": w[1],
+                    **({"witness": w[2]} if args.verbose else {}),
+                }
+                for op, w in mrun.witnesses.items()
+            },
+        }
     kernels: list[kernel_index.KernelResult] = []
     if not args.no_kernels:
         for kob in kernel_index.KERNEL_OBLIGATIONS:
@@ -223,7 +284,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         failed: list[obligations.Row | checkpoints.CkptRow] = [
             r for r in rows if r.status != "proved"
         ]
+        for group, mrun in small_runs.items():
+            print(
+                f"{sum(r.status == 'proved' for r in mrun.rows)}/{len(mrun.rows)} {group} "
+                f"obligations proved ({doc[SMALL_MODELS[group].key]['bounds']})",
+                file=out,
+            )
         failed += [cr for cr in ckpt_rows if cr.status != "proved"]
+        for mrun in small_runs.values():
+            for sr in mrun.rows:
+                if sr.status != "proved":
+                    print(f"\n{sr.invariant} / {sr.operation}: {sr.status}\n{sr.detail}", file=out)
+            for op, (scenario, status, _) in mrun.witnesses.items():
+                if status != "sat":
+                    print(f"  {op}: {scenario}: {status}", file=out)
         for fr in failed:
             print(f"\n{fr.invariant} / {fr.operation}: {fr.status}\n{fr.detail}", file=out)
         if witnesses:
@@ -275,6 +349,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         )
         ok &= all(r.caught for r in results) and all(k.status != "proved" for k in kv)
         ok &= all(r.caught for r in cv)
+        sv = [
+            (group, small.check_variant(v, rlimit=args.rlimit, seed=args.seed))
+            for group in small_runs
+            for v in SMALL_MODELS[group].variants
+        ]
+        ok &= all(r.caught for _, r in sv)
         doc["broken"] = (
             [
                 {
@@ -314,6 +394,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     "counterexample": r.row.detail if r.caught else None,
                 }
                 for r in cv
+            ]
+            + [
+                {
+                    "name": r.variant.name,
+                    "invariant": f"{group}:{r.variant.prop}",
+                    "step": r.variant.operation,
+                    "kind": r.variant.kind,
+                    "description": r.variant.description,
+                    "caught": r.caught,
+                    "seconds": round(r.row.seconds, 3),
+                    "counterexample": r.row.detail if r.caught else None,
+                }
+                for group, r in sv
             ]
         )
         if text:
@@ -410,6 +503,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     file=out,
                 )
 
+    if args.drift and "SPANS" in small_runs:
+        ok &= _span_drift(args, doc, text, out)
+    if args.drift and "JOINT" in small_runs:
+        ok &= _joint_drift(args, doc, text, out)
+
     doc["ok"] = bool(ok)
     doc["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
@@ -418,6 +516,112 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         print(f"\n{'ALL PROVED' if ok else 'FAILED'} in {doc['seconds']:.1f}s", file=out)
     return 0 if ok else 1
+
+
+@dataclass(frozen=True)
+class SmallModelSpec:
+    key: str  # the JSON document's key
+    skip_flag: str
+    operations: tuple[str, ...]
+    model: Callable[[], small.SmallModel]
+    variants: tuple[small.Variant, ...]
+
+
+SMALL_MODELS = {
+    "SPANS": SmallModelSpec(
+        "spans", "no_spans", spans.SPAN_OPERATIONS, spans.SpanModel, spans.SPAN_VARIANTS
+    ),
+    "JOINT": SmallModelSpec(
+        "joint", "no_joint", joint.JOINT_OPERATIONS, joint.JointModel, joint.JOINT_VARIANTS
+    ),
+}
+"""The small models' groups, as ``--invariants`` names them (``SPANS``, ``JOINT``)."""
+
+
+def _small_progress(
+    group: str, show: Callable[[str, str, str, float, str], None]
+) -> Callable[[small.SmallRow], None]:
+    def progress(r: small.SmallRow) -> None:
+        show(f"{group}:{r.invariant}", r.operation, r.status, r.seconds, r.model)
+
+    return progress
+
+
+def _span_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: TextIO) -> bool:
+    n = max(1000, args.drift // 5)
+    rep = span_drift.run_span_drift(n, seed=args.seed)
+    seeded = [
+        span_drift.check_seeded_span(name, d, m, seed=args.seed)
+        for name, d, m in span_drift.SEEDED_SPAN_DRIFTS
+    ]
+    doc["span_drift"] = {
+        "checks": rep.checks,
+        "spec_successes": rep.successes,
+        "spec_rejections": rep.rejections,
+        "out_of_blocks": rep.out_of_blocks,
+        "invariant_checks": rep.invariant_checks,
+        "clamped_admissions": rep.clamped,
+        "chunks_cut_by_a_span": rep.chunk_cuts,
+        "split_refusals": rep.split_refusals,
+        "seconds": round(rep.seconds, 3),
+        "by_operation": rep.by_op,
+        "seeded": [vars(s) for s in seeded],
+    }
+    if text:
+        print(
+            f"\nspan drift: {rep.checks} checks against SpecCache ({rep.successes} successful "
+            f"steps, {rep.rejections} rejections, {rep.clamped} clamped matches, "
+            f"{rep.chunk_cuts} chunks cut by a span, {rep.split_refusals} span refusals) "
+            f"in {rep.seconds:.1f}s, no drift",
+            file=out,
+        )
+        for s in seeded:
+            verdict = f"caught after {s.checks} checks" if s.caught else "MISSED"
+            print(f"  seeded drift {s.name:<24} {verdict}", file=out)
+    return all(s.caught for s in seeded)
+
+
+def _joint_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: TextIO) -> bool:
+    n = max(1000, args.drift // 5)
+    rep = joint_drift.run_joint_drift(n, seed=args.seed)
+    ex = joint_drift.run_experts_lockstep(n, seed=args.seed)
+    seeded = [
+        joint_drift.check_seeded_joint(name, d, c, seed=args.seed)
+        for name, d, c in joint_drift.SEEDED_JOINT_DRIFTS
+    ] + [
+        joint_drift.check_seeded_experts(name, d, c, seed=args.seed)
+        for name, d, c in joint_drift.SEEDED_EXPERT_DRIFTS
+    ]
+    doc["joint_drift"] = {
+        "checks": rep.checks,
+        "spec_successes": rep.successes,
+        "invariant_checks": rep.invariant_checks,
+        "restores_checked": rep.restores,
+        "stale_checkpoints": rep.stale,
+        "republished_blocks": rep.republished,
+        "seconds": round(rep.seconds, 3),
+        "by_operation": rep.by_op,
+        "experts_lockstep": {
+            "steps": ex.steps,
+            "matches": ex.matches,
+            "replays": ex.replays,
+            "seconds": round(ex.seconds, 3),
+        },
+        "seeded": [vars(s) for s in seeded],
+    }
+    if text:
+        print(
+            f"\njoint check: {rep.checks} steps of HybridSpecCache ({rep.invariant_checks} "
+            f"states, {rep.restores} restores checked, {rep.stale} stale checkpoints, "
+            f"{rep.republished} blocks published again) in {rep.seconds:.1f}s; routed experts: "
+            f"{ex.steps} steps in lockstep, {ex.matches} matches equal ({ex.replays} replays) "
+            f"in {ex.seconds:.1f}s",
+            file=out,
+        )
+        for s in seeded:
+            verdict = f"caught after {s.checks} steps" if s.caught else "MISSED"
+            print(f"  seeded drift {s.name:<26} {verdict}", file=out)
+    return all(s.caught for s in seeded)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
