@@ -6,6 +6,7 @@ contract and the invariant checker alone.
 
 from .cache import SpecCache
 from .checked import CheckedCache, checked
+from .checkpoint import CheckpointStatus, SlotRole, StateRef
 from .errors import (
     CacheBusy,
     DuplicateSequence,
@@ -52,6 +53,7 @@ __all__ = [
     "CacheState",
     "CacheStats",
     "CheckedCache",
+    "CheckpointStatus",
     "CheckpointView",
     "DecodeStep",
     "DuplicateSequence",
@@ -76,7 +78,9 @@ __all__ = [
     "Request",
     "SeqId",
     "SeqView",
+    "SlotRole",
     "SpecCache",
+    "StateRef",
     "StateSlotPool",
     "StateSlotsView",
     "UnknownSequence",

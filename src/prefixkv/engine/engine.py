@@ -35,7 +35,7 @@ from prefixkv.spec.results import CacheStats
 from .backend import resolve_device, select_backend
 from .config import EngineConfig
 from .draft import RECOMPUTE_BLOCKS, NgramDrafter
-from .hybrid import RecurrentState, RecurrentStatePool
+from .hybrid import RecurrentState, RecurrentStatePool, StaleRecurrentState
 from .kv_pool import KVPool
 from .model import TinyDecoder, torch_dtype
 from .multimodal import StubEncoder
@@ -180,13 +180,15 @@ class Engine:
     ) -> tuple[list[RecurrentState | None], list[list[int]], list[tuple[int, int, int]]]:
         """The hybrid model's side of a planned step, before its forward.
 
-        For each sequence: issue its pending restore (copy the pinned checkpoint into its
-        runtime slot, then ``restore_issued``), read its state at ``start`` from the runtime
-        slot, and ask for the states the step must keep: the one at the checkpoint
-        reservation (saved into the reserved slot after the forward), and in a decode step
-        the one after every token, since the verification decides only at the commit how
-        many drafts survive. Returns the states, the positions to capture and the saves
-        ``(row in plan, slot, position)``.
+        For each sequence: issue its pending restore (copy the pinned checkpoint, at the
+        position the cache gives, into its runtime slot, then ``restore_issued``), read its
+        state at the position the cache says the runtime slot holds (which must be the
+        step's ``start``), and ask for the states the step must keep: the one at the
+        checkpoint reservation (saved into the reserved slot after the forward), and in a
+        decode step the one after every token, since the verification decides only at the
+        commit how many drafts survive (:meth:`_keep_accepted_states` keeps one of them).
+        Returns the states, the positions to capture and the saves ``(row in plan, slot,
+        position)``.
 
         ::
 
@@ -200,13 +202,24 @@ class Engine:
         capture: list[list[int]] = []
         saves: list[tuple[int, int, int]] = []
         for row, s in enumerate(plan.seqs):
-            slot = hybrid.state_slot(s.seq_id)
-            source = hybrid.pending_restore(s.seq_id)
-            if source is not None:
-                pool.copy(source, slot)
+            restore = hybrid.pending_restore(s.seq_id)
+            if restore is not None:
+                copied = pool.copy(restore.slot, hybrid.state_slot(s.seq_id))
+                if copied != restore.position:
+                    raise StaleRecurrentState(
+                        f"checkpoint slot {restore.slot} holds the state at {copied}, the cache "
+                        f"restores {s.seq_id!r} from {restore.position}"
+                    )
                 hybrid.restore_issued(s.seq_id)
                 pool.restores += 1
-            states.append(None if s.start == 0 else pool.read(slot, s.start))
+            held = hybrid.runtime_state(s.seq_id)
+            assert held is not None, "the restore was issued above"
+            if held.position != s.start:
+                raise StaleRecurrentState(
+                    f"the runtime slot of {s.seq_id!r} holds the state at {held.position}, "
+                    f"the step starts at {s.start}"
+                )
+            states.append(None if s.start == 0 else pool.read(held.slot, held.position))
             want = list(range(s.start + 1, s.end)) if s.kind is Kind.DECODE else []
             reservation = hybrid.checkpoint_reservation(s.seq_id)
             if reservation is not None:
@@ -214,6 +227,23 @@ class Engine:
                 want.append(reservation[1])
             capture.append(want)
         return states, capture, saves
+
+    def _keep_accepted_states(self, plan: StepPlan, out: RunnerOutput) -> None:
+        """After the commit: keep, in each running sequence's runtime slot, the state after
+        its committed tokens (with drafts, after the last accepted one), and tell the cache.
+
+        A rejected draft's state is never kept, so the next step starts from accepted
+        tokens only; the cache refuses any other position (``keep_state``).
+        """
+        hybrid, pool = self.hybrid, self.states
+        assert hybrid is not None and pool is not None
+        for row, s in enumerate(plan.seqs):
+            g = self.scheduler.generation(str(s.seq_id))
+            if g.finished:
+                continue
+            position = hybrid.num_computed_tokens(s.seq_id)
+            pool.write(hybrid.state_slot(s.seq_id), position, out.states[row][position])
+            hybrid.keep_state(s.seq_id, position)
 
     def step(self) -> tuple[StepPlan, RunnerOutput]:
         plan = self.scheduler.schedule()
@@ -232,15 +262,8 @@ class Engine:
             raise
         before = {s.seq_id: len(self.scheduler.generation(str(s.seq_id)).tokens) for s in plan.seqs}
         self.scheduler.commit_step(out.output)
-        if pool is not None:
-            assert self.hybrid is not None
-            # The runtime slot keeps the state after the committed tokens: a rejected
-            # draft's state is never kept, so the next step starts from accepted tokens only.
-            for row, s in enumerate(plan.seqs):
-                g = self.scheduler.generation(str(s.seq_id))
-                if not g.finished:
-                    slot = self.hybrid.state_slot(s.seq_id)
-                    pool.write(slot, g.num_computed, out.states[row][g.num_computed])
+        if pool is not None and not plan.is_idle:
+            self._keep_accepted_states(plan, out)
         now = time.perf_counter()
         for s, logits in zip(plan.seqs, out.logits, strict=True):
             rid = str(s.seq_id)

@@ -9,6 +9,10 @@ pressure is the common case. It adds:
 * rules for the checkpoint lifecycle: issuing restores, aborting them, saving and
   restoring in the same step, eviction while restores are pending, hybrid queries, and
   bad hybrid inputs;
+* the runtime state an engine keeps: after each commit (while ``keeps_states``, drawn per
+  run) the state after the committed tokens, drafts included (``keep_state``), and bad
+  keeps: past the committed tokens (a rejected or unverified draft's state), before them
+  (stale), while a restore is pending;
 * routed-expert data on commits (named after the committing sequence, so an overwrite
   instead of an enrichment shows in the state);
 * the check ``HYBRID-HIT`` on every admission: it hits tokens only with a restore, and the
@@ -67,6 +71,12 @@ BAD_HYBRID_KINDS = (
     "reservation_unknown",
     "experts_count",
     "experts_type",
+    "runtime_state_unknown",
+    "keep_unknown",
+    "keep_draft_past_committed",
+    "keep_stale",
+    "keep_negative",
+    "keep_while_restoring",
 )
 
 _FATES = ("saved", "discarded", "restored", "released_stale", "evicted")
@@ -126,6 +136,7 @@ class HybridMachine(DifferentialMachine):
     def __init__(self) -> None:
         super().__init__()
         self._experts_on = False
+        self._keeps_states = True
         self.oracle.observers.append(self._observe)
 
     # -- plumbing: counters of transitions and fates ---------------------------------------
@@ -190,18 +201,32 @@ class HybridMachine(DifferentialMachine):
         return adm
 
     def _commit(self, seq_id: SeqId, n: int, accepted: tuple[int, ...]) -> bool:
-        """Commit, with routed-expert data for each completed block while it is on."""
+        """Commit, with routed-expert data for each completed block while it is on; then,
+        as an engine does, keep the state after the committed tokens."""
         view = self.oracle.view(seq_id)
         if view is None or not self._experts_on:
-            return super()._commit(seq_id, n, accepted)
-        bs = self.block_size
-        experts = [
-            f"{seq_id}:{j}".encode()
-            for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
-        ]
-        return not self.oracle.op(
-            "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
-        ).raised
+            done = super()._commit(seq_id, n, accepted)
+        else:
+            bs = self.block_size
+            experts = [
+                f"{seq_id}:{j}".encode()
+                for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
+            ]
+            done = not self.oracle.op(
+                "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
+            ).raised
+        if done and self._keeps_states:
+            self._keep(seq_id)
+        return done
+
+    def _keep(self, seq_id: SeqId) -> bool:
+        """keep_state at the committed tokens, unless a restore is pending."""
+        held = self.oracle.op("runtime_state", _calling("runtime_state", seq_id), pure=True)
+        view = self.oracle.view(seq_id)
+        if held.raised or held.value is None or view is None:
+            return False
+        position = view.num_computed
+        return not self.oracle.op("keep_state", _calling("keep_state", seq_id, position)).raised
 
     def _restore(self, seq_id: SeqId) -> bool:
         """pending_restore, then restore_issued if one is pending."""
@@ -227,9 +252,25 @@ class HybridMachine(DifferentialMachine):
     @rule(seq=DifferentialMachine.seqs)
     @counted
     def inspect_state(self, seq: SeqId) -> None:
-        """state_slot, pending_restore and checkpoint_reservation of a live sequence."""
-        for name in ("state_slot", "pending_restore", "checkpoint_reservation"):
+        """state_slot, pending_restore, checkpoint_reservation and runtime_state of a live
+        sequence."""
+        for name in ("state_slot", "pending_restore", "checkpoint_reservation", "runtime_state"):
             self.oracle.op(name, _calling(name, seq), pure=True)
+
+    @rule(seq=DifferentialMachine.seqs)
+    @counted
+    def keep_state(self, seq: SeqId) -> None:
+        """The engine keeps the state after the committed tokens (a late keep, or the first
+        one of a run that does not keep after every commit)."""
+        if self._keep(seq):
+            type(self).coverage.variants["keep_state"] += 1
+
+    @rule()
+    @counted
+    def toggle_keeping(self) -> None:
+        """The engine keeps the runtime state after each commit, or stops doing so (the
+        runtime slot then lags behind the committed tokens until the next keep)."""
+        self._keeps_states = not self._keeps_states
 
     @rule()
     @counted
@@ -351,6 +392,9 @@ class HybridMachine(DifferentialMachine):
                 "restore_issued", lambda c: c.restore_issued(seq), must_raise=InvalidOperation
             )
             return
+        if kind.startswith("keep_") and kind != "keep_unknown":
+            self._bad_keep(kind, seq)
+            return
         if kind.startswith("experts"):
             # three entries for a commit that completes no block, or not a list at all
             bad: Any = [b"x"] * 3 if kind == "experts_count" else "not a list"
@@ -365,12 +409,41 @@ class HybridMachine(DifferentialMachine):
             "state_slot_unknown": "state_slot",
             "pending_restore_unknown": "pending_restore",
             "reservation_unknown": "checkpoint_reservation",
+            "runtime_state_unknown": "runtime_state",
+            "keep_unknown": "keep_state",
         }[kind]
+        args = (ghost, 0) if name == "keep_state" else (ghost,)
         self.oracle.op(
             name,
-            lambda c: getattr(c, name)(ghost),
-            pure=name != "restore_issued",
+            lambda c: getattr(c, name)(*args),
+            pure=name not in ("restore_issued", "keep_state"),
             must_raise=UnknownSequence,
+        )
+
+    def _bad_keep(self, kind: str, seq: SeqId) -> None:
+        """keep_state at a position no consistent engine keeps: past the committed tokens
+        (a rejected or unverified draft's state), before them (stale), negative, or with
+        the restore still to issue."""
+        view = self.oracle.view(seq)
+        held = self.oracle.op("runtime_state", _calling("runtime_state", seq), pure=True)
+        if view is None or held.raised:
+            return
+        pending = held.value is None
+        c = view.num_computed
+        if kind == "keep_while_restoring":
+            if pending:
+                self.oracle.op(
+                    "keep_state", _calling("keep_state", seq, c), must_raise=InvalidOperation
+                )
+            return
+        if kind == "keep_negative":
+            self.oracle.op("keep_state", _calling("keep_state", seq, -1), must_raise=InvalidRequest)
+            return
+        position = c + 1 + (view.num_reserved - c) // 2 if kind.endswith("committed") else c - 1
+        if position < 0:
+            return
+        self.oracle.op(
+            "keep_state", _calling("keep_state", seq, position), must_raise=InvalidOperation
         )
 
 
@@ -404,6 +477,7 @@ def build_hybrid_machine(
             ),
             interval=st.integers(0, 3),
             experts=st.booleans(),
+            keeps=st.booleans(),
         )
         @counted
         def init(
@@ -415,12 +489,13 @@ def build_hybrid_machine(
             budget: int,
             interval: int,
             experts: bool,
+            keeps: bool,
         ) -> None:
             """Build the pair on a freshly drawn pool and state-slot pool."""
             cfg = HybridPoolConfig(
                 num_blocks, block_size, record_events, seqs_max, budget, interval * block_size
             )
-            self._experts_on = experts
+            self._experts_on, self._keeps_states = experts, keeps
             self._start(cfg)
             type(self).last_calls[1] = (
                 f"cache = make(num_blocks={num_blocks}, block_size={block_size}, "
