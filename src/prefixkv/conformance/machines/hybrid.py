@@ -250,7 +250,9 @@ class HybridMachine(DifferentialMachine):
         if name in ("pending_restore", "checkpoint_reservation"):
             status = "pinned" if name == "pending_restore" else "reserved"
             own = [ck for ck in h.checkpoints if ck.owner == seq_id and ck.status == status]
-            want = None if not own else (own[0].slot, own[0].boundary)
+            want: tuple[int | None, int] | None = (
+                None if not own else (own[0].slot, own[0].boundary)
+            )
             if status == "pinned" and want is not None and want[1] != view.num_cached_tokens:
                 want = (want[0], -1)  # INV-CKPT reports the pin; the answer must not hide it
         elif name == "runtime_state":
@@ -533,7 +535,7 @@ def build_hybrid_machine(
     :func:`~.differential.build_machine`; this is the machine the conformance kit runs
     under the ``checkpoints`` capability.
     """
-    caps = Capabilities(checkpoints=True, routed_experts=True) if caps is None else caps
+    hybrid_caps = Capabilities(checkpoints=True, routed_experts=True) if caps is None else caps
     sizes = st.sampled_from(block_size_choices) if block_size_choices else st.integers(*block_sizes)
 
     class Machine(HybridMachine):
@@ -543,14 +545,14 @@ def build_hybrid_machine(
         @initialize(
             num_blocks=st.integers(*num_blocks),
             block_size=sizes,
-            record_events=st.booleans() if caps.events else st.just(False),
+            record_events=st.booleans() if hybrid_caps.events else st.just(False),
             seqs_max=st.integers(*max_num_seqs),
             # a budget of 0 (checkpoints only in borrowed runtime slots) twice as often
             budget=st.integers(state_budgets[0] - 1, state_budgets[1]).map(
                 lambda b: max(b, state_budgets[0])
             ),
             interval=st.integers(0, 3),
-            experts=st.booleans() if caps.routed_experts else st.just(False),
+            experts=st.booleans() if hybrid_caps.routed_experts else st.just(False),
             keeps=st.booleans(),
         )
         @counted
@@ -581,7 +583,7 @@ def build_hybrid_machine(
             variants[f"decode_state_interval={'on' if interval else 'off'}"] += 1
 
     Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
-    Machine.caps = caps
+    Machine.caps = hybrid_caps
     Machine.ignored_checks = frozenset(ignored_checks)
     Machine.__name__ = Machine.__qualname__ = name
     skip(Machine, skip_rules)
