@@ -23,6 +23,7 @@ from prefixkv.engine import (
     image_item,
 )
 from prefixkv.engine.equality import EqualityReport
+from prefixkv.engine.state_io import RecurrentStateIO
 
 CONFIG = EngineConfig(num_blocks=96, block_size=4)
 SYSTEM = tuple(range(20, 52))  # 32 tokens = 8 blocks
@@ -184,17 +185,19 @@ def test_keeping_a_rejected_draft_state_is_refused() -> None:
     """An engine that keeps the state after its last draft token, accepted or not, is
     stopped by the cache at the first rejected draft."""
 
-    class KeepsLastDraft(Engine):
-        def _keep_accepted_states(self, plan: StepPlan, out: Any) -> None:
-            assert self.hybrid is not None and self.states is not None
+    class KeepsLastDraft(RecurrentStateIO):
+        def keep_accepted(self, plan: StepPlan, out: Any) -> None:
+            live = set(self.cache.seq_ids())
             for row, s in enumerate(plan.seqs):
-                if not self.scheduler.generation(str(s.seq_id)).finished:
-                    slot = self.hybrid.state_slot(s.seq_id)
-                    self.states.write(slot, s.end, out.states[row][s.end])
-                    self.hybrid.keep_state(s.seq_id, s.end)
+                if s.seq_id in live:
+                    self.pool.write(self.cache.state_slot(s.seq_id), s.end, out.states[row][s.end])
+                    self.cache.keep_state(s.seq_id, s.end)
 
+    engine = Engine(HYBRID)
+    assert engine.hybrid is not None and engine.states is not None
+    engine.state_io = KeepsLastDraft(engine.hybrid, engine.states)
     with pytest.raises(InvalidOperation, match="committed tokens"):
-        KeepsLastDraft(HYBRID).run(hybrid_turns())
+        engine.run(hybrid_turns())
 
 
 def test_a_corrupted_checkpoint_breaks_equality() -> None:

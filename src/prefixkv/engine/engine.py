@@ -26,7 +26,7 @@ from prefixkv.impl.cache import PrefixCacheManager
 from prefixkv.impl.generation import GenerationRequest, MultimodalItem
 from prefixkv.impl.hybrid import HybridPrefixCacheManager
 from prefixkv.impl.scheduler import Scheduler, SchedulerStats
-from prefixkv.impl.step import Kind, StepPlan
+from prefixkv.impl.step import StepPlan
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace
@@ -35,11 +35,12 @@ from prefixkv.spec.results import CacheStats
 from .backend import resolve_device, select_backend
 from .config import EngineConfig
 from .draft import RECOMPUTE_BLOCKS, NgramDrafter
-from .hybrid import RecurrentState, RecurrentStatePool, StaleRecurrentState
+from .hybrid import RecurrentStatePool
 from .kv_pool import KVPool
 from .model import TinyDecoder, torch_dtype
 from .multimodal import StubEncoder
 from .runner import ModelRunner, RunnerOutput
+from .state_io import RecurrentStateIO
 
 __all__ = ["Engine", "RequestResult", "RunResult", "Turn"]
 
@@ -117,6 +118,7 @@ class Engine:
         self.encoder = StubEncoder(cfg.model.hidden_size, cfg.model.seed)
         self.hybrid: HybridPrefixCacheManager | None = None
         self.states: RecurrentStatePool | None = None
+        self.state_io: RecurrentStateIO | None = None
         if cfg.model.hybrid:
             self.hybrid = HybridPrefixCacheManager(
                 cfg.num_blocks,
@@ -131,6 +133,7 @@ class Engine:
                 cfg.model.hidden_size,
                 self.device,
             )
+            self.state_io = RecurrentStateIO(self.hybrid, self.states)
         self.cache: PrefixCacheManager = (
             self.hybrid
             if self.hybrid is not None
@@ -175,86 +178,19 @@ class Engine:
         self.scheduler.add(request)
         self._added_at[request.request_id] = time.perf_counter()
 
-    def _prepare_states(
-        self, plan: StepPlan
-    ) -> tuple[list[RecurrentState | None], list[list[int]], list[tuple[int, int, int]]]:
-        """The hybrid model's side of a planned step, before its forward.
-
-        For each sequence: issue its pending restore (copy the pinned checkpoint, at the
-        position the cache gives, into its runtime slot, then ``restore_issued``), read its
-        state at the position the cache says the runtime slot holds (which must be the
-        step's ``start``), and ask for the states the step must keep: the one at the
-        checkpoint reservation (saved into the reserved slot after the forward), and in a
-        decode step the one after every token, since the verification decides only at the
-        commit how many drafts survive (:meth:`_keep_accepted_states` keeps one of them).
-        Returns the states, the positions to capture and the saves ``(row in plan, slot,
-        position)``.
-
-        ::
-
-            chunk        start                 boundary             end
-            tokens  .... | s s s s s s s s s s s | s s s s s s s s s s |
-            states       ^ read (runtime slot)   ^ save (reserved)    ^ runtime slot
-        """
-        hybrid, pool = self.hybrid, self.states
-        assert hybrid is not None and pool is not None
-        states: list[RecurrentState | None] = []
-        capture: list[list[int]] = []
-        saves: list[tuple[int, int, int]] = []
-        for row, s in enumerate(plan.seqs):
-            restore = hybrid.pending_restore(s.seq_id)
-            if restore is not None:
-                copied = pool.copy(restore.slot, hybrid.state_slot(s.seq_id))
-                if copied != restore.position:
-                    raise StaleRecurrentState(
-                        f"checkpoint slot {restore.slot} holds the state at {copied}, the cache "
-                        f"restores {s.seq_id!r} from {restore.position}"
-                    )
-                hybrid.restore_issued(s.seq_id)
-                pool.restores += 1
-            held = hybrid.runtime_state(s.seq_id)
-            assert held is not None, "the restore was issued above"
-            if held.position != s.start:
-                raise StaleRecurrentState(
-                    f"the runtime slot of {s.seq_id!r} holds the state at {held.position}, "
-                    f"the step starts at {s.start}"
-                )
-            states.append(None if s.start == 0 else pool.read(held.slot, held.position))
-            want = list(range(s.start + 1, s.end)) if s.kind is Kind.DECODE else []
-            reservation = hybrid.checkpoint_reservation(s.seq_id)
-            if reservation is not None:
-                saves.append((row, *reservation))
-                want.append(reservation[1])
-            capture.append(want)
-        return states, capture, saves
-
-    def _keep_accepted_states(self, plan: StepPlan, out: RunnerOutput) -> None:
-        """After the commit: keep, in each running sequence's runtime slot, the state after
-        its committed tokens (with drafts, after the last accepted one), and tell the cache.
-
-        A rejected draft's state is never kept, so the next step starts from accepted
-        tokens only; the cache refuses any other position (``keep_state``).
-        """
-        hybrid, pool = self.hybrid, self.states
-        assert hybrid is not None and pool is not None
-        for row, s in enumerate(plan.seqs):
-            g = self.scheduler.generation(str(s.seq_id))
-            if g.finished:
-                continue
-            position = hybrid.num_computed_tokens(s.seq_id)
-            pool.write(hybrid.state_slot(s.seq_id), position, out.states[row][position])
-            hybrid.keep_state(s.seq_id, position)
-
     def step(self) -> tuple[StepPlan, RunnerOutput]:
+        """One step: schedule, forward, commit.
+
+        A hybrid model's recurrent states move around the forward and the commit through
+        :class:`~.state_io.RecurrentStateIO` (restores, checkpoint saves, the kept state).
+        """
         plan = self.scheduler.schedule()
-        pool = self.states
+        io = self.state_io if not plan.is_idle else None
         try:
-            if pool is not None and not plan.is_idle:
-                states, capture, saves = self._prepare_states(plan)
-                out = self.runner.forward(plan, states, capture)
-                for row, slot, position in saves:
-                    pool.write(slot, position, out.states[row][position])
-                    pool.saves += 1
+            if io is not None:
+                states = io.before_forward(plan)
+                out = self.runner.forward(plan, states.states, states.capture)
+                io.save_checkpoints(states, out)
             else:
                 out = self.runner.forward(plan)
         except BaseException:
@@ -262,8 +198,8 @@ class Engine:
             raise
         before = {s.seq_id: len(self.scheduler.generation(str(s.seq_id)).tokens) for s in plan.seqs}
         self.scheduler.commit_step(out.output)
-        if pool is not None and not plan.is_idle:
-            self._keep_accepted_states(plan, out)
+        if io is not None:
+            io.keep_accepted(plan, out)
         now = time.perf_counter()
         for s, logits in zip(plan.seqs, out.logits, strict=True):
             rid = str(s.seq_id)
