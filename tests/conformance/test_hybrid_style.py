@@ -146,6 +146,33 @@ def test_exact_mode_catches_a_kept_draft_state() -> None:
     assert info.value.check in {"DIFF-RAISE(keep_state)", "MUST-RAISE(keep_state)"}
 
 
+def test_a_query_that_disagrees_with_the_snapshot_fails_hybrid_ref() -> None:
+    """An adapter whose pending_restore reports a position one token short (the engine
+    would start its forward there) is caught, though its snapshot is right."""
+    from prefixkv.spec import StateRef
+
+    from examples.hybrid_style_adapter import HybridStyleAdapter
+
+    class OneShort(HybridStyleAdapter):
+        def pending_restore(self, seq_id: Any) -> StateRef | None:
+            ref = super().pending_restore(seq_id)
+            return None if ref is None else StateRef(ref.slot, ref.position - 1)
+
+    def make(num_blocks: int, block_size: int, **kwargs: Any) -> OneShort:
+        return OneShort(
+            HybridRadixManager(
+                num_blocks,
+                block_size,
+                kwargs["max_num_seqs"],
+                kwargs["state_budget"],
+                kwargs["decode_state_interval"],
+            )
+        )
+
+    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+    assert first_failure(make).check == "HYBRID-REF"
+
+
 @pytest.mark.parametrize("bug", sorted(EXPECTED))
 def test_each_bug_is_caught(bug: str) -> None:
     """Found without shrinking (the shortest replays are in docs/conformance.md)."""

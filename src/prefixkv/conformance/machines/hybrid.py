@@ -240,8 +240,8 @@ class HybridMachine(DifferentialMachine):
 
     def _check_ref(self, name: str, seq_id: SeqId, value: Any) -> None:
         """HYBRID-REF: what a hybrid query answers is what the snapshot holds. The pending
-        restore is the checkpoint pinned by the sequence, at the position where its hit ends;
-        the reservation is the one it owns; the runtime state is its runtime slot, at the
+        restore is the checkpoint pinned by the sequence (INV-CKPT: at the position where its
+        hit ends); the reservation is the one it owns; the runtime state is its runtime slot, at the
         position the snapshot gives (``None`` while the restore is pending)."""
         snap, view = self._hybrid_snapshot(), self.oracle.view(seq_id)
         if snap is None or snap.state_slots is None or view is None:
@@ -253,8 +253,6 @@ class HybridMachine(DifferentialMachine):
             want: tuple[int | None, int] | None = (
                 None if not own else (own[0].slot, own[0].boundary)
             )
-            if status == "pinned" and want is not None and want[1] != view.num_cached_tokens:
-                want = (want[0], -1)  # INV-CKPT reports the pin; the answer must not hide it
         elif name == "runtime_state":
             if h.runtime_positions is None:
                 return
