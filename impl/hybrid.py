@@ -32,6 +32,9 @@ from prefixkv.spec.hybrid import (
     READY,
     RESERVED,
     RUNTIME,
+    CheckpointStatus,
+    SlotRole,
+    StateRef,
     check_hybrid_config,
     check_routed_experts,
     save_point,
@@ -53,7 +56,7 @@ class _Ckpt:
 
     def __init__(self, slot: int, boundary: int, owner: SeqId) -> None:
         self.slot = slot
-        self.status = RESERVED
+        self.status: CheckpointStatus = RESERVED
         self.boundary = boundary
         self.owner: SeqId | None = owner
         self.node = -1
@@ -83,8 +86,10 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         )
         self._num_slots = self._runtime_slots + self._state_budget
         self._free_slots = list(range(self._num_slots))  # a heap; sorted is a valid heap
-        self._roles: list[str | None] = [None] * self._num_slots
+        self._roles: list[SlotRole | None] = [None] * self._num_slots
         self._runtime: dict[SeqId, int] = {}
+        # the position of the state each runtime slot holds; None while a restore is pending
+        self._positions: dict[SeqId, int | None] = {}
         self._ckpts: dict[int, _Ckpt] = {}
         self._node_ckpt: dict[int, _Ckpt] = {}
         self._reserved: dict[SeqId, _Ckpt] = {}
@@ -111,7 +116,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
 
     # -- slots and checkpoints -------------------------------------------------------------
 
-    def _release_slot(self, slot: int, role: str) -> None:
+    def _release_slot(self, slot: int, role: SlotRole) -> None:
         # The roles are kept so that a release under the wrong role fails loudly here.
         assert self._roles[slot] == role, f"slot {slot} is {self._roles[slot]}, not {role}"
         self._roles[slot] = None
@@ -132,7 +137,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         self._discarded += 1
         self._release_slot(ck.slot, CHECKPOINT)
 
-    def _take_slot(self, role: str) -> int | None:
+    def _take_slot(self, role: SlotRole) -> int | None:
         """The lowest free slot, after evicting the oldest unpinned Ready checkpoint if no
         slot is free; None when nothing can be evicted either."""
         if not self._free_slots:
@@ -255,6 +260,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         slot = self._take_slot(RUNTIME)
         assert slot is not None, "the state-slot supply was checked in _plan"
         self._runtime[seq_id] = slot
+        self._positions[seq_id] = None if k else 0
         self._retarget(self._seqs[seq_id])
         return attrs.evolve(
             adm,
@@ -335,7 +341,22 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             raise InvalidOperation(f"sequence {seq_id!r} has no restore pending")
         ck.status, ck.owner = READY, None
         self._num_ready_unpinned += 1
+        self._positions[seq_id] = ck.boundary
         self._restored += 1
+
+    def keep_state(self, seq_id: SeqId, position: int) -> None:
+        seq = self._seq(seq_id)
+        check_count(position, "position", minimum=0)
+        if self._positions[seq_id] is None:
+            raise InvalidOperation(
+                f"sequence {seq_id!r} has a restore pending: issue it before keeping a state"
+            )
+        if position != seq.num_computed:
+            raise InvalidOperation(
+                f"cannot keep the state after {position} tokens of {seq_id!r}: only the "
+                f"state after its {seq.num_computed} committed tokens is consistent"
+            )
+        self._positions[seq_id] = position
 
     # -- release ---------------------------------------------------------------------------
 
@@ -347,6 +368,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         super().free(ids)
         for seq_id in ids:
             self._release_slot(self._runtime.pop(seq_id), RUNTIME)
+            del self._positions[seq_id]
             ck = self._reserved.get(seq_id)
             if ck is not None:
                 self._drop_reserved(ck)
@@ -369,15 +391,20 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         self._seq(seq_id)
         return self._runtime[seq_id]
 
-    def pending_restore(self, seq_id: SeqId) -> int | None:
+    def pending_restore(self, seq_id: SeqId) -> StateRef | None:
         self._seq(seq_id)
         ck = self._pinned.get(seq_id)
-        return None if ck is None else ck.slot
+        return None if ck is None else StateRef(ck.slot, ck.boundary)
 
-    def checkpoint_reservation(self, seq_id: SeqId) -> tuple[int, int] | None:
+    def checkpoint_reservation(self, seq_id: SeqId) -> StateRef | None:
         self._seq(seq_id)
         ck = self._reserved.get(seq_id)
-        return None if ck is None else (ck.slot, ck.boundary)
+        return None if ck is None else StateRef(ck.slot, ck.boundary)
+
+    def runtime_state(self, seq_id: SeqId) -> StateRef | None:
+        self._seq(seq_id)
+        position = self._positions[seq_id]
+        return None if position is None else StateRef(self._runtime[seq_id], position)
 
     def stats(self) -> CacheStats:
         return attrs.evolve(
@@ -406,6 +433,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             decode_state_interval=self._interval,
             free_slots=tuple(sorted(self._free_slots)),
             runtime=tuple(self._runtime.items()),
+            runtime_positions=tuple(self._positions.items()),
             checkpoints=tuple(
                 CheckpointView(
                     ck.slot,

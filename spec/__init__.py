@@ -9,6 +9,7 @@ here: import them from :mod:`prefixkv.spec.hashing`.
 
 from .cache import SpecCache
 from .checked import CheckedCache, checked
+from .checkpoint import CheckpointStatus, SlotRole, StateRef
 from .errors import (
     CacheBusy,
     DuplicateSequence,
@@ -49,6 +50,7 @@ __all__ = [
     "CacheState",
     "CacheStats",
     "CheckedCache",
+    "CheckpointStatus",
     "CheckpointView",
     "DecodeStep",
     "DuplicateSequence",
@@ -74,7 +76,9 @@ __all__ = [
     "Request",
     "SeqId",
     "SeqView",
+    "SlotRole",
     "SpecCache",
+    "StateRef",
     "StateSlotPool",
     "StateSlotsView",
     "UnknownSequence",

@@ -61,12 +61,13 @@ _QUERIES = frozenset(
         "state_slot",
         "pending_restore",
         "checkpoint_reservation",
+        "runtime_state",
     }
 )
 #: Calls that may change the snapshot when they succeed.
 _UPDATES = frozenset(
     {"admit", "continue_prefill", "append", "commit", "rollback", "free", "evict", "reset",
-     "take_events", "restore_issued", "advance", "advance_batch"}
+     "take_events", "restore_issued", "keep_state", "advance", "advance_batch"}
 )  # fmt: skip
 
 

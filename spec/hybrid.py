@@ -27,6 +27,12 @@ The checkpoint lifecycle (see docs/checkpoints.md)::
   It hangs off the published block (the *node*) that ends at the boundary.
 * A hybrid hit ends at the deepest matched boundary with a Ready checkpoint; the admission
   pins that checkpoint until the engine says the restore was issued.
+* The cache also tracks which state each runtime slot holds (``runtime_state``): the
+  initial state (position 0), the restored checkpoint's once the restore is issued, then
+  whatever the engine reports with ``keep_state``. Only the state after the committed
+  tokens may be kept: with drafts, the forward yields a state after every draft token, and
+  the engine keeps the one after the last accepted one (``num_computed``), never a state
+  past it that a rollback would orphan.
 * Evicting a node releases its checkpoint at once (stale). A pinned checkpoint's node is
   held by its restore owner's block table, so it is never a leaf and can never become
   stale: INV-CKPT checks exactly that after every step (see docs/checkpoints.md).
@@ -46,6 +52,7 @@ from typing import Any
 import attrs
 
 from .cache import SpecCache, check_count, identity_chain
+from .checkpoint import CheckpointStatus, SlotRole, StateRef
 from .errors import (
     InvalidOperation,
     InvalidRequest,
@@ -66,18 +73,23 @@ __all__ = [
     "READY",
     "RESERVED",
     "RUNTIME",
+    "CheckpointStatus",
     "HybridSpecCache",
+    "SlotRole",
+    "StateRef",
     "StateSlotPool",
     "check_hybrid_config",
     "check_routed_experts",
     "save_point",
 ]
 
-#: Slot roles.
-RUNTIME = "runtime"
-CHECKPOINT = "checkpoint"
-
-RESERVED, READY, PINNED = "reserved", "ready", "pinned"
+#: Slot roles and checkpoint statuses, by their short names.
+RUNTIME, CHECKPOINT = SlotRole.RUNTIME, SlotRole.CHECKPOINT
+RESERVED, READY, PINNED = (
+    CheckpointStatus.RESERVED,
+    CheckpointStatus.READY,
+    CheckpointStatus.PINNED,
+)
 
 
 def check_hybrid_config(
@@ -141,19 +153,19 @@ class StateSlotPool:
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self.roles: dict[int, str] = {}
+        self.roles: dict[int, SlotRole] = {}
 
     def free_slots(self) -> list[int]:
         return [s for s in range(self.num_slots) if s not in self.roles]
 
-    def take(self, role: str) -> int:
+    def take(self, role: SlotRole) -> int:
         free = self.free_slots()
         if not free:
             raise OutOfStateSlots(f"all {self.num_slots} state slots are in use")
         self.roles[free[0]] = role
         return free[0]
 
-    def release(self, slot: int, role: str) -> None:
+    def release(self, slot: int, role: SlotRole) -> None:
         held = self.roles.get(slot)
         if held != role:
             raise WrongSlotRole(f"slot {slot} is {held or 'free'}, not {role}: cannot free it")
@@ -163,7 +175,7 @@ class StateSlotPool:
 @attrs.define
 class _Ckpt:
     slot: int
-    status: str
+    status: CheckpointStatus
     boundary: int
     owner: SeqId | None
     node: int | None = None
@@ -174,6 +186,8 @@ class _Ckpt:
 class _Hybrid:
     slots: StateSlotPool
     runtime: dict[SeqId, int] = attrs.Factory(dict)
+    # the position of the state each runtime slot holds; None while a restore is pending
+    positions: dict[SeqId, int | None] = attrs.Factory(dict)
     ckpts: dict[int, _Ckpt] = attrs.Factory(dict)  # by slot
     experts: dict[int, bytes] = attrs.Factory(dict)  # published block -> routed experts
     order: int = 0
@@ -251,7 +265,7 @@ class HybridSpecCache(SpecCache):
                 return ck
         return None
 
-    def _ckpt_of(self, seq_id: SeqId, status: str) -> _Ckpt | None:
+    def _ckpt_of(self, seq_id: SeqId, status: CheckpointStatus) -> _Ckpt | None:
         for ck in self._h.ckpts.values():
             if ck.owner == seq_id and ck.status == status:
                 return ck
@@ -270,7 +284,7 @@ class HybridSpecCache(SpecCache):
         self._h.evicted += 1
         return True
 
-    def _take_slot(self, role: str) -> int | None:
+    def _take_slot(self, role: SlotRole) -> int | None:
         """The lowest free slot, evicting a checkpoint if none is free; None if none can be."""
         if len(self._h.slots.roles) == self._h.slots.num_slots and not self._evict_checkpoint():
             return None
@@ -368,6 +382,8 @@ class HybridSpecCache(SpecCache):
             if slot is None:
                 raise OutOfStateSlots("every state slot is held by a runtime or a checkpoint")
             self._h.runtime[req.seq_id] = slot
+            # the initial state, or nothing until the restore is issued
+            self._h.positions[req.seq_id] = None if m.restore_slot is not None else 0
             self._retarget(req.seq_id)
             return attrs.evolve(
                 adm, restore_slot=m.restore_slot, state_slot=slot, routed_experts=m.routed_experts
@@ -437,7 +453,31 @@ class HybridSpecCache(SpecCache):
             if ck is None:
                 raise InvalidOperation(f"sequence {seq_id!r} has no restore pending")
             ck.status, ck.owner = READY, None
+            self._h.positions[seq_id] = ck.boundary
             self._h.restored += 1
+
+    def keep_state(self, seq_id: SeqId, position: int) -> None:
+        """The engine wrote the state after ``position`` tokens into the runtime slot.
+
+        ``position`` must be the sequence's committed tokens (``num_computed``): with
+        drafts, the state after the last accepted draft token. A state past them belongs
+        to tokens that were rolled back or are not committed yet, and one before them is
+        stale; both raise :class:`InvalidOperation`, as does a pending restore (the slot
+        must receive the checkpoint first).
+        """
+        with self._transaction():
+            seq = self._seq(seq_id)
+            check_count(position, "position", minimum=0)
+            if self._h.positions[seq_id] is None:
+                raise InvalidOperation(
+                    f"sequence {seq_id!r} has a restore pending: issue it before keeping a state"
+                )
+            if position != seq.num_computed:
+                raise InvalidOperation(
+                    f"cannot keep the state after {position} tokens of {seq_id!r}: only the "
+                    f"state after its {seq.num_computed} committed tokens is consistent"
+                )
+            self._h.positions[seq_id] = position
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
         """Release sequences; each gives back its runtime slot, drops its reservation and
@@ -453,6 +493,7 @@ class HybridSpecCache(SpecCache):
 
     def _release_seq(self, seq_id: SeqId) -> None:
         self._h.slots.release(self._h.runtime.pop(seq_id), RUNTIME)
+        del self._h.positions[seq_id]
         ck = self._ckpt_of(seq_id, RESERVED)
         if ck is not None:
             self._drop(ck)
@@ -477,17 +518,25 @@ class HybridSpecCache(SpecCache):
         self._seq(seq_id)
         return self._h.runtime[seq_id]
 
-    def pending_restore(self, seq_id: SeqId) -> int | None:
-        """The checkpoint slot to copy into the runtime slot before the first forward."""
+    def pending_restore(self, seq_id: SeqId) -> StateRef | None:
+        """The checkpoint to copy into the runtime slot before the first forward: its slot
+        and its position (where the sequence's hit ends)."""
         self._seq(seq_id)
         ck = self._ckpt_of(seq_id, PINNED)
-        return None if ck is None else ck.slot
+        return None if ck is None else StateRef(ck.slot, ck.boundary)
 
-    def checkpoint_reservation(self, seq_id: SeqId) -> tuple[int, int] | None:
-        """``(slot, position)``: save the state after ``position`` tokens into ``slot``."""
+    def checkpoint_reservation(self, seq_id: SeqId) -> StateRef | None:
+        """Save the state after ``position`` tokens into ``slot`` during this step."""
         self._seq(seq_id)
         ck = self._ckpt_of(seq_id, RESERVED)
-        return None if ck is None else (ck.slot, ck.boundary)
+        return None if ck is None else StateRef(ck.slot, ck.boundary)
+
+    def runtime_state(self, seq_id: SeqId) -> StateRef | None:
+        """The runtime slot and the position of the state it holds (``None`` while a
+        restore is pending). The next forward starts there."""
+        self._seq(seq_id)
+        position = self._h.positions[seq_id]
+        return None if position is None else StateRef(self._h.runtime[seq_id], position)
 
     def stats(self) -> CacheStats:
         h = self._h
@@ -514,6 +563,7 @@ class HybridSpecCache(SpecCache):
             decode_state_interval=self._interval,
             free_slots=tuple(h.slots.free_slots()),
             runtime=tuple(h.runtime.items()),
+            runtime_positions=tuple(h.positions.items()),
             checkpoints=tuple(
                 CheckpointView(ck.slot, ck.status, ck.boundary, ck.owner, ck.node, ck.order)
                 for ck in sorted(h.ckpts.values(), key=lambda ck: ck.slot)

@@ -20,9 +20,9 @@ from .hybrid import save_point
 from .invariant_ids import InvariantId
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
-from .request import Request
+from .request import Request, SeqId
 from .results import Match
-from .state import CacheState
+from .state import CacheState, SeqView
 
 __all__ = [
     "HYBRID_INVARIANTS",
@@ -417,7 +417,9 @@ def _inv_ckpt(s: CacheState) -> Iterator[str]:
       each node has at most one;
     * a Pinned checkpoint is the restore source of a live sequence: that sequence's hit
       ends exactly at the checkpoint's boundary and its block table holds the node (so the
-      node is not a leaf, and the checkpoint cannot become stale while pinned).
+      node is not a leaf, and the checkpoint cannot become stale while pinned);
+    * where the cache tracks it, a runtime slot holds nothing while its restore is pending,
+      and otherwise a state at most at the sequence's committed tokens.
     """
     h = s.state_slots
     if h is None:
@@ -497,6 +499,7 @@ def _inv_ckpt(s: CacheState) -> Iterator[str]:
     for node, n in nodes.items():
         if n > 1:
             yield f"node {node} has {n} checkpoints"
+    yield from _runtime_positions(h.runtime_positions, seqs, owned)
     for (owner, status), n in owned.items():
         if n > 1:
             yield f"sequence {owner!r} owns {n} {status} checkpoints"
@@ -506,6 +509,35 @@ def _inv_ckpt(s: CacheState) -> Iterator[str]:
             f"stats count {st.num_state_slots_used}/{st.num_state_slots} state slots used, "
             f"the pool has {total - len(h.free_slots)}/{total}"
         )
+
+
+def _runtime_positions(
+    positions: tuple[tuple[SeqId, int | None], ...] | None,
+    seqs: dict[SeqId, SeqView],
+    owned: Counter[tuple[object, str]],
+) -> Iterator[str]:
+    """What each runtime slot holds: nothing while the sequence's restore is pending, else
+    a state at most at its committed tokens (a state past them would be a draft's)."""
+    if positions is None:
+        return
+    held = dict(positions)
+    if set(held) != set(seqs) or len(held) != len(positions):
+        yield f"runtime positions are given for {sorted(map(str, held))}, live: {len(seqs)}"
+    for seq_id, pos in held.items():
+        seq = seqs.get(seq_id)
+        if seq is None:
+            continue
+        pending = owned[(seq_id, "pinned")] > 0
+        if pending != (pos is None):
+            yield (
+                f"the runtime slot of {seq_id!r} holds the state at {pos}, with a restore "
+                f"{'pending' if pending else 'not pending'}"
+            )
+        elif pos is not None and not 0 <= pos <= seq.num_computed:
+            yield (
+                f"the runtime slot of {seq_id!r} holds the state after {pos} tokens, past its "
+                f"{seq.num_computed} committed tokens: a rolled-back draft's state"
+            )
 
 
 def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from .checkpoint import StateRef
 from .events import KVEvent
 from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
@@ -173,14 +174,25 @@ class HybridPrefixCache(PrefixCache, Protocol):
         """The engine copied the pending restore's checkpoint; unpin it."""
         ...
 
-    def pending_restore(self, seq_id: SeqId) -> int | None:
-        """The checkpoint slot to restore before the first forward, if one is pending."""
+    def pending_restore(self, seq_id: SeqId) -> StateRef | None:
+        """The checkpoint to restore before the first forward (its slot and position), if
+        one is pending."""
         ...
 
     def state_slot(self, seq_id: SeqId) -> int:
         """The sequence's runtime recurrent-state slot."""
         ...
 
-    def checkpoint_reservation(self, seq_id: SeqId) -> tuple[int, int] | None:
-        """``(slot, position)``: where this step must save the state, if anywhere."""
+    def checkpoint_reservation(self, seq_id: SeqId) -> StateRef | None:
+        """Where this step must save the state (slot, position), if anywhere."""
+        ...
+
+    def runtime_state(self, seq_id: SeqId) -> StateRef | None:
+        """The runtime slot and the position of the state it holds; ``None`` while a
+        restore is pending."""
+        ...
+
+    def keep_state(self, seq_id: SeqId, position: int) -> None:
+        """The engine wrote the state after ``position`` tokens (its committed tokens, the
+        last accepted draft included) into the runtime slot."""
         ...

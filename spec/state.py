@@ -107,6 +107,10 @@ class StateSlotsView:
     """(sequence, runtime slot) in admission order."""
     checkpoints: tuple[CheckpointView, ...]
     """Sorted by slot."""
+    runtime_positions: tuple[tuple[SeqId, int | None], ...] | None = None
+    """(sequence, position of the state its runtime slot holds) in admission order;
+    ``None`` as the position while a restore is pending (the slot holds nothing yet).
+    ``None`` as a whole: the cache does not track what the runtime slots hold."""
 
 
 @attrs.frozen

@@ -223,8 +223,11 @@ class SimulationResult:
     prefill_chunks: int = 0
     drafts_proposed: int = 0
     drafts_accepted: int = 0
-    #: Hybrid models: the hit rate the KV alone would give (hits plus hits lost for want of a
-    #: Ready checkpoint) next to the checkpoint-backed hit rate (``hit_rate``).
+    #: Hybrid models: the hit rate the KV alone would give (prompt tokens skipped plus
+    #: prompt tokens lost for want of a Ready checkpoint, over prompt tokens) next to the
+    #: checkpoint-backed hit rate (``hit_rate``). NOTE: every term is a count of prompt
+    #: tokens (``CacheStats.hits`` and ``queries`` count tokens too, not admissions); the
+    #: sum is written with the counters whose names say so.
     hybrid: bool = False
     kv_hit_rate: float = 0.0
     lost_checkpoint: int = 0
@@ -426,7 +429,11 @@ def replay(
         drafts_proposed=driver.proposed,
         drafts_accepted=driver.accepted,
         hybrid=driver.hybrid is not None,
-        kv_hit_rate=(stats.hits + stats.lost_checkpoint) / stats.queries if stats.queries else 0.0,
+        kv_hit_rate=(
+            (stats.prefill_tokens_skipped + stats.lost_checkpoint) / stats.prefill_tokens
+            if stats.prefill_tokens
+            else 0.0
+        ),
         lost_checkpoint=stats.lost_checkpoint,
         checkpoints_saved=stats.checkpoints_saved,
         checkpoints_discarded=stats.checkpoints_discarded,

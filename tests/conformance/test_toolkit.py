@@ -291,7 +291,9 @@ def test_the_readme_adapter_is_at_most_60_lines() -> None:
     assert lines <= 60, lines
 
 
-@pytest.mark.parametrize("module", ["vllm_style_adapter", "radix_style_adapter"])
+@pytest.mark.parametrize(
+    "module", ["vllm_style_adapter", "radix_style_adapter", "hybrid_style_adapter"]
+)
 def test_each_example_adapter_is_at_most_60_lines(module: str) -> None:
     """Each example manager's adapter is the translation only, counted as the README's."""
     text = (_ROOT / "examples" / f"{module}.py").read_text(encoding="utf-8")

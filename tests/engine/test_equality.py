@@ -4,9 +4,12 @@ published block must break the equality."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
+from prefixkv.spec import InvalidOperation
 
 from prefixkv.engine import (
     Engine,
@@ -19,6 +22,7 @@ from prefixkv.engine import (
 )
 from prefixkv.engine.equality import EqualityReport
 from prefixkv.engine.policy import SchedulerConfig
+from prefixkv.engine.state_io import RecurrentStateIO
 from prefixkv.engine.step import StepPlan
 
 CONFIG = EngineConfig(num_blocks=96, block_size=4)
@@ -152,6 +156,48 @@ def test_hybrid_hits_restore_checkpoints() -> None:
     skipped = on.cache.prefill_tokens_skipped
     assert on.tokens_computed + skipped <= off.tokens_computed
     assert engine.cache.stats().num_state_slots_used >= 1  # Ready checkpoints kept
+
+
+def test_runtime_states_follow_the_accepted_tokens() -> None:
+    """After every step each running sequence's runtime slot holds, by the cache's account,
+    the state after its committed tokens (drafts accepted, none rejected), and the pool's
+    tag agrees."""
+    seen: list[int] = []
+
+    def check_states(engine: Engine, _: StepPlan) -> None:
+        hybrid, pool = engine.hybrid, engine.states
+        assert hybrid is not None and pool is not None
+        for seq_id in hybrid.seq_ids():
+            held = hybrid.runtime_state(seq_id)
+            if held is None:  # admitted this step with a restore to issue
+                continue
+            assert held.position == hybrid.num_computed_tokens(seq_id)
+            assert pool.positions[held.slot] == held.position
+            seen.append(held.position)
+
+    run = Engine(attrs.evolve(HYBRID, decode_state_interval=8)).run(
+        hybrid_turns(), on_step=check_states
+    )
+    assert run.scheduler.drafts_accepted > 0 and seen
+
+
+def test_keeping_a_rejected_draft_state_is_refused() -> None:
+    """An engine that keeps the state after its last draft token, accepted or not, is
+    stopped by the cache at the first rejected draft."""
+
+    class KeepsLastDraft(RecurrentStateIO):
+        def keep_accepted(self, plan: StepPlan, out: Any) -> None:
+            live = set(self.cache.seq_ids())
+            for row, s in enumerate(plan.seqs):
+                if s.seq_id in live:
+                    self.pool.write(self.cache.state_slot(s.seq_id), s.end, out.states[row][s.end])
+                    self.cache.keep_state(s.seq_id, s.end)
+
+    engine = Engine(HYBRID)
+    assert engine.hybrid is not None and engine.states is not None
+    engine.state_io = KeepsLastDraft(engine.hybrid, engine.states)
+    with pytest.raises(InvalidOperation, match="committed tokens"):
+        engine.run(hybrid_turns())
 
 
 def test_a_corrupted_checkpoint_breaks_equality() -> None:

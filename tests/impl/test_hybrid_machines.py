@@ -60,6 +60,7 @@ MUST_REACH = (
     "evict_while_pinned",
     "state_budget=0",
     "decode_state_interval=on",
+    "keep_state",
 )
 
 
@@ -79,7 +80,14 @@ def test_hybrid_rule_and_lifecycle_coverage() -> None:
     assert report.invalid_fraction < 0.3, report.format()
     missing = [key for key in MUST_REACH if not machine.coverage.variants.get(key)]
     assert not missing, f"never reached: {missing}\n{report.format()}"
-    for op in ("restore_issued", "pending_restore", "state_slot", "checkpoint_reservation"):
+    for op in (
+        "restore_issued",
+        "pending_restore",
+        "state_slot",
+        "checkpoint_reservation",
+        "runtime_state",
+        "keep_state",
+    ):
         assert report.ops.get(op, 0) > report.op_errors.get(op, 0), f"{op} never succeeded"
 
 
@@ -94,6 +102,7 @@ def test_every_bad_hybrid_input_kind() -> None:
         budget=1,
         interval=1,
         experts=True,
+        keeps=True,
     )
     seq = state.next_turn(pick=0, extra=(1, 2), budget=None)
     for kind in BAD_HYBRID_KINDS:

@@ -680,4 +680,32 @@ BUGS: tuple[Bug, ...] = (
         ),
         machine="hybrid",
     ),
+    Bug(
+        "draft_state_kept",
+        "keep_state accepts the state after any reserved token, so an engine may keep a "
+        "draft's state that the rollback then drops: the runtime slot runs ahead of the tokens",
+        (
+            (
+                "hybrid.py",
+                "        if position != seq.num_computed:\n",
+                "        if position < seq.num_computed:\n",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "restore_position_one_block_short",
+        "pending_restore reports the position one block before the checkpoint's boundary, so "
+        "the engine starts the forward from a position the restored state is not at",
+        (
+            (
+                "hybrid.py",
+                "        ck = self._pinned.get(seq_id)\n"
+                "        return None if ck is None else StateRef(ck.slot, ck.boundary)\n",
+                "        ck = self._pinned.get(seq_id)\n"
+                "        return None if ck is None else StateRef(ck.slot, ck.boundary - 1)\n",
+            ),
+        ),
+        machine="hybrid",
+    ),
 )

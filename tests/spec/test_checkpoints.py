@@ -88,11 +88,16 @@ def test_save_at_last_full_block_then_hit_and_restore(cls: type[Any]) -> None:
     assert cache.checkpoint_reservation("a") is None
     b = cache.admit(req("b", 12))
     assert b.num_cached_tokens == 8 and b.restore_slot == 1 and b.state_slot == 2
-    assert cache.pending_restore("b") == 1
+    restore = cache.pending_restore("b")
+    assert restore == (1, 8) and (restore.slot, restore.position) == (1, 8)
+    assert cache.runtime_state("b") is None  # the runtime slot holds nothing yet
+    with pytest.raises(InvalidOperation):
+        cache.keep_state("b", 8)
     # pinned: not Ready, so a third request cannot restore from it meanwhile
     assert cache.match(req("c", 12)).num_cached_tokens == 0
     cache.restore_issued("b")
     assert cache.pending_restore("b") is None
+    assert cache.runtime_state("b") == (2, 8)  # the restored state: the forward starts at 8
     assert cache.match(req("c", 12)).restore_slot == 1
     with pytest.raises(InvalidOperation):
         cache.restore_issued("b")
@@ -192,6 +197,41 @@ def test_decode_interval_and_rejected_drafts(cls: type[Any]) -> None:
     assert cache.stats().checkpoints_saved == 2
     with pytest.raises(InvalidRequest):
         HybridSpecCache(8, 4, max_num_seqs=1, state_budget=0, decode_state_interval=6)
+
+
+def test_draft_states_keep_only_the_accepted_one(cls: type[Any]) -> None:
+    """With drafts the forward yields a state after every draft token; the engine keeps the
+    one after the last accepted token, and a rollback of the rest leaves it consistent."""
+    cache = make(cls)
+    prefill(cache, "a", 5)  # computed 5, known 6
+    assert cache.runtime_state("a") == (0, 0)  # nothing kept yet: the initial state
+    cache.keep_state("a", 5)
+    cache.append("a", 4)  # the pending token and 3 drafts: states after 6, 7, 8, 9
+    with pytest.raises(InvalidOperation):  # not committed yet
+        cache.keep_state("a", 9)
+    cache.commit("a", 2, [7, 7])  # the pending token and one draft accepted
+    cache.rollback("a", 2)
+    for bad in (9, 8, 5):  # the rejected drafts' states, and the stale one
+        with pytest.raises(InvalidOperation):
+            cache.keep_state("a", bad)
+    with pytest.raises(InvalidRequest):
+        cache.keep_state("a", -1)
+    assert cache.runtime_state("a") == (0, 5)  # refusals changed nothing
+    cache.keep_state("a", 7)  # the state after draft token 1 of the step
+    assert cache.runtime_state("a") == (0, 7)
+    snap = cache.snapshot()
+    assert snap.state_slots is not None and snap.state_slots.runtime_positions == (("a", 7),)
+
+
+def test_inv_ckpt_catches_a_rolled_back_draft_state(cls: type[Any]) -> None:
+    cache = make(cls)
+    prefill(cache, "a", 5)
+    snap = cache.snapshot()
+    slots = snap.state_slots
+    assert slots is not None
+    bad = attrs.evolve(snap, state_slots=attrs.evolve(slots, runtime_positions=(("a", 9),)))
+    with pytest.raises(InvariantViolation, match="rolled-back draft"):
+        check(bad)
 
 
 def test_save_point_rule() -> None:
@@ -334,7 +374,21 @@ def test_hybrid_workload_spec_and_impl_agree() -> None:
     r = results[0]
     assert r.hybrid and r.checkpoints_saved > 0 and r.checkpoints_restored > 0
     assert 0 < r.hit_rate <= r.kv_hit_rate < 1
+    # like with like: both rates are prompt tokens over prompt tokens
     assert r.lost_checkpoint == round((r.kv_hit_rate - r.hit_rate) * r.prefill_tokens)
+    assert round(r.kv_hit_rate * r.prefill_tokens) == r.prefill_tokens_skipped + r.lost_checkpoint
+
+
+def test_hit_counters_count_tokens_like_lost_checkpoint(cls: type[Any]) -> None:
+    """``hits``/``queries`` count prompt tokens, the unit of ``lost_checkpoint``, so the
+    hybrid report may add them; one admission that loses its whole KV hit shows it."""
+    cache = make(cls, max_num_seqs=1, state_budget=0)
+    prefill(cache, "a", 10)  # no slot for a checkpoint: nothing saved
+    cache.free(["a"])
+    cache.admit(req("b", 12))
+    st = cache.stats()
+    assert (st.queries, st.hits, st.lost_checkpoint, st.admissions) == (22, 0, 8, 2)
+    assert st.queries == st.prefill_tokens and st.hits == st.prefill_tokens_skipped
 
 
 def test_simulate_hybrid_cli_reports_both_hit_rates(capsys: pytest.CaptureFixture[str]) -> None:
@@ -348,6 +402,8 @@ def test_simulate_hybrid_cli_reports_both_hit_rates(capsys: pytest.CaptureFixtur
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["hybrid"] and report["hybrid_model"]["state_budget"] == 256
     assert 0 < report["hit_rate"] < report["kv_hit_rate"] <= 1
+    kv_tokens = report["prefill_tokens_skipped"] + report["lost_checkpoint"]
+    assert round(report["kv_hit_rate"] * report["prefill_tokens"]) == kv_tokens
     assert report["checkpoints_restored"] > 0
 
 
@@ -363,4 +419,7 @@ def test_runtime_checker_covers_the_hybrid_operations() -> None:
     assert cache.pending_restore("b") is not None and cache.state_slot("b") >= 0
     cache.restore_issued("b")
     assert cache.checkpoint_reservation("b") is not None  # b saves at 12 when it commits
-    assert cache.num_checks == before + 4
+    assert cache.runtime_state("b") == (cache.state_slot("b"), 8)
+    cache.commit("b", 4, [99])
+    cache.keep_state("b", 12)
+    assert cache.num_checks == before + 8

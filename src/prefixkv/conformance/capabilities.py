@@ -105,6 +105,13 @@ class Capabilities:
     events: bool = True
     #: Step-for-step equality with the spec (see the module doc).
     exact: bool = True
+    #: Recurrent-state checkpoints beside the KV blocks (hybrid models, choice 7): the
+    #: ``HybridPrefixCache`` operations, a factory that also takes ``max_num_seqs``,
+    #: ``state_budget`` and ``decode_state_interval``, a snapshot with ``state_slots``, and
+    #: INV-CKPT and the restore checks after every step (docs/conformance.md).
+    checkpoints: bool = False
+    #: Routed-expert data on commits and hits (choice 11); only with ``checkpoints``.
+    routed_experts: bool = False
 
     # -- pool shapes ---------------------------------------------------------------------
     #: The block sizes a run may draw (e.g. ``(256,)`` for an engine that needs multiples
@@ -124,6 +131,8 @@ class Capabilities:
         bounds = _positive_ints(self.num_blocks, "num_blocks")
         if len(bounds) != 2 or bounds[0] > bounds[1]:
             raise ValueError(f"num_blocks must be a range (low, high), got {self.num_blocks!r}")
+        if self.routed_experts and not self.checkpoints:
+            raise ValueError("routed_experts rides on the hybrid API: declare checkpoints too")
         if self.exact and self.policy_changes():
             raise ValueError(
                 "exact mode demands prefixkv's policy step for step; declare -exact with "

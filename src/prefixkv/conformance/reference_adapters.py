@@ -16,7 +16,7 @@ from prefixkv.spec import SpecCache, fast_hash
 
 from .capabilities import Capabilities
 
-__all__ = ["impl_adapter", "spec_adapter"]
+__all__ = ["hybrid_impl_adapter", "impl_adapter", "spec_adapter"]
 
 
 def impl_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
@@ -32,5 +32,32 @@ def spec_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> Sp
     return SpecCache(num_blocks, block_size, hasher=fast_hash, record_events=record_events)
 
 
+def hybrid_impl_adapter(
+    num_blocks: int,
+    block_size: int,
+    *,
+    record_events: bool,
+    max_num_seqs: int,
+    state_budget: int,
+    decode_state_interval: int,
+) -> Any:
+    """``prefixkv.impl.HybridPrefixCacheManager``: checkpoints and routed experts, exact
+    against ``HybridSpecCache``."""
+    from prefixkv.impl import HybridPrefixCacheManager
+
+    return HybridPrefixCacheManager(
+        num_blocks,
+        block_size,
+        max_num_seqs=max_num_seqs,
+        state_budget=state_budget,
+        decode_state_interval=decode_state_interval,
+        hasher=fast_hash,
+        record_events=record_events,
+    )
+
+
 impl_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]
+hybrid_impl_adapter.capabilities = Capabilities(  # type: ignore[attr-defined]
+    checkpoints=True, routed_experts=True
+)
 spec_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]

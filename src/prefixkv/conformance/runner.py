@@ -10,6 +10,10 @@ for each run::
 
     make.capabilities = Capabilities(multimodal=False, exact=False)   # optional
 
+With the ``checkpoints`` capability (a hybrid model's cache) the factory also takes the
+state-slot pool: ``make(num_blocks, block_size, *, record_events, max_num_seqs,
+state_budget, decode_state_interval)``.
+
 :func:`run_conformance` (and the pytest plugin, ``--prefixkv-adapter=module:make``) drives
 it with the state machines under the capabilities it declares.
 """
@@ -23,7 +27,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from prefixkv.spec import HASHERS, Inspectable, PrefixCache, SpecCache
+from prefixkv.spec import HASHERS, HybridSpecCache, Inspectable, PrefixCache, SpecCache
 
 from .capabilities import Capabilities
 from .failures import CheckFailed
@@ -77,6 +81,13 @@ _CORE = (
 )  # fmt: skip
 
 
+#: The hybrid operations (``checkpoints``).
+_HYBRID = (
+    "state_slot", "pending_restore", "restore_issued", "checkpoint_reservation",
+    "runtime_state", "keep_state",
+)  # fmt: skip
+
+
 def required_operations(caps: Capabilities) -> tuple[str, ...]:
     """The attributes an adapter with these capabilities must have."""
     optional = {
@@ -86,16 +97,25 @@ def required_operations(caps: Capabilities) -> tuple[str, ...]:
         "can_continue_prefill": caps.chunked_prefill,
         "continue_prefill": caps.chunked_prefill,
     }
-    return tuple(n for n in _CORE if optional.get(n, True)) + tuple(
-        n for n in ("reset", "can_continue_prefill", "continue_prefill") if optional[n]
+    return (
+        tuple(n for n in _CORE if optional.get(n, True))
+        + tuple(n for n in ("reset", "can_continue_prefill", "continue_prefill") if optional[n])
+        + (_HYBRID if caps.checkpoints else ())
     )
 
 
 def _pair_factory(factory: AdapterFactory, caps: Capabilities, hasher: str) -> Any:
-    from .machines import PoolConfig
+    from .machines import HybridPoolConfig, PoolConfig
 
     def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
-        cand = factory(cfg.num_blocks, cfg.block_size, record_events=cfg.record_events)
+        hybrid: dict[str, Any] = {}
+        if isinstance(cfg, HybridPoolConfig):  # the checkpoints capability
+            hybrid = {
+                "max_num_seqs": cfg.max_num_seqs,
+                "state_budget": cfg.state_budget,
+                "decode_state_interval": cfg.decode_state_interval,
+            }
+        cand = factory(cfg.num_blocks, cfg.block_size, record_events=cfg.record_events, **hybrid)
         missing = [name for name in required_operations(caps) if not hasattr(cand, name)]
         if missing:
             raise TypeError(
@@ -104,8 +124,12 @@ def _pair_factory(factory: AdapterFactory, caps: Capabilities, hasher: str) -> A
             )
         if not caps.exact:
             return None, cand
-        ref = SpecCache(
-            cfg.num_blocks, cfg.block_size, hasher=HASHERS[hasher], record_events=cfg.record_events
+        ref = (HybridSpecCache if hybrid else SpecCache)(
+            cfg.num_blocks,
+            cfg.block_size,
+            hasher=HASHERS[hasher],
+            record_events=cfg.record_events,
+            **hybrid,
         )
         return ref, cand
 
@@ -123,10 +147,11 @@ def conformance_machine(
 ) -> Any:
     """The state machine class for ``factory`` (exact: against the spec with ``hasher``),
     on the pool shapes ``caps`` declares."""
-    from .machines import build_machine
+    from .machines import build_hybrid_machine, build_machine
 
     caps = capabilities_of(factory) if caps is None else caps
-    return build_machine(
+    build = build_hybrid_machine if caps.checkpoints else build_machine
+    return build(
         name,
         _pair_factory(factory, caps, hasher),
         num_blocks=caps.num_blocks,

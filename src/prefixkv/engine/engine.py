@@ -33,13 +33,14 @@ from .backend import resolve_device, select_backend
 from .config import EngineConfig
 from .draft import RECOMPUTE_BLOCKS, NgramDrafter
 from .generation import GenerationRequest, MultimodalItem
-from .hybrid import RecurrentState, RecurrentStatePool
+from .hybrid import RecurrentStatePool
 from .kv_pool import KVPool
 from .model import TinyDecoder, torch_dtype
 from .multimodal import StubEncoder
 from .runner import ModelRunner, RunnerOutput
 from .scheduler import Scheduler, SchedulerStats
-from .step import Kind, StepPlan
+from .state_io import RecurrentStateIO
+from .step import StepPlan
 
 __all__ = ["Engine", "RequestResult", "RunResult", "Turn"]
 
@@ -117,6 +118,7 @@ class Engine:
         self.encoder = StubEncoder(cfg.model.hidden_size, cfg.model.seed)
         self.hybrid: HybridPrefixCacheManager | None = None
         self.states: RecurrentStatePool | None = None
+        self.state_io: RecurrentStateIO | None = None
         if cfg.model.hybrid:
             self.hybrid = HybridPrefixCacheManager(
                 cfg.num_blocks,
@@ -131,6 +133,7 @@ class Engine:
                 cfg.model.hidden_size,
                 self.device,
             )
+            self.state_io = RecurrentStateIO(self.hybrid, self.states)
         self.cache: PrefixCacheManager = (
             self.hybrid
             if self.hybrid is not None
@@ -175,56 +178,19 @@ class Engine:
         self.scheduler.add(request)
         self._added_at[request.request_id] = time.perf_counter()
 
-    def _prepare_states(
-        self, plan: StepPlan
-    ) -> tuple[list[RecurrentState | None], list[list[int]], list[tuple[int, int, int]]]:
-        """The hybrid model's side of a planned step, before its forward.
-
-        For each sequence: issue its pending restore (copy the pinned checkpoint into its
-        runtime slot, then ``restore_issued``), read its state at ``start`` from the runtime
-        slot, and ask for the states the step must keep: the one at the checkpoint
-        reservation (saved into the reserved slot after the forward), and in a decode step
-        the one after every token, since the verification decides only at the commit how
-        many drafts survive. Returns the states, the positions to capture and the saves
-        ``(row in plan, slot, position)``.
-
-        ::
-
-            chunk        start                 boundary             end
-            tokens  .... | s s s s s s s s s s s | s s s s s s s s s s |
-            states       ^ read (runtime slot)   ^ save (reserved)    ^ runtime slot
-        """
-        hybrid, pool = self.hybrid, self.states
-        assert hybrid is not None and pool is not None
-        states: list[RecurrentState | None] = []
-        capture: list[list[int]] = []
-        saves: list[tuple[int, int, int]] = []
-        for row, s in enumerate(plan.seqs):
-            slot = hybrid.state_slot(s.seq_id)
-            source = hybrid.pending_restore(s.seq_id)
-            if source is not None:
-                pool.copy(source, slot)
-                hybrid.restore_issued(s.seq_id)
-                pool.restores += 1
-            states.append(None if s.start == 0 else pool.read(slot, s.start))
-            want = list(range(s.start + 1, s.end)) if s.kind is Kind.DECODE else []
-            reservation = hybrid.checkpoint_reservation(s.seq_id)
-            if reservation is not None:
-                saves.append((row, *reservation))
-                want.append(reservation[1])
-            capture.append(want)
-        return states, capture, saves
-
     def step(self) -> tuple[StepPlan, RunnerOutput]:
+        """One step: schedule, forward, commit.
+
+        A hybrid model's recurrent states move around the forward and the commit through
+        :class:`~.state_io.RecurrentStateIO` (restores, checkpoint saves, the kept state).
+        """
         plan = self.scheduler.schedule()
-        pool = self.states
+        io = self.state_io if not plan.is_idle else None
         try:
-            if pool is not None and not plan.is_idle:
-                states, capture, saves = self._prepare_states(plan)
-                out = self.runner.forward(plan, states, capture)
-                for row, slot, position in saves:
-                    pool.write(slot, position, out.states[row][position])
-                    pool.saves += 1
+            if io is not None:
+                states = io.before_forward(plan)
+                out = self.runner.forward(plan, states.states, states.capture)
+                io.save_checkpoints(states, out)
             else:
                 out = self.runner.forward(plan)
         except BaseException:
@@ -232,15 +198,8 @@ class Engine:
             raise
         before = {s.seq_id: len(self.scheduler.generation(str(s.seq_id)).tokens) for s in plan.seqs}
         self.scheduler.commit_step(out.output)
-        if pool is not None:
-            assert self.hybrid is not None
-            # The runtime slot keeps the state after the committed tokens: a rejected
-            # draft's state is never kept, so the next step starts from accepted tokens only.
-            for row, s in enumerate(plan.seqs):
-                g = self.scheduler.generation(str(s.seq_id))
-                if not g.finished:
-                    slot = self.hybrid.state_slot(s.seq_id)
-                    pool.write(slot, g.num_computed, out.states[row][g.num_computed])
+        if io is not None:
+            io.keep_accepted(plan, out)
         now = time.perf_counter()
         for s, logits in zip(plan.seqs, out.logits, strict=True):
             rid = str(s.seq_id)

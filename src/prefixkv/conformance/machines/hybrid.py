@@ -9,6 +9,10 @@ pressure is the common case. It adds:
 * rules for the checkpoint lifecycle: issuing restores, aborting them, saving and
   restoring in the same step, eviction while restores are pending, hybrid queries, and
   bad hybrid inputs;
+* the runtime state an engine keeps: after each commit (while ``keeps_states``, drawn per
+  run) the state after the committed tokens, drafts included (``keep_state``), and bad
+  keeps: past the committed tokens (a rejected or unverified draft's state), before them
+  (stale), while a restore is pending;
 * routed-expert data on commits (named after the committing sequence, so an overwrite
   instead of an enrichment shows in the state);
 * the check ``HYBRID-HIT`` on every admission: it hits tokens only with a restore, and the
@@ -22,7 +26,7 @@ pressure is the common case. It adds:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 import attrs
@@ -43,9 +47,10 @@ from prefixkv.spec import (
     fast_hash,
 )
 
+from ..capabilities import Capabilities
 from .checks import bad_inputs_due, counted
 from .coverage import RuleCoverage
-from .differential import DifferentialMachine
+from .differential import DifferentialMachine, skip
 from .factories import PairFactory, PoolConfig
 from .strategies import NAMESPACES, budgets, namespace_ids, prompts, sampled_tokens
 
@@ -67,6 +72,12 @@ BAD_HYBRID_KINDS = (
     "reservation_unknown",
     "experts_count",
     "experts_type",
+    "runtime_state_unknown",
+    "keep_unknown",
+    "keep_draft_past_committed",
+    "keep_stale",
+    "keep_negative",
+    "keep_while_restoring",
 )
 
 _FATES = ("saved", "discarded", "restored", "released_stale", "evicted")
@@ -126,6 +137,7 @@ class HybridMachine(DifferentialMachine):
     def __init__(self) -> None:
         super().__init__()
         self._experts_on = False
+        self._keeps_states = True
         self.oracle.observers.append(self._observe)
 
     # -- plumbing: counters of transitions and fates ---------------------------------------
@@ -166,8 +178,9 @@ class HybridMachine(DifferentialMachine):
         adm = super()._admit(req, budget, only_if_possible=only_if_possible)
         if adm is None:
             return None
-        snap = self.oracle.snap_r if self.oracle.snap_r is not None else self.oracle.snap_c
-        assert snap is not None and snap.state_slots is not None
+        snap = self._hybrid_snapshot()
+        if snap is None or snap.state_slots is None:
+            return adm
         hit = adm.num_cached_tokens > 0
         if hit != (adm.restore_slot is not None):
             self.oracle.fail(
@@ -190,23 +203,76 @@ class HybridMachine(DifferentialMachine):
         return adm
 
     def _commit(self, seq_id: SeqId, n: int, accepted: tuple[int, ...]) -> bool:
-        """Commit, with routed-expert data for each completed block while it is on."""
+        """Commit, with routed-expert data for each completed block while it is on; then,
+        as an engine does, keep the state after the committed tokens."""
         view = self.oracle.view(seq_id)
         if view is None or not self._experts_on:
-            return super()._commit(seq_id, n, accepted)
-        bs = self.block_size
-        experts = [
-            f"{seq_id}:{j}".encode()
-            for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
-        ]
-        return not self.oracle.op(
-            "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
-        ).raised
+            done = super()._commit(seq_id, n, accepted)
+        else:
+            bs = self.block_size
+            experts = [
+                f"{seq_id}:{j}".encode()
+                for j in range(view.num_computed // bs, (view.num_computed + n) // bs)
+            ]
+            done = not self.oracle.op(
+                "commit", lambda c: c.commit(seq_id, n, accepted, routed_experts=experts)
+            ).raised
+        if done and self._keeps_states:
+            self._keep(seq_id)
+        return done
+
+    def _keep(self, seq_id: SeqId) -> bool:
+        """keep_state at the committed tokens, unless a restore is pending."""
+        held = self.oracle.op("runtime_state", _calling("runtime_state", seq_id), pure=True)
+        view = self.oracle.view(seq_id)
+        if held.raised or held.value is None or view is None:
+            return False
+        position = view.num_computed
+        return not self.oracle.op("keep_state", _calling("keep_state", seq_id, position)).raised
+
+    def _hybrid_snapshot(self) -> CacheState | None:
+        """The snapshot the hybrid checks read (the reference's in exact mode); a hybrid
+        candidate that renders no ``state_slots`` fails HYBRID-SNAPSHOT."""
+        snap = self.oracle.snap_r if self.oracle.snap_r is not None else self.oracle.snap_c
+        if snap is not None and snap.state_slots is None:
+            self.oracle.fail("HYBRID-SNAPSHOT", "the snapshot of a hybrid cache has no state_slots")
+        return snap
+
+    def _check_ref(self, name: str, seq_id: SeqId, value: Any) -> None:
+        """HYBRID-REF: what a hybrid query answers is what the snapshot holds. The pending
+        restore is the checkpoint pinned by the sequence (INV-CKPT: at the position where its
+        hit ends); the reservation is the one it owns; the runtime state is its runtime slot, at the
+        position the snapshot gives (``None`` while the restore is pending)."""
+        snap, view = self._hybrid_snapshot(), self.oracle.view(seq_id)
+        if snap is None or snap.state_slots is None or view is None:
+            return
+        h = snap.state_slots
+        if name in ("pending_restore", "checkpoint_reservation"):
+            status = "pinned" if name == "pending_restore" else "reserved"
+            own = [ck for ck in h.checkpoints if ck.owner == seq_id and ck.status == status]
+            want: tuple[int | None, int] | None = (
+                None if not own else (own[0].slot, own[0].boundary)
+            )
+        elif name == "runtime_state":
+            if h.runtime_positions is None:
+                return
+            pos = dict(h.runtime_positions).get(seq_id)
+            want = None if pos is None else (dict(h.runtime).get(seq_id), pos)
+        else:
+            return
+        got = None if value is None else tuple(value)
+        if got != want:
+            self.oracle.fail(
+                "HYBRID-REF", f"{name}({seq_id!r}) answered {value!r}; the snapshot holds {want}"
+            )
 
     def _restore(self, seq_id: SeqId) -> bool:
         """pending_restore, then restore_issued if one is pending."""
         out = self.oracle.op("pending_restore", lambda c: c.pending_restore(seq_id), pure=True)
-        if out.raised or out.value is None:
+        if out.raised:
+            return False
+        self._check_ref("pending_restore", seq_id, out.value)
+        if out.value is None:
             return False
         return not self.oracle.op("restore_issued", lambda c: c.restore_issued(seq_id)).raised
 
@@ -227,10 +293,43 @@ class HybridMachine(DifferentialMachine):
     @rule(seq=DifferentialMachine.seqs)
     @counted
     def inspect_state(self, seq: SeqId) -> None:
-        """state_slot, pending_restore and checkpoint_reservation of a live sequence."""
-        for name in ("state_slot", "pending_restore", "checkpoint_reservation"):
-            self.oracle.op(name, _calling(name, seq), pure=True)
+        """state_slot, pending_restore, checkpoint_reservation and runtime_state of a live
+        sequence."""
+        for name in ("state_slot", "pending_restore", "checkpoint_reservation", "runtime_state"):
+            out = self.oracle.op(name, _calling(name, seq), pure=True)
+            if not out.raised:
+                self._check_ref(name, seq, out.value)
 
+    @rule(seq=DifferentialMachine.seqs, ahead=st.sampled_from((0, 0, 1, 2)))
+    @counted
+    def keep_state(self, seq: SeqId, ahead: int) -> None:
+        """The engine keeps the state after the committed tokens (a late keep, or the first
+        one of a run that does not keep after every commit); or, ``ahead`` > 0, the state
+        of a draft token past them, which must be refused (it is rolled back, or not yet
+        verified)."""
+        if not ahead:
+            if self._keep(seq):
+                type(self).coverage.variants["keep_state"] += 1
+            return
+        view = self.oracle.view(seq)
+        if view is None:
+            return
+        held = self.oracle.op("runtime_state", _calling("runtime_state", seq), pure=True)
+        if held.raised or held.value is None:
+            return
+        position = view.num_computed + ahead
+        self.oracle.op(
+            "keep_state", _calling("keep_state", seq, position), must_raise=InvalidOperation
+        )
+
+    @rule()
+    @counted
+    def toggle_keeping(self) -> None:
+        """The engine keeps the runtime state after each commit, or stops doing so (the
+        runtime slot then lags behind the committed tokens until the next keep)."""
+        self._keeps_states = not self._keeps_states
+
+    @precondition(lambda self: self.caps.routed_experts)
     @rule()
     @counted
     def toggle_experts(self) -> None:
@@ -260,7 +359,9 @@ class HybridMachine(DifferentialMachine):
         restores a checkpoint), with a recompute window; issue the restore or not, prefill
         by chunks, then decode a few tokens (saving every interval)."""
         ns, tokens = self._hybrid_history(pick)
-        req = Request(self._new_id(), tokens + extra, self._ns(ns), recompute_blocks=window)
+        req = Request(
+            self._new_id(), tokens + extra, self._ns(ns), recompute_blocks=self._window(window)
+        )
         adm = self._admit(req, budget, only_if_possible=True)
         if adm is None:
             return multiple()
@@ -280,6 +381,7 @@ class HybridMachine(DifferentialMachine):
     ) -> None:
         """One sequence saves a checkpoint as its prefill commits; in the same step another
         with the same prefix is admitted and restores it, while the first decodes on."""
+        tokens = self._prompt(tokens)
         first = Request(self._new_id(), tokens, self._ns(ns))
         adm = self._admit(first, None, only_if_possible=True)
         if adm is None:
@@ -303,7 +405,8 @@ class HybridMachine(DifferentialMachine):
         """A prompt runs and saves; a longer one with its prefix is admitted (its restore
         pins the checkpoint); eviction runs while the restore is pending (the node is held,
         so it cannot go stale); then the owner aborts: the checkpoint is Ready again."""
-        if evict >= 30:  # start from an empty cache: the pinned checkpoint is the oldest
+        tokens = self._prompt(tokens)
+        if evict >= 30 and self.caps.evict:  # from an empty cache: the pin is the oldest
             self.oracle.op("evict", lambda c: c.evict(evict))
         first = Request(self._new_id(), tokens, self._ns(ns))
         adm = self._admit(first, None, only_if_possible=True)
@@ -330,7 +433,8 @@ class HybridMachine(DifferentialMachine):
                     others.append(other.seq_id)
             if others:
                 self._free(others)
-        self.oracle.op("evict", lambda c: c.evict(evict))
+        if self.caps.evict:
+            self.oracle.op("evict", lambda c: c.evict(evict))
         self._free([req.seq_id])
         self.oracle.op("match", lambda c: c.match(probe), pure=True)
 
@@ -351,7 +455,12 @@ class HybridMachine(DifferentialMachine):
                 "restore_issued", lambda c: c.restore_issued(seq), must_raise=InvalidOperation
             )
             return
+        if kind.startswith("keep_") and kind != "keep_unknown":
+            self._bad_keep(kind, seq)
+            return
         if kind.startswith("experts"):
+            if not self.caps.routed_experts:
+                return
             # three entries for a commit that completes no block, or not a list at all
             bad: Any = [b"x"] * 3 if kind == "experts_count" else "not a list"
             self.oracle.op(
@@ -365,12 +474,41 @@ class HybridMachine(DifferentialMachine):
             "state_slot_unknown": "state_slot",
             "pending_restore_unknown": "pending_restore",
             "reservation_unknown": "checkpoint_reservation",
+            "runtime_state_unknown": "runtime_state",
+            "keep_unknown": "keep_state",
         }[kind]
+        args = (ghost, 0) if name == "keep_state" else (ghost,)
         self.oracle.op(
             name,
-            lambda c: getattr(c, name)(ghost),
-            pure=name != "restore_issued",
+            lambda c: getattr(c, name)(*args),
+            pure=name not in ("restore_issued", "keep_state"),
             must_raise=UnknownSequence,
+        )
+
+    def _bad_keep(self, kind: str, seq: SeqId) -> None:
+        """keep_state at a position no consistent engine keeps: past the committed tokens
+        (a rejected or unverified draft's state), before them (stale), negative, or with
+        the restore still to issue."""
+        view = self.oracle.view(seq)
+        held = self.oracle.op("runtime_state", _calling("runtime_state", seq), pure=True)
+        if view is None or held.raised:
+            return
+        pending = held.value is None
+        c = view.num_computed
+        if kind == "keep_while_restoring":
+            if pending:
+                self.oracle.op(
+                    "keep_state", _calling("keep_state", seq, c), must_raise=InvalidOperation
+                )
+            return
+        if kind == "keep_negative":
+            self.oracle.op("keep_state", _calling("keep_state", seq, -1), must_raise=InvalidRequest)
+            return
+        position = c + 1 + (view.num_reserved - c) // 2 if kind.endswith("committed") else c - 1
+        if position < 0:
+            return
+        self.oracle.op(
+            "keep_state", _calling("keep_state", seq, position), must_raise=InvalidOperation
         )
 
 
@@ -382,12 +520,21 @@ def build_hybrid_machine(
     block_sizes: tuple[int, int] = (1, 4),
     max_num_seqs: tuple[int, int] = (1, 4),
     state_budgets: tuple[int, int] = (0, 3),
+    caps: Capabilities | None = None,
+    block_size_choices: tuple[int, ...] | None = None,
+    skip_rules: Collection[str] = (),
+    ignored_checks: Collection[str] = (),
 ) -> type[HybridMachine]:
     """A runnable hybrid machine class (``cls.TestCase``) with its own coverage counters.
 
     Each run draws the pool, ``max_num_seqs``, ``state_budget`` and a decode interval of
-    0 to 3 blocks.
+    0 to 3 blocks. ``caps`` (default: prefixkv's hybrid caches, with checkpoints and routed
+    experts), ``block_size_choices``, ``skip_rules`` and ``ignored_checks`` are those of
+    :func:`~.differential.build_machine`; this is the machine the conformance kit runs
+    under the ``checkpoints`` capability.
     """
+    hybrid_caps = Capabilities(checkpoints=True, routed_experts=True) if caps is None else caps
+    sizes = st.sampled_from(block_size_choices) if block_size_choices else st.integers(*block_sizes)
 
     class Machine(HybridMachine):
         coverage = RuleCoverage()
@@ -395,15 +542,16 @@ def build_hybrid_machine(
 
         @initialize(
             num_blocks=st.integers(*num_blocks),
-            block_size=st.integers(*block_sizes),
-            record_events=st.booleans(),
+            block_size=sizes,
+            record_events=st.booleans() if hybrid_caps.events else st.just(False),
             seqs_max=st.integers(*max_num_seqs),
             # a budget of 0 (checkpoints only in borrowed runtime slots) twice as often
             budget=st.integers(state_budgets[0] - 1, state_budgets[1]).map(
                 lambda b: max(b, state_budgets[0])
             ),
             interval=st.integers(0, 3),
-            experts=st.booleans(),
+            experts=st.booleans() if hybrid_caps.routed_experts else st.just(False),
+            keeps=st.booleans(),
         )
         @counted
         def init(
@@ -415,12 +563,13 @@ def build_hybrid_machine(
             budget: int,
             interval: int,
             experts: bool,
+            keeps: bool,
         ) -> None:
             """Build the pair on a freshly drawn pool and state-slot pool."""
             cfg = HybridPoolConfig(
                 num_blocks, block_size, record_events, seqs_max, budget, interval * block_size
             )
-            self._experts_on = experts
+            self._experts_on, self._keeps_states = experts, keeps
             self._start(cfg)
             type(self).last_calls[1] = (
                 f"cache = make(num_blocks={num_blocks}, block_size={block_size}, "
@@ -432,7 +581,10 @@ def build_hybrid_machine(
             variants[f"decode_state_interval={'on' if interval else 'off'}"] += 1
 
     Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
+    Machine.caps = hybrid_caps
+    Machine.ignored_checks = frozenset(ignored_checks)
     Machine.__name__ = Machine.__qualname__ = name
+    skip(Machine, skip_rules)
     return Machine
 
 
