@@ -6,11 +6,11 @@ it to that), at O(1) or O(blocks touched) per operation, independent of the pool
 
 How it stays cheap without giving anything up:
 
-* The free queue is a lazy range plus a deque (:mod:`.pool`); construction and a full reset
+* The free queue is a lazy range plus a deque (:mod:`._pool`); construction and a full reset
   touch no block that was never published.
-* The index is hashed with exact verification (:mod:`.index`); the chain hash of each
+* The index is hashed with exact verification (:mod:`._index`); the chain hash of each
   settled block is kept per sequence, so publishing a block hashes only that block.
-* Eviction order is a heap of leaves with lazy deletion (:mod:`.leaves`).
+* Eviction order is a heap of leaves with lazy deletion (:mod:`._leaves`).
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
@@ -58,11 +58,11 @@ from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
-from .index import HashIndex
-from .leaves import LeafHeap
-from .pool import NO_PARENT, BlockPool
-from .sequence import SeqState
-from .stats import Counters
+from ._index import HashIndex
+from ._leaves import LeafHeap
+from ._pool import NO_PARENT, BlockPool
+from ._sequence import SeqState
+from ._stats import Counters
 
 __all__ = ["PrefixCacheManager"]
 

@@ -42,8 +42,8 @@ from prefixkv.spec.request import Request, SeqId, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, Match
 from prefixkv.spec.state import CacheState, CheckpointView, StateSlotsView
 
+from ._sequence import SeqState
 from .cache import AdmitPlan, Matched, PrefixCacheManager
-from .sequence import SeqState
 
 __all__ = ["HybridPrefixCacheManager"]
 

@@ -66,7 +66,7 @@ BUGS: tuple[Bug, ...] = (
         "removing from a collision bucket drops the newest entry instead of the evicted one",
         (
             (
-                "index.py",
+                "_index.py",
                 """        entry.remove(b)
         if len(entry) == 1:""",
                 """        entry.pop()
@@ -113,7 +113,7 @@ BUGS: tuple[Bug, ...] = (
                 """                if ptoks[b] != tup or pns[b] != ns or pextra[b]:""",
             ),
             (
-                "index.py",
+                "_index.py",
                 """                ptoks[b] == tokens
                 and pparent[b] == parent
                 and pns[b] == namespace""",
@@ -312,7 +312,7 @@ BUGS: tuple[Bug, ...] = (
         "among leaves released together, the shallower one is evicted first",
         (
             (
-                "leaves.py",
+                "_leaves.py",
                 "heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))",
                 "heapq.heappush(self.heap, (pool.last_use[b], pool.depth[b], b, version))",
             ),
@@ -385,7 +385,7 @@ BUGS: tuple[Bug, ...] = (
         "extras_not_verified",
         "a hit is verified on tokens and parent but not the multimodal extra keys: two images "
         "with the same placeholder tokens share KV after a hash collision",
-        (("index.py", "                and pextra[b] == extra\n", ""),),
+        (("_index.py", "                and pextra[b] == extra\n", ""),),
     ),
     Bug(
         "text_hits_multimodal_block",
@@ -490,7 +490,7 @@ BUGS: tuple[Bug, ...] = (
         "leaves are dropped (never evicted again) and stale entries kept",
         (
             (
-                "leaves.py",
+                "_leaves.py",
                 "            pool.leaf_version[b] == entry[3]\n",
                 "            pool.leaf_version[b] != entry[3]\n",
             ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .pool import BlockPool
+from ._pool import BlockPool
 
 __all__ = ["HashIndex"]
 

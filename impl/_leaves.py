@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 
-from .pool import BlockPool
+from ._pool import BlockPool
 
 __all__ = ["COMPACT_SLACK", "LeafHeap"]
 
