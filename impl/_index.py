@@ -22,9 +22,9 @@ __all__ = ["HashIndex"]
 class HashIndex:
     __slots__ = ("_buckets", "get_one")
 
-    def __init__(self) -> None:
+    def __init__(self, buckets: dict[int, int | list[int]] | None = None) -> None:
         # A bucket is one block id (the common case) or a list of ids after a collision.
-        self._buckets: dict[int, int | list[int]] = {}
+        self._buckets: dict[int, int | list[int]] = {} if buckets is None else buckets
         #: The bucket under a key: its one block id (the common case), its candidates (a
         #: list, after a collision: use :meth:`find`), or None.
         #:
@@ -36,10 +36,10 @@ class HashIndex:
     def __deepcopy__(self, memo: dict[int, object]) -> HashIndex:
         # NOTE: ``get_one`` is bound to the bucket dict, and copy treats builtin methods as
         # atomic: a plain deep copy would look up the *original* buckets. Rebind it.
-        twin = HashIndex()
+        buckets: dict[int, int | list[int]] = {}
         for key, entry in self._buckets.items():
-            twin._buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
-        return twin
+            buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
+        return HashIndex(buckets)
 
     def find(
         self,

@@ -14,8 +14,10 @@ outnumber live ones, which keeps it O(live leaves) in size and O(log leaves) per
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
-from ._pool import BlockPool
+if TYPE_CHECKING:  # the pool owns a LeafHeap
+    from ._pool import BlockPool
 
 __all__ = ["COMPACT_SLACK", "LeafHeap"]
 

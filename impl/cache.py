@@ -17,7 +17,7 @@ How it stays cheap without giving anything up:
   children is anchored. An unanchored block has refcount 0 and so has its whole subtree, so
   leaf-by-leaf eviction can reclaim all of it; an anchored block can never be evicted while
   things stay as they are. The manager keeps ``anchored_children`` per block and the count
-  of unanchored published blocks (``_num_reclaimable``). Then
+  of unanchored published blocks (``BlockPool.num_reclaimable``). Then
 
       admit succeeds  <=>  new blocks needed <= free + reclaimable - (matched unanchored)
 
@@ -34,7 +34,6 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
-import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -59,7 +58,6 @@ from prefixkv.spec.state import BlockView, CacheState, SeqView
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from ._index import HashIndex
-from ._leaves import LeafHeap
 from ._pool import NO_PARENT, BlockPool
 from ._sequence import SeqState
 from ._stats import Counters
@@ -132,7 +130,8 @@ class PrefixCacheManager:
         self._record_events = bool(record_events)
         self._pool = BlockPool(self._num_blocks)
         self._index = HashIndex()
-        self._leaves = LeafHeap()
+        #: The pool's eviction order (the machines tune its compaction slack).
+        self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
         self._ns_keys: dict[Namespace, tuple[bytes, int]] = {}
@@ -140,11 +139,6 @@ class PrefixCacheManager:
         # fast_hash, without two function calls per block): the per-block budget is ~1 us.
         self._inline_hash = hasher is fast_hash
         self._clock = 0
-        # occupancy
-        self._num_used = 0  # refcount > 0
-        self._num_cached = 0  # published, refcount 0
-        self._num_published = 0
-        self._num_reclaimable = 0  # published and unanchored
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
         self._evict_hook: Callable[[int], None] | None = None
@@ -353,9 +347,9 @@ class PrefixCacheManager:
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             num_free_blocks=self._pool.num_free,
-            num_cached_blocks=self._num_cached,
-            num_used_blocks=self._num_used,
-            num_published_blocks=self._num_published,
+            num_cached_blocks=self._pool.num_cached,
+            num_used_blocks=self._pool.num_used,
+            num_published_blocks=self._pool.num_published,
             num_sequences=len(self._seqs),
             **self._counters.as_dict(),
         )
@@ -369,74 +363,24 @@ class PrefixCacheManager:
         events, self._events = self._events, []
         return events
 
-    # -- anchoring -------------------------------------------------------------------------
-
-    def _anchor_up(self, p: int) -> None:
-        """A child of ``p`` became anchored; flip ancestors that become anchored."""
-        pool = self._pool
-        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
-        while p >= 0:
-            a = anchored[p]
-            anchored[p] = a + 1
-            if a or ref[p]:
-                return
-            self._num_reclaimable -= 1
-            p = parent[p]
-
-    def _unanchor_up(self, p: int) -> None:
-        """A child of ``p`` stopped being anchored; flip ancestors that lose their anchor."""
-        pool = self._pool
-        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
-        while p >= 0:
-            a = anchored[p] - 1
-            anchored[p] = a
-            if a or ref[p]:
-                return
-            self._num_reclaimable += 1
-            p = parent[p]
-
     # -- eviction, allocation, release -----------------------------------------------------
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` leaves in eviction order; returns how many were evicted."""
         pool = self._pool
-        heap = self._leaves.heap
-        version, ref, children, ptoks = (
-            pool.leaf_version,
-            pool.ref,
-            pool.num_children,
-            pool.tokens,
-        )
-        parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
+        victims = pool.pop_leaves(count)
+        if not victims:
+            return 0
+        ptoks, pns, pextra, parent = pool.tokens, pool.namespace, pool.extra, pool.parent
+        block_hash, serial = pool.block_hash, pool.serial
         index_remove = self._index.remove
         events = self._events if self._record_events else None
-        hook = self._evict_hook
         remembered, forget_at = self._evicted, self._num_blocks
-        serial = pool.serial
-        pop, push = heapq.heappop, heapq.heappush
-        evicted = 0
-        while evicted < count and heap:
-            _, _, b, v = pop(heap)
-            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:
-                continue  # stale entry: b stopped being a leaf since it was queued
+        for b in victims:
             h = block_hash[b]
             index_remove(h, b)
             p = parent[b]
-            key = (serial[p] if p >= 0 else 0, pool.namespace[b], ptoks[b], pool.extra[b])
-            if p >= 0:
-                left = children[p] - 1
-                children[p] = left
-                if not left and not ref[p]:
-                    v = version[p] + 1
-                    version[p] = v
-                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))
-            ptoks[b] = None
-            pool.namespace[b] = None
-            pool.extra[b] = ()
-            parent[b] = NO_PARENT
-            gen[b] += 1
-            released.append(b)
-            evicted += 1
+            key = (serial[p] if p >= 0 else 0, pns[b], ptoks[b], pextra[b])
             if key in remembered:
                 remembered.move_to_end(key)
             else:
@@ -445,13 +389,13 @@ class PrefixCacheManager:
                     remembered.popitem(last=False)
             if events is not None:
                 events.append(BlockRemoved((h,)))
-            if hook is not None:
+        pool.forget(victims)
+        hook = self._evict_hook
+        if hook is not None:
+            for b in victims:
                 hook(b)
-        self._num_cached -= evicted
-        self._num_published -= evicted
-        self._num_reclaimable -= evicted
-        self._counters.evictions += evicted
-        return evicted
+        self._counters.evictions += len(victims)
+        return len(victims)
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` blocks, evicting leaves first if needed. Supply was checked."""
@@ -462,16 +406,8 @@ class PrefixCacheManager:
             evicted = self._evict(short)
             if evicted != short:  # pragma: no cover - guarded by the exact capacity check
                 raise AssertionError("eviction ran dry after the capacity check passed")
-            self._leaves.maybe_compact(pool, self._num_cached)
-        if count == 1 and pool.fresh_next == pool.num_blocks:
-            new = [pool.released.popleft()]  # the fresh range is used up: FIFO is the deque
-        else:
-            new = pool.take(count)
-        ref = pool.ref
-        for b in new:
-            ref[b] = 1
-        self._num_used += count
-        return new, evicted
+            pool.maybe_compact()
+        return pool.allocate(count), evicted
 
     def _out_of_blocks(self, need: int, supply: int) -> OutOfBlocks:
         return OutOfBlocks(
@@ -480,39 +416,8 @@ class PrefixCacheManager:
         )
 
     def _release(self, blocks: Sequence[int]) -> None:
-        """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
-        pool = self._pool
-        ref, ptoks, parent = pool.ref, pool.tokens, pool.parent
-        anchored, children, last_use = pool.anchored_children, pool.num_children, pool.last_use
-        released = pool.released
-        clock = self._clock
-        freed = cached = unanchored = 0
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r:
-                continue
-            freed += 1
-            if ptoks[b] is None:
-                released.append(b)
-                continue
-            last_use[b] = clock
-            cached += 1
-            if not anchored[b]:
-                unanchored += 1
-                p = parent[b]
-                if p >= 0:
-                    # Inline first step of _unanchor_up: usually the parent is still held.
-                    a = anchored[p] - 1
-                    anchored[p] = a
-                    if not a and not ref[p]:
-                        self._num_reclaimable += 1
-                        self._unanchor_up(parent[p])
-            if not children[b]:
-                self._leaves.push(pool, b)
-        self._num_used -= freed
-        self._num_cached += cached
-        self._num_reclaimable += unanchored
+        """Drop one hold on each of ``blocks`` (the pool ages them by the manager's clock)."""
+        self._pool.release(blocks, self._clock)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -530,7 +435,7 @@ class PrefixCacheManager:
         else:
             end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
         need = -(-end // bs) - len(blocks)
-        supply = self._pool.num_free + self._num_reclaimable - unanchored
+        supply = self._pool.supply - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
         return AdmitPlan(blocks, hashes, end, need, window, lost)
@@ -544,17 +449,7 @@ class PrefixCacheManager:
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
         blocks, hashes, end, need, window, lost = self._plan(req, num_new_tokens)
-        pool = self._pool
-        ref, anchored = pool.ref, pool.anchored_children
-        for b in blocks:  # pin the hit, root first, before evicting anything
-            r = ref[b]
-            ref[b] = r + 1
-            if r == 0:
-                self._num_used += 1
-                self._num_cached -= 1
-                if not anchored[b]:
-                    self._num_reclaimable -= 1
-                    self._anchor_up(pool.parent[b])
+        self._pool.pin(blocks)  # pin the hit, root first, before evicting anything
         cached = len(blocks) * self._block_size
         new, evicted = self._allocate(need)
         num_matched = len(blocks)
@@ -615,7 +510,7 @@ class PrefixCacheManager:
             seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
         )
         need = -(-end // self._block_size) - len(seq.blocks)
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         return end, need
@@ -658,7 +553,7 @@ class PrefixCacheManager:
 
     def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         need = self._append_need(self._seq(seq_id), num_tokens)
-        return need <= self._pool.num_free + self._num_reclaimable
+        return need <= self._pool.supply
 
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         # Hot path (every decode step): the common case is inlined.
@@ -682,7 +577,7 @@ class PrefixCacheManager:
         if need <= 0:
             seq.num_reserved = reserved
             return []
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
@@ -792,7 +687,7 @@ class PrefixCacheManager:
             need = -(-grown // bs) - kept
             if need > 0:
                 dropped = len(seq.blocks) - kept
-                supply = self._pool.num_free + dropped + self._num_reclaimable
+                supply = self._pool.supply + dropped
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
@@ -916,7 +811,7 @@ class PrefixCacheManager:
         remembered = self._evicted
         hasher = None if self._inline_hash else self._hasher
         nsd = seq.ns_digest
-        ptoks, ref, anchored = pool.tokens, pool.ref, pool.anchored_children
+        ptoks = pool.tokens
         published = 0
         spans = seq.spans
         extras: tuple[tuple[int, bytes], ...] = ()
@@ -947,31 +842,16 @@ class PrefixCacheManager:
                     continue
             b = blocks[j]
             index.insert(h, b)
-            ptoks[b] = tup
-            pool.namespace[b] = ns
-            pool.extra[b] = extras
-            pool.parent[b] = p
-            pool.block_hash[b] = h
-            pool.depth[b] = j + 1
             serial = None
             if remembered:  # a remembered identity keeps its name (see __init__)
                 serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, tup, extras))
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1
-            pool.serial[b] = serial
+            pool.publish(b, tup, ns, extras, p, h, j + 1, serial)
             published += 1
-            if p >= 0:
-                pool.num_children[p] += 1
-                # b is held, hence anchored: tell the parent (inlined first step of _anchor_up).
-                a = anchored[p]
-                anchored[p] = a + 1
-                if not a and not ref[p]:
-                    self._num_reclaimable -= 1
-                    self._anchor_up(pool.parent[p])
             if self._record_events:
                 self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
-        self._num_published += published
         self._counters.blocks_published += published
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
@@ -1011,12 +891,12 @@ class PrefixCacheManager:
         seqs = self._seqs
         for seq_id in ids:
             self._release(seqs.pop(seq_id).blocks)
-        self._leaves.maybe_compact(self._pool, self._num_cached)
+        self._pool.maybe_compact()
 
     def evict(self, num_blocks: int) -> int:
         check_count(num_blocks, "num_blocks", minimum=0)
         evicted = self._evict(num_blocks)
-        self._leaves.maybe_compact(self._pool, self._num_cached)
+        self._pool.maybe_compact()
         return evicted
 
     def reset(self, *, preserve_cache: bool) -> None:
@@ -1031,18 +911,9 @@ class PrefixCacheManager:
                 f"full reset refused: {len(self._seqs)} sequences are live; "
                 "free them or use reset(preserve_cache=True)"
             )
-        pool = self._pool
-        for b in self._index.blocks():
-            pool.clear_block(b)
-            pool.num_children[b] = 0
-            pool.anchored_children[b] = 0
-            pool.gen[b] += 1
+        self._pool.clear(self._index.blocks())
         self._index.clear()
-        self._leaves.clear()
         self._evicted.clear()
-        pool.released.clear()
-        pool.fresh_next = 0
-        self._num_cached = self._num_published = self._num_reclaimable = 0
         if self._record_events:
             self._events.append(AllBlocksCleared())
 
@@ -1101,4 +972,4 @@ class PrefixCacheManager:
 
     def eviction_order(self) -> list[int]:
         """Cached leaves in the order they would be evicted (for inspection)."""
-        return self._leaves.order(self._pool)
+        return self._pool.eviction_order()

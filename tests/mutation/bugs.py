@@ -79,13 +79,13 @@ BUGS: tuple[Bug, ...] = (
         "leaf check dropped: a cached parent is evicted while its children stay published",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """            if not children[b]:
-                self._leaves.push(pool, b)""",
-                """            self._leaves.push(pool, b)""",
+                self.leaves.push(self, b)""",
+                """            self.leaves.push(self, b)""",
             ),
             (
-                "cache.py",
+                "_pool.py",
                 """            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:""",
                 """            if version[b] != v or ref[b] or ptoks[b] is None:""",
             ),
@@ -145,9 +145,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+                """        supply = self._pool.supply - unanchored
         if need > supply:""",
-                """        supply = self._pool.num_free + self._num_reclaimable
+                """        supply = self._pool.supply
         if need > supply:""",
             ),
         ),
@@ -164,9 +164,9 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+                """        supply = self._pool.supply - unanchored
         if need > supply:""",
-                """        supply = self._pool.num_free + self._num_cached - unanchored
+                """        supply = self._pool.num_free + self._pool.num_cached - unanchored
         if need > supply:""",
             ),
         ),
@@ -215,7 +215,7 @@ BUGS: tuple[Bug, ...] = (
         "released blocks go to the front of the free queue (LIFO) instead of the back",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """            if ptoks[b] is None:
                 released.append(b)
                 continue""",
@@ -230,7 +230,7 @@ BUGS: tuple[Bug, ...] = (
         "a table is released head first, so parents age after their children",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """        freed = cached = unanchored = 0
         for b in reversed(blocks):""",
                 """        freed = cached = unanchored = 0
@@ -277,14 +277,14 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable
+                """        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
         seq.blocks.extend(new)
         seq.num_reserved = reserved""",
                 """        seq.num_reserved = reserved
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
@@ -323,7 +323,7 @@ BUGS: tuple[Bug, ...] = (
         "a block's last use is not refreshed when it is released, so hot prefixes age out",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """            last_use[b] = clock
             cached += 1""",
                 """            cached += 1""",
@@ -349,20 +349,18 @@ BUGS: tuple[Bug, ...] = (
         "a parent that becomes a leaf when its last child is evicted is never queued",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """                if not left and not ref[p]:
-                    v = version[p] + 1
-                    version[p] = v
-                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))""",
+                    self.leaves.push(self, p)""",
                 """                if not left and not ref[p]:
-                    version[p] += 1""",
+                    self.leaf_version[p] += 1""",
             ),
         ),
     ),
     Bug(
         "stale_canonical_after_reuse",
         "the remembered canonical twin is not invalidated when it is evicted and reused (ABA)",
-        (("cache.py", "            gen[b] += 1\n", ""),),
+        (("_pool.py", "            gen[b] += 1\n", ""),),
     ),
     Bug(
         "prefill_stats_scheduled",
@@ -378,7 +376,7 @@ BUGS: tuple[Bug, ...] = (
     Bug(
         "reset_keeps_released",
         "a full reset restarts the fresh range but keeps the released queue (blocks twice free)",
-        (("cache.py", "        pool.released.clear()\n", ""),),
+        (("_pool.py", "        self.released.clear()\n", ""),),
     ),
     # -- multimodal spans, recompute windows, chunked prefill ------------------------------
     Bug(
@@ -538,8 +536,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        return need <= self._pool.num_free + self._num_reclaimable\n",
-                "        return need < self._pool.num_free + self._num_reclaimable\n",
+                "        return need <= self._pool.supply\n",
+                "        return need < self._pool.supply\n",
             ),
         ),
     ),
