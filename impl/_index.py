@@ -5,9 +5,8 @@ namespace, parent block, token ids and extra keys (INV-INDEX, INV-MATCH). With a
 published blocks share a bucket; lookups then scan the bucket, still returning only exact
 matches, so a colliding hash costs time, never correctness.
 
-NOTE: comparing the *parent block id* instead of the parent's whole identity is exact by
-induction: the parent was itself found by an exact lookup, and a published block's parent
-stays published (INV-ANCESTOR) and is never reused while the child exists.
+The comparison itself is the pool's (:meth:`BlockPool.has_identity`): it owns the stored
+identities.
 """
 
 from __future__ import annotations
@@ -46,24 +45,19 @@ class HashIndex:
         pool: BlockPool,
         key: int,
         parent: int,
-        tokens: tuple[int, ...],
+        tokens: bytes,
         namespace: bytes,
         extra: tuple[tuple[int, bytes], ...],
     ) -> int:
-        """The published block with exactly this identity, or -1."""
+        """The published block with exactly this identity, or -1 (``tokens``: uint32 bytes)."""
         entry = self._buckets.get(key)
         if entry is None:
             return -1
         candidates = (entry,) if type(entry) is int else entry
         assert isinstance(candidates, (tuple, list))
-        ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
+        has_identity = pool.has_identity
         for b in candidates:
-            if (
-                ptoks[b] == tokens
-                and pparent[b] == parent
-                and pns[b] == namespace
-                and pextra[b] == extra
-            ):
+            if has_identity(b, tokens, parent, namespace, extra):
                 return b
         return -1
 

@@ -7,12 +7,18 @@ exact (see :mod:`prefixkv.impl.cache`). It knows nothing about requests, hashes 
 index: the manager tells it which block to publish under which identity and which leaves
 it evicted from the index.
 
-NOTE: metadata lives in parallel Python lists indexed by block id rather than in one object
-per block, and the hot loops bind the lists they need to locals. The lists grow only as far
-as blocks are first handed out: a million-block pool that a workload touches a thousand
-blocks of costs a thousand entries. That matters beyond memory: the cyclic garbage collector
-traverses every list element, and pre-sized lists made its first passes cost a few
-milliseconds per million blocks, billed to whichever operation triggered them.
+NOTE: metadata lives in parallel machine-int arrays indexed by block id rather than in one
+object per block, and the hot loops bind the arrays they need to locals. A published block's
+token ids live in one flat byte buffer (``block_size`` native 32-bit ids per block, at
+``b * block_size * 4``), so verifying a hit compares one contiguous slice, and a cached block
+costs no Python object of its own: about 124 bytes of arrays at block size 16 (64 of them
+token ids), against ~900 when each block held a tuple of int objects. Only the namespace
+(a reference to a shared bytes key) and the multimodal extra keys (a sparse dict: text blocks
+have none) are Python references.
+
+The arrays grow only as far as blocks are first handed out: a million-block pool that a
+workload touches a thousand blocks of costs a thousand entries. The cyclic garbage collector
+does not traverse arrays at all.
 
 The free queue is FIFO (allocate from the front, release to the back), exactly as the spec's
 plain list. It is stored as a lazily materialized range of never-used ids followed by a deque
@@ -27,6 +33,7 @@ of released ids, so construction and full reset cost nothing per block:
 from __future__ import annotations
 
 import heapq
+import sys
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -38,15 +45,26 @@ __all__ = ["NO_PARENT", "BlockPool"]
 #: Parent id of a root block.
 NO_PARENT = -1
 
+#: Versions and generations are compared for equality only, and wrap within a 32-bit array.
+_WRAP = 0x7FFFFFFF
+
+# NOTE: the token buffer holds native 32-bit unsigned ids: array('I') on every platform
+# CPython supports (checked here rather than assumed).
+assert array("I").itemsize == 4, "array('I') must hold 32-bit token ids"
+_NATIVE = sys.byteorder
+
 
 class BlockPool:
     __slots__ = (
         "anchored_children",
         "block_hash",
+        "block_nbytes",
+        "block_size",
         "depth",
         "extra",
         "fresh_next",
         "gen",
+        "key",
         "last_use",
         "leaf_version",
         "leaves",
@@ -62,32 +80,40 @@ class BlockPool:
         "released",
         "serial",
         "tokens",
+        "wire_hashes",
     )
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> None:
         self.num_blocks = num_blocks
-        self.ref: list[int] = []
-        #: Stored identity of a published block; ``tokens[b] is None`` iff b is unpublished.
-        self.tokens: list[tuple[int, ...] | None] = []
+        self.block_size = block_size
+        self.block_nbytes = 4 * block_size
+        #: Holds on each block (INV-REF).
+        self.ref: array[int] = array("i")
+        #: Token ids of published blocks, ``block_nbytes`` per block (native uint32).
+        self.tokens = bytearray()
+        #: A published block's depth (>= 1); 0 iff the block is unpublished.
+        self.depth: array[int] = array("i")
         self.namespace: list[bytes | None] = []
-        #: Extra keys (multimodal) of a published block's identity; () for text.
-        self.extra: list[tuple[tuple[int, bytes], ...]] = []
-        self.parent: list[int] = []
-        self.block_hash: list[int] = []
-        self.depth: list[int] = []
-        self.last_use: list[int] = []
+        #: Extra keys (multimodal) of published blocks that have any; text blocks are absent.
+        self.extra: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        self.parent: array[int] = array("i")
+        #: The index key a published block is filed under.
+        self.key: array[int] = array("q")
+        #: The identity hash (the events' ``block_hash``) of a published block; kept only
+        #: when ``wire_hashes`` (the manager records events or indexes by that hash).
+        self.block_hash: array[int] = array("q")
+        self.wire_hashes = wire_hashes
+        self.last_use: array[int] = array("q")
         #: Published children of a published block (a leaf has none).
-        self.num_children: list[int] = []
+        self.num_children: array[int] = array("i")
         #: Published children that are *anchored*: held by a sequence, or with an anchored
         #: child. See ``PrefixCacheManager`` for why this makes ``can_admit`` exact.
-        self.anchored_children: list[int] = []
+        self.anchored_children: array[int] = array("i")
         #: Bumped whenever b enters the leaf set; stale heap entries carry an older version.
-        self.leaf_version: list[int] = []
+        self.leaf_version: array[int] = array("i")
         #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
-        self.gen: list[int] = []
+        self.gen: array[int] = array("i")
         #: The exact name of a published block's identity (see the manager's eviction record).
-        #: NOTE: a machine-int array: serials grow past the small-int cache, and a list
-        #: would hold one 28-byte int object per block.
         self.serial: array[int] = array("q")
         self.fresh_next = 0
         self.released: deque[int] = deque()
@@ -104,25 +130,58 @@ class BlockPool:
         size = len(self.ref)
         target = min(self.num_blocks, max(upto, 2 * size, 1024))
         extra = target - size
-        for zeros in (
+        four = bytes(4 * extra)  # zeros, without a temporary list
+        for small in (
             self.ref,
-            self.block_hash,
             self.depth,
-            self.last_use,
             self.num_children,
             self.anchored_children,
             self.leaf_version,
             self.gen,
         ):
-            zeros.extend([0] * extra)
-        self.serial.frombytes(bytes(8 * extra))  # zeros, without a temporary list
-        self.parent.extend([NO_PARENT] * extra)
-        self.tokens.extend([None] * extra)
+            small.frombytes(four)
+        eight = bytes(8 * extra)
+        for wide in (self.key, self.last_use, self.serial):
+            wide.frombytes(eight)
+        if self.wire_hashes:
+            self.block_hash.frombytes(eight)
+        self.parent.extend(array("i", [NO_PARENT]) * extra)
         self.namespace.extend([None] * extra)
-        self.extra.extend([()] * extra)
+        self.tokens.extend(bytes(self.block_nbytes * extra))
 
     def is_published(self, b: int) -> bool:
-        return self.tokens[b] is not None
+        return self.depth[b] != 0
+
+    def block_tokens(self, b: int) -> bytes:
+        """The token ids of published block ``b``, as native uint32 bytes."""
+        start = b * self.block_nbytes
+        return bytes(self.tokens[start : start + self.block_nbytes])
+
+    def token_ids(self, b: int) -> tuple[int, ...]:
+        return tuple(array("I", self.block_tokens(b)))
+
+    def has_identity(
+        self,
+        b: int,
+        tokens: bytes,
+        parent: int,
+        namespace: bytes,
+        extra: tuple[tuple[int, bytes], ...],
+    ) -> bool:
+        """Whether published block ``b``'s identity is exactly this one (INV-INDEX).
+
+        NOTE: comparing the *parent block id* instead of the parent's whole identity is
+        exact by induction: the parent was itself found by an exact lookup, and a published
+        block's parent stays published (INV-ANCESTOR) and is never reused while the child
+        exists.
+        """
+        start = b * self.block_nbytes
+        return (
+            self.tokens[start : start + self.block_nbytes] == tokens
+            and self.parent[b] == parent
+            and self.namespace[b] == namespace
+            and self.extra.get(b, ()) == extra
+        )
 
     # -- free queue ------------------------------------------------------------------------
 
@@ -204,7 +263,7 @@ class BlockPool:
 
     def release(self, blocks: Sequence[int], clock: int) -> None:
         """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
-        ref, ptoks, parent = self.ref, self.tokens, self.parent
+        ref, depth, parent = self.ref, self.depth, self.parent
         anchored, children, last_use = self.anchored_children, self.num_children, self.last_use
         released = self.released
         freed = cached = unanchored = 0
@@ -214,7 +273,7 @@ class BlockPool:
             if r:
                 continue
             freed += 1
-            if ptoks[b] is None:
+            if not depth[b]:
                 released.append(b)
                 continue
             last_use[b] = clock
@@ -240,20 +299,25 @@ class BlockPool:
     def publish(
         self,
         b: int,
-        tokens: tuple[int, ...],
+        tokens: bytes,
         namespace: bytes,
         extra: tuple[tuple[int, bytes], ...],
         parent: int,
+        key: int,
         block_hash: int,
         depth: int,
         serial: int,
     ) -> None:
         """Store the identity of the held block ``b`` (its parent is published)."""
-        self.tokens[b] = tokens
+        start = b * self.block_nbytes
+        self.tokens[start : start + self.block_nbytes] = tokens
         self.namespace[b] = namespace
-        self.extra[b] = extra
+        if extra:
+            self.extra[b] = extra
         self.parent[b] = parent
-        self.block_hash[b] = block_hash
+        self.key[b] = key
+        if self.wire_hashes:
+            self.block_hash[b] = block_hash
         self.depth[b] = depth
         self.serial[b] = serial
         self.num_published += 1
@@ -274,13 +338,13 @@ class BlockPool:
         call. The caller unindexes the victims, then hands them to :meth:`forget`.
         """
         heap = self.leaves.heap
-        version, ref, children, ptoks = self.leaf_version, self.ref, self.num_children, self.tokens
+        version, ref, children, depth = self.leaf_version, self.ref, self.num_children, self.depth
         parent = self.parent
         pop = heapq.heappop
         victims: list[int] = []
         while len(victims) < count and heap:
             _, _, b, v = pop(heap)
-            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:
+            if version[b] != v or ref[b] or children[b] or not depth[b]:
                 continue  # stale entry: b stopped being a leaf since it was queued
             victims.append(b)
             p = parent[b]
@@ -296,7 +360,7 @@ class BlockPool:
         gen, released = self.gen, self.released
         for b in victims:
             self.clear_block(b)
-            gen[b] += 1
+            gen[b] = (gen[b] + 1) & _WRAP
             released.append(b)
         n = len(victims)
         self.num_cached -= n
@@ -304,12 +368,13 @@ class BlockPool:
         self.num_reclaimable -= n
 
     def clear_block(self, b: int) -> None:
-        """Forget a block's identity (it is being evicted or was private)."""
-        self.tokens[b] = None
+        """Forget a block's identity (it is being evicted or was private).
+
+        The token bytes stay behind: nothing reads them while the depth says unpublished.
+        """
         self.namespace[b] = None
-        self.extra[b] = ()
+        self.extra.pop(b, None)
         self.parent[b] = NO_PARENT
-        self.block_hash[b] = 0
         self.depth[b] = 0
         self.last_use[b] = 0
 
@@ -319,7 +384,7 @@ class BlockPool:
             self.clear_block(b)
             self.num_children[b] = 0
             self.anchored_children[b] = 0
-            self.gen[b] += 1
+            self.gen[b] = (self.gen[b] + 1) & _WRAP
         self.leaves.clear()
         self.released.clear()
         self.fresh_next = 0

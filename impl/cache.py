@@ -34,6 +34,7 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -66,8 +67,9 @@ __all__ = ["PrefixCacheManager"]
 
 _MISSING = -2
 
-#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly.
-_EvictedKey = tuple[int, bytes | None, tuple[int, ...] | None, tuple[tuple[int, bytes], ...]]
+#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly
+#: (the token ids as the pool stores them: native uint32 bytes).
+_EvictedKey = tuple[int, bytes | None, bytes, tuple[tuple[int, bytes], ...]]
 
 
 class Walk(NamedTuple):
@@ -128,7 +130,8 @@ class PrefixCacheManager:
         self._hasher = hasher
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         self._record_events = bool(record_events)
-        self._pool = BlockPool(self._num_blocks)
+        # NOTE: the index key is the identity hash here, so the pool keeps no second copy.
+        self._pool = BlockPool(self._num_blocks, self._block_size, wire_hashes=False)
         self._index = HashIndex()
         #: The pool's eviction order (the machines tune its compaction slack).
         self._leaves = self._pool.leaves
@@ -211,6 +214,8 @@ class PrefixCacheManager:
         pool = self._pool
         ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
+        nb = pool.block_nbytes
+        buf = array("I", tokens).tobytes()
         get_one = self._index.get_one
         hasher = None if self._inline_hash else self._hasher
         blocks: list[int] = []
@@ -230,12 +235,14 @@ class PrefixCacheManager:
             entry = get_one(h)
             if entry is None:
                 break
+            mine = buf[j * nb : (j + 1) * nb]
             if type(entry) is int:
                 b = entry
-                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:
+                o = b * nb
+                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns or b in pextra:
                     break
             else:
-                b = self._index.find(pool, h, parent, tup, ns, ())
+                b = self._index.find(pool, h, parent, mine, ns, ())
                 if b < 0:
                     break
             if j >= cap:
@@ -271,7 +278,7 @@ class PrefixCacheManager:
             tup = tokens[j * bs : (j + 1) * bs]
             extras = block_extra_keys(spans, j * bs, bs)
             h = self._hasher(h, ns, tup, extras)
-            b = self._index.find(pool, h, parent, tup, ns, extras)
+            b = self._index.find(pool, h, parent, array("I", tup).tobytes(), ns, extras)
             if b < 0:
                 break
             if j >= cap:
@@ -295,7 +302,8 @@ class PrefixCacheManager:
         run = 0
         for j in range(len(blocks), stop):
             start = j * bs
-            key = (serial, ns, tokens[start : start + bs], block_extra_keys(spans, start, bs))
+            mine = array("I", tokens[start : start + bs]).tobytes()
+            key = (serial, ns, mine, block_extra_keys(spans, start, bs))
             found = remembered.get(key)
             if found is None:
                 break
@@ -371,16 +379,15 @@ class PrefixCacheManager:
         victims = pool.pop_leaves(count)
         if not victims:
             return 0
-        ptoks, pns, pextra, parent = pool.tokens, pool.namespace, pool.extra, pool.parent
-        block_hash, serial = pool.block_hash, pool.serial
+        pns, pextra, parent = pool.namespace, pool.extra, pool.parent
+        keys, serial = pool.key, pool.serial
         index_remove = self._index.remove
         events = self._events if self._record_events else None
         remembered, forget_at = self._evicted, self._num_blocks
         for b in victims:
-            h = block_hash[b]
-            index_remove(h, b)
+            index_remove(keys[b], b)
             p = parent[b]
-            key = (serial[p] if p >= 0 else 0, pns[b], ptoks[b], pextra[b])
+            key = (serial[p] if p >= 0 else 0, pns[b], pool.block_tokens(b), pextra.get(b, ()))
             if key in remembered:
                 remembered.move_to_end(key)
             else:
@@ -388,7 +395,7 @@ class PrefixCacheManager:
                 if len(remembered) > forget_at:
                     remembered.popitem(last=False)
             if events is not None:
-                events.append(BlockRemoved((h,)))
+                events.append(BlockRemoved((keys[b],)))
         pool.forget(victims)
         hook = self._evict_hook
         if hook is not None:
@@ -777,12 +784,12 @@ class PrefixCacheManager:
         p = NO_PARENT
         for k in range(i + 1):
             b = blocks[k]
-            if pool.tokens[b] is not None:
+            if pool.depth[b]:
                 p = b
                 continue
-            tup = tuple(tokens[k * bs : (k + 1) * bs])
+            mine = array("I", tokens[k * bs : (k + 1) * bs]).tobytes()
             extras = block_extra_keys(seq.spans, k * bs, bs) if seq.spans else ()
-            p = self._index.find(pool, seq.hashes[k], p, tup, ns, extras)
+            p = self._index.find(pool, seq.hashes[k], p, mine, ns, extras)
             if p < 0:
                 return _MISSING
         seq.canon_j, seq.canon_block, seq.canon_gen = i, p, pool.gen[p]
@@ -811,7 +818,7 @@ class PrefixCacheManager:
         remembered = self._evicted
         hasher = None if self._inline_hash else self._hasher
         nsd = seq.ns_digest
-        ptoks = pool.tokens
+        pdepth = pool.depth
         published = 0
         spans = seq.spans
         extras: tuple[tuple[int, bytes], ...] = ()
@@ -831,12 +838,13 @@ class PrefixCacheManager:
                 p = NO_PARENT
             else:
                 p = blocks[j - 1]
-                if ptoks[p] is None:
+                if not pdepth[p]:
                     p = self._canonical(seq, j - 1)
                     if p == _MISSING:
                         continue
+            mine = array("I", tup).tobytes()
             if get_one(h) is not None:
-                twin = index.find(pool, h, p, tup, ns, extras)
+                twin = index.find(pool, h, p, mine, ns, extras)
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     continue
@@ -844,11 +852,11 @@ class PrefixCacheManager:
             index.insert(h, b)
             serial = None
             if remembered:  # a remembered identity keeps its name (see __init__)
-                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, tup, extras))
+                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, mine, extras))
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1
-            pool.publish(b, tup, ns, extras, p, h, j + 1, serial)
+            pool.publish(b, mine, ns, extras, p, h, h, j + 1, serial)
             published += 1
             if self._record_events:
                 self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
@@ -924,8 +932,7 @@ class PrefixCacheManager:
         views = []
         materialized = len(pool.ref)
         for b in range(self._num_blocks):
-            tup = pool.tokens[b] if b < materialized else None
-            if tup is None:
+            if b >= materialized or not pool.depth[b]:
                 views.append(BlockView(b, pool.ref[b] if b < materialized else 0, False))
                 continue
             p = pool.parent[b]
@@ -936,9 +943,9 @@ class PrefixCacheManager:
                     published=True,
                     namespace=pool.namespace[b],
                     parent=None if p == NO_PARENT else p,
-                    token_ids=tup,
-                    extra_keys=pool.extra[b],
-                    block_hash=pool.block_hash[b],
+                    token_ids=pool.token_ids(b),
+                    extra_keys=pool.extra.get(b, ()),
+                    block_hash=pool.key[b],
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )

@@ -30,7 +30,8 @@ class Bug:
 
 #: The exact check of a single-entry index hit in ``impl/cache.py``'s lookup.
 _VERIFY_HIT = (
-    "                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:"
+    "                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns"
+    " or b in pextra:"
 )
 
 BUGS: tuple[Bug, ...] = (
@@ -56,7 +57,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            index_remove(h, b)\n",
+                "            index_remove(keys[b], b)\n",
                 "",
             ),
         ),
@@ -86,8 +87,8 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "_pool.py",
-                """            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:""",
-                """            if version[b] != v or ref[b] or ptoks[b] is None:""",
+                """            if version[b] != v or ref[b] or children[b] or not depth[b]:""",
+                """            if version[b] != v or ref[b] or not depth[b]:""",
             ),
         ),
     ),
@@ -98,7 +99,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 _VERIFY_HIT + "\n                    break",
-                """                if ptoks[b] is None:
+                """                if not pool.depth[b]:
                     break""",
             ),
         ),
@@ -110,15 +111,15 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 _VERIFY_HIT,
-                """                if ptoks[b] != tup or pns[b] != ns or pextra[b]:""",
+                """                if ptoks[o : o + nb] != mine or pns[b] != ns or b in pextra:""",
             ),
             (
-                "_index.py",
-                """                ptoks[b] == tokens
-                and pparent[b] == parent
-                and pns[b] == namespace""",
-                """                ptoks[b] == tokens
-                and pns[b] == namespace""",
+                "_pool.py",
+                """            self.tokens[start : start + self.block_nbytes] == tokens
+            and self.parent[b] == parent
+""",
+                """            self.tokens[start : start + self.block_nbytes] == tokens
+""",
             ),
         ),
     ),
@@ -216,10 +217,10 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "_pool.py",
-                """            if ptoks[b] is None:
+                """            if not depth[b]:
                 released.append(b)
                 continue""",
-                """            if ptoks[b] is None:
+                """            if not depth[b]:
                 released.appendleft(b)
                 continue""",
             ),
@@ -360,7 +361,7 @@ BUGS: tuple[Bug, ...] = (
     Bug(
         "stale_canonical_after_reuse",
         "the remembered canonical twin is not invalidated when it is evicted and reused (ABA)",
-        (("_pool.py", "            gen[b] += 1\n", ""),),
+        (("_pool.py", "            gen[b] = (gen[b] + 1) & _WRAP\n", ""),),
     ),
     Bug(
         "prefill_stats_scheduled",
@@ -383,13 +384,13 @@ BUGS: tuple[Bug, ...] = (
         "extras_not_verified",
         "a hit is verified on tokens and parent but not the multimodal extra keys: two images "
         "with the same placeholder tokens share KV after a hash collision",
-        (("_index.py", "                and pextra[b] == extra\n", ""),),
+        (("_pool.py", "            and self.extra.get(b, ()) == extra\n", ""),),
     ),
     Bug(
         "text_hits_multimodal_block",
         "a text-only lookup accepts a block that carries extra keys: placeholder token ids "
         "typed as text hit an image's KV",
-        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or pextra[b]", "")),),
+        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or b in pextra", "")),),
     ),
     Bug(
         "match_ends_inside_span",
@@ -513,7 +514,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 "            if events is not None:\n"
-                "                events.append(BlockRemoved((h,)))\n",
+                "                events.append(BlockRemoved((keys[b],)))\n",
                 "",
             ),
         ),
