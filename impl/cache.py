@@ -34,6 +34,7 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
+import os
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -130,17 +131,26 @@ class PrefixCacheManager:
         self._hasher = hasher
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         self._record_events = bool(record_events)
-        # NOTE: the index key is the identity hash here, so the pool keeps no second copy.
-        self._pool = BlockPool(self._num_blocks, self._block_size, wire_hashes=False)
+        # NOTE: with the default hasher the index files blocks under a *keyed* chain hash,
+        # not under the identity hash. fast_hash is deterministic (KV events from two workers
+        # must agree) and CPython's tuple hash is invertible, so a client who knows the code
+        # could craft thousands of blocks into one bucket and make every lookup linear. The
+        # keyed hash (SipHash of each block's token bytes, salted per process by Python and
+        # per manager here) cannot be steered. The identity hash is still what events and
+        # snapshots carry: kept per block while events are recorded, otherwise derived on
+        # demand by :meth:`snapshot`. Any other hasher (sha256, and the weak ones tests use
+        # to force collisions) is the index key itself.
+        self._keyed = hasher is fast_hash
+        self._salt = int.from_bytes(os.urandom(8), "little")
+        self._pool = BlockPool(
+            self._num_blocks, self._block_size, wire_hashes=self._keyed and self._record_events
+        )
         self._index = HashIndex()
         #: The pool's eviction order (the machines tune its compaction slack).
         self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
-        self._ns_keys: dict[Namespace, tuple[bytes, int]] = {}
-        # NOTE: with the default hash, the chain hash is computed inline (same value as
-        # fast_hash, without two function calls per block): the per-block budget is ~1 us.
-        self._inline_hash = hasher is fast_hash
+        self._ns_keys: dict[Namespace, tuple[bytes, int, int]] = {}
         self._clock = 0
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
@@ -173,8 +183,9 @@ class PrefixCacheManager:
 
     # -- lookups ---------------------------------------------------------------------------
 
-    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int]:
-        """The namespace's identity key, and its digest for the inline fast hash."""
+    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int, int]:
+        """The namespace's identity key, its digest (for the inline fast hash) and the seed
+        of its keyed index chain."""
         entry = self._ns_keys.get(namespace)
         if entry is None:
             # NOTE: a server that isolates every user by salt sees unboundedly many
@@ -183,7 +194,8 @@ class PrefixCacheManager:
             if len(self._ns_keys) >= NS_DIGEST_CACHE_SIZE:
                 self._ns_keys.clear()
             key = namespace.key()
-            entry = self._ns_keys[namespace] = (key, ns_digest(key))
+            digest = ns_digest(key)
+            entry = self._ns_keys[namespace] = (key, digest, hash((self._salt, digest)))
         return entry
 
     def _seq(self, seq_id: object) -> SeqState:
@@ -206,7 +218,7 @@ class PrefixCacheManager:
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         if req.spans:
             return self._lookup_spans(req)
-        ns, nsd = self._ns_key(req.namespace)
+        ns, _, seed = self._ns_key(req.namespace)
         tokens = req.token_ids
         bs = self._block_size
         n = len(tokens)
@@ -215,27 +227,26 @@ class PrefixCacheManager:
         ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
         nb = pool.block_nbytes
+        # The prompt's token ids as one native uint32 buffer: each block is then one slice,
+        # hashed (keyed) and compared with the stored block in C.
         buf = array("I", tokens).tobytes()
         get_one = self._index.get_one
-        hasher = None if self._inline_hash else self._hasher
+        hasher = None if self._keyed else self._hasher
         blocks: list[int] = []
         hashes: list[int] = []
         add_block, add_hash = blocks.append, hashes.append
         parent = NO_PARENT
-        h: int | None = None
+        h: int | None = seed if hasher is None else None
         first_unanchored = -1
         for j in range(n // bs):
-            tup = tokens[j * bs : (j + 1) * bs]
-            if hasher is not None:
-                h = hasher(h, ns, tup, ())
-            elif j:
-                h = hash((h, nsd, tup, 0))
+            mine = buf[j * nb : (j + 1) * nb]
+            if hasher is None:
+                h = hash((h, hash(mine)))
             else:
-                h = hash((nsd, tup, 0))
+                h = hasher(h, ns, tokens[j * bs : (j + 1) * bs], ())
             entry = get_one(h)
             if entry is None:
                 break
-            mine = buf[j * nb : (j + 1) * nb]
             if type(entry) is int:
                 b = entry
                 o = b * nb
@@ -261,24 +272,46 @@ class PrefixCacheManager:
             blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
         )
 
+    def _index_key(
+        self,
+        parent_key: int | None,
+        ns: bytes,
+        tokens: Sequence[int],
+        mine: bytes,
+        extras: tuple[tuple[int, bytes], ...],
+    ) -> int:
+        """The index key of a block: keyed (see ``__init__``) or the hasher's hash.
+
+        ``parent_key`` is the parent's key, or None for a root block; ``mine`` is the
+        block's token ids as native uint32 bytes, ``tokens`` the same ids as ints.
+        """
+        if not self._keyed:
+            return self._hasher(parent_key, ns, tuple(tokens), extras)
+        assert parent_key is not None  # a root block chains from its namespace's seed
+        if extras:
+            return hash((parent_key, hash(mine), extras))
+        return hash((parent_key, hash(mine)))
+
     def _lookup_spans(self, req: Request) -> Walk:
         """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
-        ns, _ = self._ns_key(req.namespace)
+        ns, _, seed = self._ns_key(req.namespace)
         tokens, spans = req.token_ids, req.spans
         bs, n = self._block_size, len(tokens)
         cap = (n - 1) // bs
         pool = self._pool
+        nb = pool.block_nbytes
+        buf = array("I", tokens).tobytes()
         blocks: list[int] = []
         hashes: list[int] = []
         parent = NO_PARENT
-        h: int | None = None
+        h: int | None = seed if self._keyed else None
         first_unanchored = -1
         capped = False
         for j in range(n // bs):
-            tup = tokens[j * bs : (j + 1) * bs]
+            mine = buf[j * nb : (j + 1) * nb]
             extras = block_extra_keys(spans, j * bs, bs)
-            h = self._hasher(h, ns, tup, extras)
-            b = self._index.find(pool, h, parent, array("I", tup).tobytes(), ns, extras)
+            h = self._index_key(h, ns, tokens[j * bs : (j + 1) * bs], mine, extras)
+            b = self._index.find(pool, h, parent, mine, ns, extras)
             if b < 0:
                 break
             if j >= cap:
@@ -295,7 +328,7 @@ class PrefixCacheManager:
 
     def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
         """How many blocks right after the matched ones were evicted (by identity)."""
-        ns, _ = self._ns_key(req.namespace)
+        ns, _, _ = self._ns_key(req.namespace)
         tokens, spans, bs = req.token_ids, req.spans, self._block_size
         serial = self._pool.serial[blocks[-1]] if blocks else 0
         remembered = self._evicted
@@ -381,6 +414,7 @@ class PrefixCacheManager:
             return 0
         pns, pextra, parent = pool.namespace, pool.extra, pool.parent
         keys, serial = pool.key, pool.serial
+        wire = pool.block_hash if pool.wire_hashes else pool.key
         index_remove = self._index.remove
         events = self._events if self._record_events else None
         remembered, forget_at = self._evicted, self._num_blocks
@@ -395,7 +429,7 @@ class PrefixCacheManager:
                 if len(remembered) > forget_at:
                     remembered.popitem(last=False)
             if events is not None:
-                events.append(BlockRemoved((keys[b],)))
+                events.append(BlockRemoved((wire[b],)))
         pool.forget(victims)
         hook = self._evict_hook
         if hook is not None:
@@ -462,15 +496,18 @@ class PrefixCacheManager:
         num_matched = len(blocks)
         blocks.extend(new)
         tokens = req.token_ids
-        ns, nsd = self._ns_key(req.namespace)
+        ns, nsd, seed = self._ns_key(req.namespace)
+        pool = self._pool
         self._seqs[req.seq_id] = SeqState(
             seq_id=req.seq_id,
             namespace=ns,
             ns_digest=nsd,
+            seed=seed,
             adapter=req.namespace.adapter,
-            tokens=list(tokens),
+            tokens=array("I", tokens),
             blocks=blocks,
             hashes=hashes,
+            wire=[pool.block_hash[b] for b in blocks[:num_matched]] if pool.wire_hashes else [],
             num_computed=cached,
             num_reserved=end,
             num_cached=cached,
@@ -787,7 +824,7 @@ class PrefixCacheManager:
             if pool.depth[b]:
                 p = b
                 continue
-            mine = array("I", tokens[k * bs : (k + 1) * bs]).tobytes()
+            mine = tokens[k * bs : (k + 1) * bs].tobytes()
             extras = block_extra_keys(seq.spans, k * bs, bs) if seq.spans else ()
             p = self._index.find(pool, seq.hashes[k], p, mine, ns, extras)
             if p < 0:
@@ -816,24 +853,42 @@ class PrefixCacheManager:
         pool, index = self._pool, self._index
         get_one = index.get_one
         remembered = self._evicted
-        hasher = None if self._inline_hash else self._hasher
+        keyed, events = self._keyed, self._record_events
+        hasher = self._hasher
+        wire = seq.wire if pool.wire_hashes else None
         nsd = seq.ns_digest
         pdepth = pool.depth
         published = 0
         spans = seq.spans
         extras: tuple[tuple[int, bytes], ...] = ()
         for j in range(first, stop):
-            tup = tuple(tokens[j * bs : (j + 1) * bs])
-            parent_hash = hashes[j - 1] if j else None
+            mine = tokens[j * bs : (j + 1) * bs].tobytes()
             if spans:
                 extras = block_extra_keys(spans, j * bs, bs)
-            if hasher is not None or extras:
-                h = self._hasher(parent_hash, ns, tup, extras)
-            elif j:
-                h = hash((parent_hash, nsd, tup, 0))
+            tup: tuple[int, ...] | None = None
+            if keyed:
+                parent_key = hashes[j - 1] if j else seq.seed
+                if extras:
+                    h = hash((parent_key, hash(mine), extras))
+                else:
+                    h = hash((parent_key, hash(mine)))
             else:
-                h = hash((nsd, tup, 0))
+                tup = tuple(tokens[j * bs : (j + 1) * bs])
+                h = hasher(hashes[j - 1] if j else None, ns, tup, extras)
             hashes.append(h)
+            # The identity hash (the events' block hash): the key itself unless keyed.
+            w = h
+            parent_w = hashes[j - 1] if j else None
+            if wire is not None:
+                tup = tuple(tokens[j * bs : (j + 1) * bs])
+                parent_w = wire[j - 1] if j else None
+                if extras:
+                    w = hasher(parent_w, ns, tup, extras)
+                elif j:
+                    w = hash((parent_w, nsd, tup, 0))  # fast_hash, inlined
+                else:
+                    w = hash((nsd, tup, 0))
+                wire.append(w)
             if j == 0:
                 p = NO_PARENT
             else:
@@ -842,7 +897,6 @@ class PrefixCacheManager:
                     p = self._canonical(seq, j - 1)
                     if p == _MISSING:
                         continue
-            mine = array("I", tup).tobytes()
             if get_one(h) is not None:
                 twin = index.find(pool, h, p, mine, ns, extras)
                 if twin >= 0:
@@ -856,10 +910,12 @@ class PrefixCacheManager:
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1
-            pool.publish(b, mine, ns, extras, p, h, h, j + 1, serial)
+            pool.publish(b, mine, ns, extras, p, h, w, j + 1, serial)
             published += 1
-            if self._record_events:
-                self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
+            if events:
+                if tup is None:
+                    tup = tuple(tokens[j * bs : (j + 1) * bs])
+                self._events.append(stored_event(w, parent_w, tup, bs, ns, extras))
         self._counters.blocks_published += published
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
@@ -927,10 +983,29 @@ class PrefixCacheManager:
 
     # -- inspection ------------------------------------------------------------------------
 
+    def _identity_hashes(self) -> dict[int, int]:
+        """The identity hash of every published block (what the spec indexes by)."""
+        pool = self._pool
+        published = self._index.blocks()
+        if pool.wire_hashes:
+            return {b: pool.block_hash[b] for b in published}
+        if not self._keyed:
+            return {b: pool.key[b] for b in published}
+        # Derived root first: a parent's depth is one less than its child's.
+        out: dict[int, int] = {}
+        for b in sorted(published, key=pool.depth.__getitem__):
+            p = pool.parent[b]
+            parent_hash = None if p == NO_PARENT else out[p]
+            ns = pool.namespace[b]
+            assert ns is not None
+            out[b] = self._hasher(parent_hash, ns, pool.token_ids(b), pool.extra.get(b, ()))
+        return out
+
     def snapshot(self) -> CacheState:
         pool = self._pool
         views = []
         materialized = len(pool.ref)
+        identity_hash = self._identity_hashes()
         for b in range(self._num_blocks):
             if b >= materialized or not pool.depth[b]:
                 views.append(BlockView(b, pool.ref[b] if b < materialized else 0, False))
@@ -945,7 +1020,7 @@ class PrefixCacheManager:
                     parent=None if p == NO_PARENT else p,
                     token_ids=pool.token_ids(b),
                     extra_keys=pool.extra.get(b, ()),
-                    block_hash=pool.key[b],
+                    block_hash=identity_hash[b],
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )
@@ -971,7 +1046,7 @@ class PrefixCacheManager:
             block_size=self._block_size,
             blocks=tuple(views),
             free_queue=pool.free_queue(),
-            index=tuple(sorted(self._index.entries())),
+            index=tuple(sorted((h, b) for b, h in identity_hash.items())),
             sequences=seqs,
             stats=self.stats(),
             pending_events=tuple(self._events),

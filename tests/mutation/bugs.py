@@ -134,8 +134,8 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "cache.py",
-                """            entry = self._ns_keys[namespace] = (key, ns_digest(key))""",
-                """            entry = self._ns_keys[namespace.model] = (key, ns_digest(key))""",
+                "            entry = self._ns_keys[namespace] = (",
+                "            entry = self._ns_keys[namespace.model] = (",
             ),
         ),
     ),
@@ -502,8 +502,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "stored_event(h, parent_hash, tup, bs, ns, extras)",
-                "stored_event(h, None, tup, bs, ns, extras)",
+                "stored_event(w, parent_w, tup, bs, ns, extras)",
+                "stored_event(w, None, tup, bs, ns, extras)",
             ),
         ),
     ),
@@ -514,7 +514,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 "            if events is not None:\n"
-                "                events.append(BlockRemoved((keys[b],)))\n",
+                "                events.append(BlockRemoved((wire[b],)))\n",
                 "",
             ),
         ),
