@@ -4,13 +4,23 @@ Same public contract and the same observable behaviour as
 :class:`prefixkv.spec.cache.SpecCache`, step for step (the differential state machines hold
 it to that), at O(1) or O(blocks touched) per operation, independent of the pool size.
 
+The parts, in the shape of vLLM v1's ``block_pool`` / ``kv_cache_manager`` split, each owning
+its own fields (a test checks that no impl module reaches into another's private ones):
+
+* :mod:`._pool` (``BlockPool``): per-block metadata in flat arrays and one token buffer,
+  refcounts, the free queue (a lazy range plus a deque: construction and a full reset touch
+  no block that was never published), anchoring, pinning, release and the eviction order
+  (a heap of leaves with lazy deletion, :mod:`._leaves`).
+* :mod:`._index` (``HashIndex``): index key -> block, every candidate verified exactly.
+* this module: requests, the match walk, admission planning, publication, transactions,
+  events and statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+
 How it stays cheap without giving anything up:
 
-* The free queue is a lazy range plus a deque (:mod:`._pool`); construction and a full reset
-  touch no block that was never published.
-* The index is hashed with exact verification (:mod:`._index`); the chain hash of each
-  settled block is kept per sequence, so publishing a block hashes only that block.
-* Eviction order is a heap of leaves with lazy deletion (:mod:`._leaves`).
+* A prompt is converted once to a native uint32 buffer. Each block is one slice of it: the
+  slice is hashed (keyed, see ``__init__``) and compared with the stored block in one
+  contiguous comparison. The index key of each settled block is kept per sequence, so
+  publishing a block hashes only that block.
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
@@ -151,6 +161,7 @@ class PrefixCacheManager:
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
         self._ns_keys: dict[Namespace, tuple[bytes, int, int]] = {}
+        self._last_prompt: tuple[tuple[int, ...], bytes] | None = None
         self._clock = 0
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
@@ -198,6 +209,20 @@ class PrefixCacheManager:
             entry = self._ns_keys[namespace] = (key, digest, hash((self._salt, digest)))
         return entry
 
+    def _token_bytes(self, tokens: tuple[int, ...]) -> bytes:
+        """``tokens`` as native uint32 bytes, converted once per prompt.
+
+        NOTE: an admission looks the prompt up, then stores it, and the lost-reuse split
+        walks it too: the last conversion is memoized by the identity of the (immutable)
+        token tuple, so the ints are converted once, not three times.
+        """
+        last = self._last_prompt
+        if last is not None and last[0] is tokens:
+            return last[1]
+        buf = array("I", tokens).tobytes()
+        self._last_prompt = (tokens, buf)
+        return buf
+
     def _seq(self, seq_id: object) -> SeqState:
         if type(seq_id) is int or type(seq_id) is str:
             seq = self._seqs.get(seq_id)
@@ -229,7 +254,7 @@ class PrefixCacheManager:
         nb = pool.block_nbytes
         # The prompt's token ids as one native uint32 buffer: each block is then one slice,
         # hashed (keyed) and compared with the stored block in C.
-        buf = array("I", tokens).tobytes()
+        buf = self._token_bytes(tokens)
         get_one = self._index.get_one
         hasher = None if self._keyed else self._hasher
         blocks: list[int] = []
@@ -300,7 +325,7 @@ class PrefixCacheManager:
         cap = (n - 1) // bs
         pool = self._pool
         nb = pool.block_nbytes
-        buf = array("I", tokens).tobytes()
+        buf = self._token_bytes(tokens)
         blocks: list[int] = []
         hashes: list[int] = []
         parent = NO_PARENT
@@ -330,12 +355,13 @@ class PrefixCacheManager:
         """How many blocks right after the matched ones were evicted (by identity)."""
         ns, _, _ = self._ns_key(req.namespace)
         tokens, spans, bs = req.token_ids, req.spans, self._block_size
+        buf = self._token_bytes(tokens)
         serial = self._pool.serial[blocks[-1]] if blocks else 0
         remembered = self._evicted
         run = 0
         for j in range(len(blocks), stop):
             start = j * bs
-            mine = array("I", tokens[start : start + bs]).tobytes()
+            mine = buf[start * 4 : (start + bs) * 4]
             key = (serial, ns, mine, block_extra_keys(spans, start, bs))
             found = remembered.get(key)
             if found is None:
@@ -496,6 +522,8 @@ class PrefixCacheManager:
         num_matched = len(blocks)
         blocks.extend(new)
         tokens = req.token_ids
+        token_array = array("I")
+        token_array.frombytes(self._token_bytes(tokens))
         ns, nsd, seed = self._ns_key(req.namespace)
         pool = self._pool
         self._seqs[req.seq_id] = SeqState(
@@ -504,7 +532,7 @@ class PrefixCacheManager:
             ns_digest=nsd,
             seed=seed,
             adapter=req.namespace.adapter,
-            tokens=array("I", tokens),
+            tokens=token_array,
             blocks=blocks,
             hashes=hashes,
             wire=[pool.block_hash[b] for b in blocks[:num_matched]] if pool.wire_hashes else [],
