@@ -82,6 +82,13 @@ class HashIndex:
         if len(entry) == 1:
             self._buckets[key] = entry[0]
 
+    def largest_bucket(self) -> int:
+        """The most blocks filed under one key (0 when empty)."""
+        return max(
+            (1 if type(entry) is int else len(entry) for entry in self._buckets.values()),  # type: ignore[arg-type]
+            default=0,
+        )
+
     def clear(self) -> None:
         self._buckets.clear()
 

@@ -1080,6 +1080,11 @@ class PrefixCacheManager:
             pending_events=tuple(self._events),
         )
 
+    def largest_index_bucket(self) -> int:
+        """The most published blocks the index files under one key (for inspection: the
+        crafted-collision benchmark; 1 when nothing collides)."""
+        return self._index.largest_bucket()
+
     def eviction_order(self) -> list[int]:
         """Cached leaves in the order they would be evicted (for inspection)."""
         return self._pool.eviction_order()
