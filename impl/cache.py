@@ -4,20 +4,30 @@ Same public contract and the same observable behaviour as
 :class:`prefixkv.spec.cache.SpecCache`, step for step (the differential state machines hold
 it to that), at O(1) or O(blocks touched) per operation, independent of the pool size.
 
+The parts, in the shape of vLLM v1's ``block_pool`` / ``kv_cache_manager`` split, each owning
+its own fields (a test checks that no impl module reaches into another's private ones):
+
+* :mod:`._pool` (``BlockPool``): per-block metadata in flat arrays and one token buffer,
+  refcounts, the free queue (a lazy range plus a deque: construction and a full reset touch
+  no block that was never published), anchoring, pinning, release and the eviction order
+  (a heap of leaves with lazy deletion, :mod:`._leaves`).
+* :mod:`._index` (``HashIndex``): index key -> block, every candidate verified exactly.
+* this module: requests, the match walk, admission planning, publication, transactions,
+  events and statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+
 How it stays cheap without giving anything up:
 
-* The free queue is a lazy range plus a deque (:mod:`.pool`); construction and a full reset
-  touch no block that was never published.
-* The index is hashed with exact verification (:mod:`.index`); the chain hash of each
-  settled block is kept per sequence, so publishing a block hashes only that block.
-* Eviction order is a heap of leaves with lazy deletion (:mod:`.leaves`).
+* A prompt is converted once to a native uint32 buffer. Each block is one slice of it: the
+  slice is hashed (keyed, see ``__init__``) and compared with the stored block in one
+  contiguous comparison. The index key of each settled block is kept per sequence, so
+  publishing a block hashes only that block.
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
   children is anchored. An unanchored block has refcount 0 and so has its whole subtree, so
   leaf-by-leaf eviction can reclaim all of it; an anchored block can never be evicted while
   things stay as they are. The manager keeps ``anchored_children`` per block and the count
-  of unanchored published blocks (``_num_reclaimable``). Then
+  of unanchored published blocks (``BlockPool.num_reclaimable``). Then
 
       admit succeeds  <=>  new blocks needed <= free + reclaimable - (matched unanchored)
 
@@ -34,7 +44,8 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
-import heapq
+import os
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -58,18 +69,18 @@ from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
-from .index import HashIndex
-from .leaves import LeafHeap
-from .pool import NO_PARENT, BlockPool
-from .sequence import SeqState
-from .stats import Counters
+from ._index import HashIndex
+from ._pool import NO_PARENT, BlockPool
+from ._sequence import SeqState
+from ._stats import Counters
 
 __all__ = ["PrefixCacheManager"]
 
 _MISSING = -2
 
-#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly.
-_EvictedKey = tuple[int, bytes | None, tuple[int, ...] | None, tuple[tuple[int, bytes], ...]]
+#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly
+#: (the token ids as the pool stores them: native uint32 bytes).
+_EvictedKey = tuple[int, bytes | None, bytes, tuple[tuple[int, bytes], ...]]
 
 
 class Walk(NamedTuple):
@@ -130,21 +141,28 @@ class PrefixCacheManager:
         self._hasher = hasher
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         self._record_events = bool(record_events)
-        self._pool = BlockPool(self._num_blocks)
+        # NOTE: with the default hasher the index files blocks under a *keyed* chain hash,
+        # not under the identity hash. fast_hash is deterministic (KV events from two workers
+        # must agree) and CPython's tuple hash is invertible, so a client who knows the code
+        # could craft thousands of blocks into one bucket and make every lookup linear. The
+        # keyed hash (SipHash of each block's token bytes, salted per process by Python and
+        # per manager here) cannot be steered. The identity hash is still what events and
+        # snapshots carry: kept per block while events are recorded, otherwise derived on
+        # demand by :meth:`snapshot`. Any other hasher (sha256, and the weak ones tests use
+        # to force collisions) is the index key itself.
+        self._keyed = hasher is fast_hash
+        self._salt = int.from_bytes(os.urandom(8), "little")
+        self._pool = BlockPool(
+            self._num_blocks, self._block_size, wire_hashes=self._keyed and self._record_events
+        )
         self._index = HashIndex()
-        self._leaves = LeafHeap()
+        #: The pool's eviction order (the machines tune its compaction slack).
+        self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
-        self._ns_keys: dict[Namespace, tuple[bytes, int]] = {}
-        # NOTE: with the default hash, the chain hash is computed inline (same value as
-        # fast_hash, without two function calls per block): the per-block budget is ~1 us.
-        self._inline_hash = hasher is fast_hash
+        self._ns_keys: dict[Namespace, tuple[bytes, int, int]] = {}
+        self._last_prompt: tuple[tuple[int, ...], bytes] | None = None
         self._clock = 0
-        # occupancy
-        self._num_used = 0  # refcount > 0
-        self._num_cached = 0  # published, refcount 0
-        self._num_published = 0
-        self._num_reclaimable = 0  # published and unanchored
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
         self._evict_hook: Callable[[int], None] | None = None
@@ -176,8 +194,9 @@ class PrefixCacheManager:
 
     # -- lookups ---------------------------------------------------------------------------
 
-    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int]:
-        """The namespace's identity key, and its digest for the inline fast hash."""
+    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int, int]:
+        """The namespace's identity key, its digest (for the inline fast hash) and the seed
+        of its keyed index chain."""
         entry = self._ns_keys.get(namespace)
         if entry is None:
             # NOTE: a server that isolates every user by salt sees unboundedly many
@@ -186,8 +205,23 @@ class PrefixCacheManager:
             if len(self._ns_keys) >= NS_DIGEST_CACHE_SIZE:
                 self._ns_keys.clear()
             key = namespace.key()
-            entry = self._ns_keys[namespace] = (key, ns_digest(key))
+            digest = ns_digest(key)
+            entry = self._ns_keys[namespace] = (key, digest, hash((self._salt, digest)))
         return entry
+
+    def _token_bytes(self, tokens: tuple[int, ...]) -> bytes:
+        """``tokens`` as native uint32 bytes, converted once per prompt.
+
+        NOTE: an admission looks the prompt up, then stores it, and the lost-reuse split
+        walks it too: the last conversion is memoized by the identity of the (immutable)
+        token tuple, so the ints are converted once, not three times.
+        """
+        last = self._last_prompt
+        if last is not None and last[0] is tokens:
+            return last[1]
+        buf = array("I", tokens).tobytes()
+        self._last_prompt = (tokens, buf)
+        return buf
 
     def _seq(self, seq_id: object) -> SeqState:
         if type(seq_id) is int or type(seq_id) is str:
@@ -209,7 +243,7 @@ class PrefixCacheManager:
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         if req.spans:
             return self._lookup_spans(req)
-        ns, nsd = self._ns_key(req.namespace)
+        ns, _, seed = self._ns_key(req.namespace)
         tokens = req.token_ids
         bs = self._block_size
         n = len(tokens)
@@ -217,31 +251,34 @@ class PrefixCacheManager:
         pool = self._pool
         ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
+        nb = pool.block_nbytes
+        # The prompt's token ids as one native uint32 buffer: each block is then one slice,
+        # hashed (keyed) and compared with the stored block in C.
+        buf = self._token_bytes(tokens)
         get_one = self._index.get_one
-        hasher = None if self._inline_hash else self._hasher
+        hasher = None if self._keyed else self._hasher
         blocks: list[int] = []
         hashes: list[int] = []
         add_block, add_hash = blocks.append, hashes.append
         parent = NO_PARENT
-        h: int | None = None
+        h: int | None = seed if hasher is None else None
         first_unanchored = -1
         for j in range(n // bs):
-            tup = tokens[j * bs : (j + 1) * bs]
-            if hasher is not None:
-                h = hasher(h, ns, tup, ())
-            elif j:
-                h = hash((h, nsd, tup, 0))
+            mine = buf[j * nb : (j + 1) * nb]
+            if hasher is None:
+                h = hash((h, hash(mine)))
             else:
-                h = hash((nsd, tup, 0))
+                h = hasher(h, ns, tokens[j * bs : (j + 1) * bs], ())
             entry = get_one(h)
             if entry is None:
                 break
             if type(entry) is int:
                 b = entry
-                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:
+                o = b * nb
+                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns or b in pextra:
                     break
             else:
-                b = self._index.find(pool, h, parent, tup, ns, ())
+                b = self._index.find(pool, h, parent, mine, ns, ())
                 if b < 0:
                     break
             if j >= cap:
@@ -260,24 +297,46 @@ class PrefixCacheManager:
             blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
         )
 
+    def _index_key(
+        self,
+        parent_key: int | None,
+        ns: bytes,
+        tokens: Sequence[int],
+        mine: bytes,
+        extras: tuple[tuple[int, bytes], ...],
+    ) -> int:
+        """The index key of a block: keyed (see ``__init__``) or the hasher's hash.
+
+        ``parent_key`` is the parent's key, or None for a root block; ``mine`` is the
+        block's token ids as native uint32 bytes, ``tokens`` the same ids as ints.
+        """
+        if not self._keyed:
+            return self._hasher(parent_key, ns, tuple(tokens), extras)
+        assert parent_key is not None  # a root block chains from its namespace's seed
+        if extras:
+            return hash((parent_key, hash(mine), extras))
+        return hash((parent_key, hash(mine)))
+
     def _lookup_spans(self, req: Request) -> Walk:
         """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
-        ns, _ = self._ns_key(req.namespace)
+        ns, _, seed = self._ns_key(req.namespace)
         tokens, spans = req.token_ids, req.spans
         bs, n = self._block_size, len(tokens)
         cap = (n - 1) // bs
         pool = self._pool
+        nb = pool.block_nbytes
+        buf = self._token_bytes(tokens)
         blocks: list[int] = []
         hashes: list[int] = []
         parent = NO_PARENT
-        h: int | None = None
+        h: int | None = seed if self._keyed else None
         first_unanchored = -1
         capped = False
         for j in range(n // bs):
-            tup = tokens[j * bs : (j + 1) * bs]
+            mine = buf[j * nb : (j + 1) * nb]
             extras = block_extra_keys(spans, j * bs, bs)
-            h = self._hasher(h, ns, tup, extras)
-            b = self._index.find(pool, h, parent, tup, ns, extras)
+            h = self._index_key(h, ns, tokens[j * bs : (j + 1) * bs], mine, extras)
+            b = self._index.find(pool, h, parent, mine, ns, extras)
             if b < 0:
                 break
             if j >= cap:
@@ -294,14 +353,16 @@ class PrefixCacheManager:
 
     def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
         """How many blocks right after the matched ones were evicted (by identity)."""
-        ns, _ = self._ns_key(req.namespace)
+        ns, _, _ = self._ns_key(req.namespace)
         tokens, spans, bs = req.token_ids, req.spans, self._block_size
+        buf = self._token_bytes(tokens)
         serial = self._pool.serial[blocks[-1]] if blocks else 0
         remembered = self._evicted
         run = 0
         for j in range(len(blocks), stop):
             start = j * bs
-            key = (serial, ns, tokens[start : start + bs], block_extra_keys(spans, start, bs))
+            mine = buf[start * 4 : (start + bs) * 4]
+            key = (serial, ns, mine, block_extra_keys(spans, start, bs))
             found = remembered.get(key)
             if found is None:
                 break
@@ -353,9 +414,9 @@ class PrefixCacheManager:
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             num_free_blocks=self._pool.num_free,
-            num_cached_blocks=self._num_cached,
-            num_used_blocks=self._num_used,
-            num_published_blocks=self._num_published,
+            num_cached_blocks=self._pool.num_cached,
+            num_used_blocks=self._pool.num_used,
+            num_published_blocks=self._pool.num_published,
             num_sequences=len(self._seqs),
             **self._counters.as_dict(),
         )
@@ -369,74 +430,24 @@ class PrefixCacheManager:
         events, self._events = self._events, []
         return events
 
-    # -- anchoring -------------------------------------------------------------------------
-
-    def _anchor_up(self, p: int) -> None:
-        """A child of ``p`` became anchored; flip ancestors that become anchored."""
-        pool = self._pool
-        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
-        while p >= 0:
-            a = anchored[p]
-            anchored[p] = a + 1
-            if a or ref[p]:
-                return
-            self._num_reclaimable -= 1
-            p = parent[p]
-
-    def _unanchor_up(self, p: int) -> None:
-        """A child of ``p`` stopped being anchored; flip ancestors that lose their anchor."""
-        pool = self._pool
-        anchored, ref, parent = pool.anchored_children, pool.ref, pool.parent
-        while p >= 0:
-            a = anchored[p] - 1
-            anchored[p] = a
-            if a or ref[p]:
-                return
-            self._num_reclaimable += 1
-            p = parent[p]
-
     # -- eviction, allocation, release -----------------------------------------------------
 
     def _evict(self, count: int) -> int:
         """Evict up to ``count`` leaves in eviction order; returns how many were evicted."""
         pool = self._pool
-        heap = self._leaves.heap
-        version, ref, children, ptoks = (
-            pool.leaf_version,
-            pool.ref,
-            pool.num_children,
-            pool.tokens,
-        )
-        parent, block_hash, gen, released = pool.parent, pool.block_hash, pool.gen, pool.released
+        victims = pool.pop_leaves(count)
+        if not victims:
+            return 0
+        pns, pextra, parent = pool.namespace, pool.extra, pool.parent
+        keys, serial = pool.key, pool.serial
+        wire = pool.block_hash if pool.wire_hashes else pool.key
         index_remove = self._index.remove
         events = self._events if self._record_events else None
-        hook = self._evict_hook
         remembered, forget_at = self._evicted, self._num_blocks
-        serial = pool.serial
-        pop, push = heapq.heappop, heapq.heappush
-        evicted = 0
-        while evicted < count and heap:
-            _, _, b, v = pop(heap)
-            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:
-                continue  # stale entry: b stopped being a leaf since it was queued
-            h = block_hash[b]
-            index_remove(h, b)
+        for b in victims:
+            index_remove(keys[b], b)
             p = parent[b]
-            key = (serial[p] if p >= 0 else 0, pool.namespace[b], ptoks[b], pool.extra[b])
-            if p >= 0:
-                left = children[p] - 1
-                children[p] = left
-                if not left and not ref[p]:
-                    v = version[p] + 1
-                    version[p] = v
-                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))
-            ptoks[b] = None
-            pool.namespace[b] = None
-            pool.extra[b] = ()
-            parent[b] = NO_PARENT
-            gen[b] += 1
-            released.append(b)
-            evicted += 1
+            key = (serial[p] if p >= 0 else 0, pns[b], pool.block_tokens(b), pextra.get(b, ()))
             if key in remembered:
                 remembered.move_to_end(key)
             else:
@@ -444,14 +455,14 @@ class PrefixCacheManager:
                 if len(remembered) > forget_at:
                     remembered.popitem(last=False)
             if events is not None:
-                events.append(BlockRemoved((h,)))
-            if hook is not None:
+                events.append(BlockRemoved((wire[b],)))
+        pool.forget(victims)
+        hook = self._evict_hook
+        if hook is not None:
+            for b in victims:
                 hook(b)
-        self._num_cached -= evicted
-        self._num_published -= evicted
-        self._num_reclaimable -= evicted
-        self._counters.evictions += evicted
-        return evicted
+        self._counters.evictions += len(victims)
+        return len(victims)
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` blocks, evicting leaves first if needed. Supply was checked."""
@@ -462,16 +473,8 @@ class PrefixCacheManager:
             evicted = self._evict(short)
             if evicted != short:  # pragma: no cover - guarded by the exact capacity check
                 raise AssertionError("eviction ran dry after the capacity check passed")
-            self._leaves.maybe_compact(pool, self._num_cached)
-        if count == 1 and pool.fresh_next == pool.num_blocks:
-            new = [pool.released.popleft()]  # the fresh range is used up: FIFO is the deque
-        else:
-            new = pool.take(count)
-        ref = pool.ref
-        for b in new:
-            ref[b] = 1
-        self._num_used += count
-        return new, evicted
+            pool.maybe_compact()
+        return pool.allocate(count), evicted
 
     def _out_of_blocks(self, need: int, supply: int) -> OutOfBlocks:
         return OutOfBlocks(
@@ -480,39 +483,8 @@ class PrefixCacheManager:
         )
 
     def _release(self, blocks: Sequence[int]) -> None:
-        """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
-        pool = self._pool
-        ref, ptoks, parent = pool.ref, pool.tokens, pool.parent
-        anchored, children, last_use = pool.anchored_children, pool.num_children, pool.last_use
-        released = pool.released
-        clock = self._clock
-        freed = cached = unanchored = 0
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r:
-                continue
-            freed += 1
-            if ptoks[b] is None:
-                released.append(b)
-                continue
-            last_use[b] = clock
-            cached += 1
-            if not anchored[b]:
-                unanchored += 1
-                p = parent[b]
-                if p >= 0:
-                    # Inline first step of _unanchor_up: usually the parent is still held.
-                    a = anchored[p] - 1
-                    anchored[p] = a
-                    if not a and not ref[p]:
-                        self._num_reclaimable += 1
-                        self._unanchor_up(parent[p])
-            if not children[b]:
-                self._leaves.push(pool, b)
-        self._num_used -= freed
-        self._num_cached += cached
-        self._num_reclaimable += unanchored
+        """Drop one hold on each of ``blocks`` (the pool ages them by the manager's clock)."""
+        self._pool.release(blocks, self._clock)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -530,7 +502,7 @@ class PrefixCacheManager:
         else:
             end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
         need = -(-end // bs) - len(blocks)
-        supply = self._pool.num_free + self._num_reclaimable - unanchored
+        supply = self._pool.supply - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
         return AdmitPlan(blocks, hashes, end, need, window, lost)
@@ -544,31 +516,26 @@ class PrefixCacheManager:
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
         blocks, hashes, end, need, window, lost = self._plan(req, num_new_tokens)
-        pool = self._pool
-        ref, anchored = pool.ref, pool.anchored_children
-        for b in blocks:  # pin the hit, root first, before evicting anything
-            r = ref[b]
-            ref[b] = r + 1
-            if r == 0:
-                self._num_used += 1
-                self._num_cached -= 1
-                if not anchored[b]:
-                    self._num_reclaimable -= 1
-                    self._anchor_up(pool.parent[b])
+        self._pool.pin(blocks)  # pin the hit, root first, before evicting anything
         cached = len(blocks) * self._block_size
         new, evicted = self._allocate(need)
         num_matched = len(blocks)
         blocks.extend(new)
         tokens = req.token_ids
-        ns, nsd = self._ns_key(req.namespace)
+        token_array = array("I")
+        token_array.frombytes(self._token_bytes(tokens))
+        ns, nsd, seed = self._ns_key(req.namespace)
+        pool = self._pool
         self._seqs[req.seq_id] = SeqState(
             seq_id=req.seq_id,
             namespace=ns,
             ns_digest=nsd,
+            seed=seed,
             adapter=req.namespace.adapter,
-            tokens=list(tokens),
+            tokens=token_array,
             blocks=blocks,
             hashes=hashes,
+            wire=[pool.block_hash[b] for b in blocks[:num_matched]] if pool.wire_hashes else [],
             num_computed=cached,
             num_reserved=end,
             num_cached=cached,
@@ -615,7 +582,7 @@ class PrefixCacheManager:
             seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
         )
         need = -(-end // self._block_size) - len(seq.blocks)
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         return end, need
@@ -658,7 +625,7 @@ class PrefixCacheManager:
 
     def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         need = self._append_need(self._seq(seq_id), num_tokens)
-        return need <= self._pool.num_free + self._num_reclaimable
+        return need <= self._pool.supply
 
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         # Hot path (every decode step): the common case is inlined.
@@ -682,7 +649,7 @@ class PrefixCacheManager:
         if need <= 0:
             seq.num_reserved = reserved
             return []
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
@@ -792,7 +759,7 @@ class PrefixCacheManager:
             need = -(-grown // bs) - kept
             if need > 0:
                 dropped = len(seq.blocks) - kept
-                supply = self._pool.num_free + dropped + self._num_reclaimable
+                supply = self._pool.supply + dropped
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
@@ -882,12 +849,12 @@ class PrefixCacheManager:
         p = NO_PARENT
         for k in range(i + 1):
             b = blocks[k]
-            if pool.tokens[b] is not None:
+            if pool.depth[b]:
                 p = b
                 continue
-            tup = tuple(tokens[k * bs : (k + 1) * bs])
+            mine = tokens[k * bs : (k + 1) * bs].tobytes()
             extras = block_extra_keys(seq.spans, k * bs, bs) if seq.spans else ()
-            p = self._index.find(pool, seq.hashes[k], p, tup, ns, extras)
+            p = self._index.find(pool, seq.hashes[k], p, mine, ns, extras)
             if p < 0:
                 return _MISSING
         seq.canon_j, seq.canon_block, seq.canon_gen = i, p, pool.gen[p]
@@ -914,64 +881,69 @@ class PrefixCacheManager:
         pool, index = self._pool, self._index
         get_one = index.get_one
         remembered = self._evicted
-        hasher = None if self._inline_hash else self._hasher
+        keyed, events = self._keyed, self._record_events
+        hasher = self._hasher
+        wire = seq.wire if pool.wire_hashes else None
         nsd = seq.ns_digest
-        ptoks, ref, anchored = pool.tokens, pool.ref, pool.anchored_children
+        pdepth = pool.depth
         published = 0
         spans = seq.spans
         extras: tuple[tuple[int, bytes], ...] = ()
         for j in range(first, stop):
-            tup = tuple(tokens[j * bs : (j + 1) * bs])
-            parent_hash = hashes[j - 1] if j else None
+            mine = tokens[j * bs : (j + 1) * bs].tobytes()
             if spans:
                 extras = block_extra_keys(spans, j * bs, bs)
-            if hasher is not None or extras:
-                h = self._hasher(parent_hash, ns, tup, extras)
-            elif j:
-                h = hash((parent_hash, nsd, tup, 0))
+            tup: tuple[int, ...] | None = None
+            if keyed:
+                parent_key = hashes[j - 1] if j else seq.seed
+                if extras:
+                    h = hash((parent_key, hash(mine), extras))
+                else:
+                    h = hash((parent_key, hash(mine)))
             else:
-                h = hash((nsd, tup, 0))
+                tup = tuple(tokens[j * bs : (j + 1) * bs])
+                h = hasher(hashes[j - 1] if j else None, ns, tup, extras)
             hashes.append(h)
+            # The identity hash (the events' block hash): the key itself unless keyed.
+            w = h
+            parent_w = hashes[j - 1] if j else None
+            if wire is not None:
+                tup = tuple(tokens[j * bs : (j + 1) * bs])
+                parent_w = wire[j - 1] if j else None
+                if extras:
+                    w = hasher(parent_w, ns, tup, extras)
+                elif j:
+                    w = hash((parent_w, nsd, tup, 0))  # fast_hash, inlined
+                else:
+                    w = hash((nsd, tup, 0))
+                wire.append(w)
             if j == 0:
                 p = NO_PARENT
             else:
                 p = blocks[j - 1]
-                if ptoks[p] is None:
+                if not pdepth[p]:
                     p = self._canonical(seq, j - 1)
                     if p == _MISSING:
                         continue
             if get_one(h) is not None:
-                twin = index.find(pool, h, p, tup, ns, extras)
+                twin = index.find(pool, h, p, mine, ns, extras)
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     continue
             b = blocks[j]
             index.insert(h, b)
-            ptoks[b] = tup
-            pool.namespace[b] = ns
-            pool.extra[b] = extras
-            pool.parent[b] = p
-            pool.block_hash[b] = h
-            pool.depth[b] = j + 1
             serial = None
             if remembered:  # a remembered identity keeps its name (see __init__)
-                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, tup, extras))
+                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, mine, extras))
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1
-            pool.serial[b] = serial
+            pool.publish(b, mine, ns, extras, p, h, w, j + 1, serial)
             published += 1
-            if p >= 0:
-                pool.num_children[p] += 1
-                # b is held, hence anchored: tell the parent (inlined first step of _anchor_up).
-                a = anchored[p]
-                anchored[p] = a + 1
-                if not a and not ref[p]:
-                    self._num_reclaimable -= 1
-                    self._anchor_up(pool.parent[p])
-            if self._record_events:
-                self._events.append(stored_event(h, parent_hash, tup, bs, ns, extras))
-        self._num_published += published
+            if events:
+                if tup is None:
+                    tup = tuple(tokens[j * bs : (j + 1) * bs])
+                self._events.append(stored_event(w, parent_w, tup, bs, ns, extras))
         self._counters.blocks_published += published
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
@@ -1011,12 +983,12 @@ class PrefixCacheManager:
         seqs = self._seqs
         for seq_id in ids:
             self._release(seqs.pop(seq_id).blocks)
-        self._leaves.maybe_compact(self._pool, self._num_cached)
+        self._pool.maybe_compact()
 
     def evict(self, num_blocks: int) -> int:
         check_count(num_blocks, "num_blocks", minimum=0)
         evicted = self._evict(num_blocks)
-        self._leaves.maybe_compact(self._pool, self._num_cached)
+        self._pool.maybe_compact()
         return evicted
 
     def reset(self, *, preserve_cache: bool) -> None:
@@ -1031,30 +1003,39 @@ class PrefixCacheManager:
                 f"full reset refused: {len(self._seqs)} sequences are live; "
                 "free them or use reset(preserve_cache=True)"
             )
-        pool = self._pool
-        for b in self._index.blocks():
-            pool.clear_block(b)
-            pool.num_children[b] = 0
-            pool.anchored_children[b] = 0
-            pool.gen[b] += 1
+        self._pool.clear(self._index.blocks())
         self._index.clear()
-        self._leaves.clear()
         self._evicted.clear()
-        pool.released.clear()
-        pool.fresh_next = 0
-        self._num_cached = self._num_published = self._num_reclaimable = 0
         if self._record_events:
             self._events.append(AllBlocksCleared())
 
     # -- inspection ------------------------------------------------------------------------
 
+    def _identity_hashes(self) -> dict[int, int]:
+        """The identity hash of every published block (what the spec indexes by)."""
+        pool = self._pool
+        published = self._index.blocks()
+        if pool.wire_hashes:
+            return {b: pool.block_hash[b] for b in published}
+        if not self._keyed:
+            return {b: pool.key[b] for b in published}
+        # Derived root first: a parent's depth is one less than its child's.
+        out: dict[int, int] = {}
+        for b in sorted(published, key=pool.depth.__getitem__):
+            p = pool.parent[b]
+            parent_hash = None if p == NO_PARENT else out[p]
+            ns = pool.namespace[b]
+            assert ns is not None
+            out[b] = self._hasher(parent_hash, ns, pool.token_ids(b), pool.extra.get(b, ()))
+        return out
+
     def snapshot(self) -> CacheState:
         pool = self._pool
         views = []
         materialized = len(pool.ref)
+        identity_hash = self._identity_hashes()
         for b in range(self._num_blocks):
-            tup = pool.tokens[b] if b < materialized else None
-            if tup is None:
+            if b >= materialized or not pool.depth[b]:
                 views.append(BlockView(b, pool.ref[b] if b < materialized else 0, False))
                 continue
             p = pool.parent[b]
@@ -1065,9 +1046,9 @@ class PrefixCacheManager:
                     published=True,
                     namespace=pool.namespace[b],
                     parent=None if p == NO_PARENT else p,
-                    token_ids=tup,
-                    extra_keys=pool.extra[b],
-                    block_hash=pool.block_hash[b],
+                    token_ids=pool.token_ids(b),
+                    extra_keys=pool.extra.get(b, ()),
+                    block_hash=identity_hash[b],
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )
@@ -1093,12 +1074,17 @@ class PrefixCacheManager:
             block_size=self._block_size,
             blocks=tuple(views),
             free_queue=pool.free_queue(),
-            index=tuple(sorted(self._index.entries())),
+            index=tuple(sorted((h, b) for b, h in identity_hash.items())),
             sequences=seqs,
             stats=self.stats(),
             pending_events=tuple(self._events),
         )
 
+    def largest_index_bucket(self) -> int:
+        """The most published blocks the index files under one key (for inspection: the
+        crafted-collision benchmark; 1 when nothing collides)."""
+        return self._index.largest_bucket()
+
     def eviction_order(self) -> list[int]:
         """Cached leaves in the order they would be evicted (for inspection)."""
-        return self._leaves.order(self._pool)
+        return self._pool.eviction_order()

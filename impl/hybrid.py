@@ -45,8 +45,8 @@ from prefixkv.spec.request import Request, SeqId, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, Match
 from prefixkv.spec.state import CacheState, CheckpointView, StateSlotsView
 
+from ._sequence import SeqState
 from .cache import AdmitPlan, Matched, PrefixCacheManager
-from .sequence import SeqState
 
 __all__ = ["HybridPrefixCacheManager"]
 
@@ -183,7 +183,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
     def _node_of(self, seq: SeqState, j: int) -> int:
         """The published block with the identity of ``seq``'s block ``j``, or < 0."""
         b = seq.blocks[j]
-        return b if self._pool.tokens[b] is not None else self._canonical(seq, j)
+        return b if self._pool.is_published(b) else self._canonical(seq, j)
 
     def _experts_of(self, blocks: Sequence[int]) -> tuple[bytes, ...] | None:
         if not blocks or not self._experts:

@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import attrs
 
+from prefixkv.errors import InvalidConfig
+
 from .errors import (
     CacheBusy,
     DuplicateSequence,
@@ -75,10 +77,15 @@ def check_count(value: object, what: str, *, minimum: int) -> int:
 
 
 def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
-    return (
-        check_count(num_blocks, "num_blocks", minimum=1),
-        check_count(block_size, "block_size", minimum=1),
-    )
+    """A pool shape: two ints >= 1. Malformed, it is a configuration error (raised before
+    anything is built), not a bad request."""
+    for value, what in ((num_blocks, "num_blocks"), (block_size, "block_size")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidConfig(f"{what} must be an int, got {value!r}")
+        if value < 1:
+            raise InvalidConfig(f"{what} must be >= 1, got {value}")
+    assert isinstance(num_blocks, int) and isinstance(block_size, int)
+    return num_blocks, block_size
 
 
 def identity_chain(

@@ -44,6 +44,7 @@ __all__ = [
     "LookupSetup",
     "craft_colliding_blocks",
     "largest_bucket",
+    "largest_index_bucket",
     "lookup_setup",
     "publish",
     "tuple_hash_model",
@@ -198,3 +199,21 @@ def largest_bucket(
             h1 = roots[first] = hasher(None, ns, first, ())
         counts.setdefault(hasher(h1, ns, second, ()), set()).add(prompt[: 2 * block_size])
     return max(len(v) for v in counts.values())
+
+
+def largest_index_bucket(
+    prompts: tuple[tuple[int, ...], ...],
+    num_blocks: int,
+    hasher: Callable[[int | None, bytes, tuple[int, ...], tuple[Any, ...]], int],
+) -> int:
+    """The most blocks that ``prefixkv.impl``'s own index files under one key, after
+    publishing ``prompts`` into a manager built with ``hasher``.
+
+    With the default hasher the index is keyed per process (the identity hash is not its
+    key), so crafted prompts spread out: 1.
+    """
+    from prefixkv.impl import PrefixCacheManager
+
+    cache = PrefixCacheManager(num_blocks, 16, hasher=hasher)
+    publish(cache, prompts)
+    return cache.largest_index_bucket()

@@ -162,7 +162,7 @@ def test_saved_state_restores_the_index() -> None:
     buckets (a copied index once kept looking up the original ones)."""
     import copy
 
-    from prefixkv.impl.index import HashIndex
+    from prefixkv.impl._index import HashIndex
 
     index = HashIndex()
     index.insert(5, 1)

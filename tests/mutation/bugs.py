@@ -30,7 +30,8 @@ class Bug:
 
 #: The exact check of a single-entry index hit in ``impl/cache.py``'s lookup.
 _VERIFY_HIT = (
-    "                if ptoks[b] != tup or pparent[b] != parent or pns[b] != ns or pextra[b]:"
+    "                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns"
+    " or b in pextra:"
 )
 
 BUGS: tuple[Bug, ...] = (
@@ -56,7 +57,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            index_remove(h, b)\n",
+                "            index_remove(keys[b], b)\n",
                 "",
             ),
         ),
@@ -66,7 +67,7 @@ BUGS: tuple[Bug, ...] = (
         "removing from a collision bucket drops the newest entry instead of the evicted one",
         (
             (
-                "index.py",
+                "_index.py",
                 """        entry.remove(b)
         if len(entry) == 1:""",
                 """        entry.pop()
@@ -79,15 +80,15 @@ BUGS: tuple[Bug, ...] = (
         "leaf check dropped: a cached parent is evicted while its children stay published",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """            if not children[b]:
-                self._leaves.push(pool, b)""",
-                """            self._leaves.push(pool, b)""",
+                self.leaves.push(self, b)""",
+                """            self.leaves.push(self, b)""",
             ),
             (
-                "cache.py",
-                """            if version[b] != v or ref[b] or children[b] or ptoks[b] is None:""",
-                """            if version[b] != v or ref[b] or ptoks[b] is None:""",
+                "_pool.py",
+                """            if version[b] != v or ref[b] or children[b] or not depth[b]:""",
+                """            if version[b] != v or ref[b] or not depth[b]:""",
             ),
         ),
     ),
@@ -98,7 +99,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 _VERIFY_HIT + "\n                    break",
-                """                if ptoks[b] is None:
+                """                if not pool.depth[b]:
                     break""",
             ),
         ),
@@ -110,15 +111,15 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 _VERIFY_HIT,
-                """                if ptoks[b] != tup or pns[b] != ns or pextra[b]:""",
+                """                if ptoks[o : o + nb] != mine or pns[b] != ns or b in pextra:""",
             ),
             (
-                "index.py",
-                """                ptoks[b] == tokens
-                and pparent[b] == parent
-                and pns[b] == namespace""",
-                """                ptoks[b] == tokens
-                and pns[b] == namespace""",
+                "_pool.py",
+                """            self.tokens[start : start + self.block_nbytes] == tokens
+            and self.parent[b] == parent
+""",
+                """            self.tokens[start : start + self.block_nbytes] == tokens
+""",
             ),
         ),
     ),
@@ -133,8 +134,8 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "cache.py",
-                """            entry = self._ns_keys[namespace] = (key, ns_digest(key))""",
-                """            entry = self._ns_keys[namespace.model] = (key, ns_digest(key))""",
+                "            entry = self._ns_keys[namespace] = (",
+                "            entry = self._ns_keys[namespace.model] = (",
             ),
         ),
     ),
@@ -145,9 +146,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+                """        supply = self._pool.supply - unanchored
         if need > supply:""",
-                """        supply = self._pool.num_free + self._num_reclaimable
+                """        supply = self._pool.supply
         if need > supply:""",
             ),
         ),
@@ -164,9 +165,9 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable - unanchored
+                """        supply = self._pool.supply - unanchored
         if need > supply:""",
-                """        supply = self._pool.num_free + self._num_cached - unanchored
+                """        supply = self._pool.num_free + self._pool.num_cached - unanchored
         if need > supply:""",
             ),
         ),
@@ -215,11 +216,11 @@ BUGS: tuple[Bug, ...] = (
         "released blocks go to the front of the free queue (LIFO) instead of the back",
         (
             (
-                "cache.py",
-                """            if ptoks[b] is None:
+                "_pool.py",
+                """            if not depth[b]:
                 released.append(b)
                 continue""",
-                """            if ptoks[b] is None:
+                """            if not depth[b]:
                 released.appendleft(b)
                 continue""",
             ),
@@ -230,7 +231,7 @@ BUGS: tuple[Bug, ...] = (
         "a table is released head first, so parents age after their children",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """        freed = cached = unanchored = 0
         for b in reversed(blocks):""",
                 """        freed = cached = unanchored = 0
@@ -277,14 +278,14 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        supply = self._pool.num_free + self._num_reclaimable
+                """        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
         seq.blocks.extend(new)
         seq.num_reserved = reserved""",
                 """        seq.num_reserved = reserved
-        supply = self._pool.num_free + self._num_reclaimable
+        supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
         new, _ = self._allocate(need)
@@ -312,7 +313,7 @@ BUGS: tuple[Bug, ...] = (
         "among leaves released together, the shallower one is evicted first",
         (
             (
-                "leaves.py",
+                "_leaves.py",
                 "heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))",
                 "heapq.heappush(self.heap, (pool.last_use[b], pool.depth[b], b, version))",
             ),
@@ -323,7 +324,7 @@ BUGS: tuple[Bug, ...] = (
         "a block's last use is not refreshed when it is released, so hot prefixes age out",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """            last_use[b] = clock
             cached += 1""",
                 """            cached += 1""",
@@ -349,20 +350,18 @@ BUGS: tuple[Bug, ...] = (
         "a parent that becomes a leaf when its last child is evicted is never queued",
         (
             (
-                "cache.py",
+                "_pool.py",
                 """                if not left and not ref[p]:
-                    v = version[p] + 1
-                    version[p] = v
-                    push(heap, (pool.last_use[p], -pool.depth[p], p, v))""",
+                    self.leaves.push(self, p)""",
                 """                if not left and not ref[p]:
-                    version[p] += 1""",
+                    self.leaf_version[p] += 1""",
             ),
         ),
     ),
     Bug(
         "stale_canonical_after_reuse",
         "the remembered canonical twin is not invalidated when it is evicted and reused (ABA)",
-        (("cache.py", "            gen[b] += 1\n", ""),),
+        (("_pool.py", "            gen[b] = (gen[b] + 1) & _WRAP\n", ""),),
     ),
     Bug(
         "prefill_stats_scheduled",
@@ -378,20 +377,20 @@ BUGS: tuple[Bug, ...] = (
     Bug(
         "reset_keeps_released",
         "a full reset restarts the fresh range but keeps the released queue (blocks twice free)",
-        (("cache.py", "        pool.released.clear()\n", ""),),
+        (("_pool.py", "        self.released.clear()\n", ""),),
     ),
     # -- multimodal spans, recompute windows, chunked prefill ------------------------------
     Bug(
         "extras_not_verified",
         "a hit is verified on tokens and parent but not the multimodal extra keys: two images "
         "with the same placeholder tokens share KV after a hash collision",
-        (("index.py", "                and pextra[b] == extra\n", ""),),
+        (("_pool.py", "            and self.extra.get(b, ()) == extra\n", ""),),
     ),
     Bug(
         "text_hits_multimodal_block",
         "a text-only lookup accepts a block that carries extra keys: placeholder token ids "
         "typed as text hit an image's KV",
-        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or pextra[b]", "")),),
+        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or b in pextra", "")),),
     ),
     Bug(
         "match_ends_inside_span",
@@ -490,7 +489,7 @@ BUGS: tuple[Bug, ...] = (
         "leaves are dropped (never evicted again) and stale entries kept",
         (
             (
-                "leaves.py",
+                "_leaves.py",
                 "            pool.leaf_version[b] == entry[3]\n",
                 "            pool.leaf_version[b] != entry[3]\n",
             ),
@@ -503,8 +502,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "stored_event(h, parent_hash, tup, bs, ns, extras)",
-                "stored_event(h, None, tup, bs, ns, extras)",
+                "stored_event(w, parent_w, tup, bs, ns, extras)",
+                "stored_event(w, None, tup, bs, ns, extras)",
             ),
         ),
     ),
@@ -515,7 +514,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 "            if events is not None:\n"
-                "                events.append(BlockRemoved((h,)))\n",
+                "                events.append(BlockRemoved((wire[b],)))\n",
                 "",
             ),
         ),
@@ -538,8 +537,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        return need <= self._pool.num_free + self._num_reclaimable\n",
-                "        return need < self._pool.num_free + self._num_reclaimable\n",
+                "        return need <= self._pool.supply\n",
+                "        return need < self._pool.supply\n",
             ),
         ),
     ),

@@ -14,8 +14,10 @@ outnumber live ones, which keeps it O(live leaves) in size and O(log leaves) per
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
-from .pool import BlockPool
+if TYPE_CHECKING:  # the pool owns a LeafHeap
+    from ._pool import BlockPool
 
 __all__ = ["COMPACT_SLACK", "LeafHeap"]
 
@@ -39,7 +41,7 @@ class LeafHeap:
 
     def push(self, pool: BlockPool, b: int) -> None:
         """Record that ``b`` just became a leaf."""
-        version = pool.leaf_version[b] + 1
+        version = (pool.leaf_version[b] + 1) & 0x7FFFFFFF  # a 32-bit array; equality only
         pool.leaf_version[b] = version
         heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))
 
@@ -50,7 +52,7 @@ class LeafHeap:
             pool.leaf_version[b] == entry[3]
             and pool.ref[b] == 0
             and pool.num_children[b] == 0
-            and pool.tokens[b] is not None
+            and pool.depth[b] != 0
         )
 
     def maybe_compact(self, pool: BlockPool, num_cached: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.request import SeqId
 
@@ -11,9 +13,12 @@ __all__ = ["SeqState"]
 class SeqState:
     """A live sequence.
 
-    ``hashes[j]`` is the chain hash of block j's identity for every *settled* block
+    ``hashes[j]`` is the index key of block j's identity for every *settled* block
     (``j < num_computed // block_size``): each was either attached from the cache or
-    considered for publication when it filled up.
+    considered for publication when it filled up. ``wire[j]`` is the identity hash of the
+    same block when the manager keys its index separately and records events (the events
+    carry the identity hash); otherwise it stays empty. ``seed`` is the key a root block
+    chains from. ``tokens`` are the sequence's token ids as a native uint32 array.
 
     ``canon_*`` remember which published block currently carries the identity of the last
     settled block when the sequence's own block there is a private duplicate; the pair
@@ -34,10 +39,12 @@ class SeqState:
         "num_computed",
         "num_reserved",
         "prompt_len",
+        "seed",
         "seq_id",
         "spans",
         "tokens",
         "window_blocks",
+        "wire",
     )
 
     def __init__(
@@ -45,10 +52,12 @@ class SeqState:
         seq_id: SeqId,
         namespace: bytes,
         ns_digest: int,
+        seed: int,
         adapter: str | None,
-        tokens: list[int],
+        tokens: array[int],
         blocks: list[int],
         hashes: list[int],
+        wire: list[int],
         num_computed: int,
         num_reserved: int,
         num_cached: int,
@@ -59,10 +68,12 @@ class SeqState:
         self.seq_id = seq_id
         self.namespace = namespace
         self.ns_digest = ns_digest
+        self.seed = seed
         self.adapter = adapter
         self.tokens = tokens
         self.blocks = blocks
         self.hashes = hashes
+        self.wire = wire
         self.num_computed = num_computed
         self.num_reserved = num_reserved
         self.prompt_len = len(tokens)

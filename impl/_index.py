@@ -5,16 +5,15 @@ namespace, parent block, token ids and extra keys (INV-INDEX, INV-MATCH). With a
 published blocks share a bucket; lookups then scan the bucket, still returning only exact
 matches, so a colliding hash costs time, never correctness.
 
-NOTE: comparing the *parent block id* instead of the parent's whole identity is exact by
-induction: the parent was itself found by an exact lookup, and a published block's parent
-stays published (INV-ANCESTOR) and is never reused while the child exists.
+The comparison itself is the pool's (:meth:`BlockPool.has_identity`): it owns the stored
+identities.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .pool import BlockPool
+from ._pool import BlockPool
 
 __all__ = ["HashIndex"]
 
@@ -22,9 +21,9 @@ __all__ = ["HashIndex"]
 class HashIndex:
     __slots__ = ("_buckets", "get_one")
 
-    def __init__(self) -> None:
+    def __init__(self, buckets: dict[int, int | list[int]] | None = None) -> None:
         # A bucket is one block id (the common case) or a list of ids after a collision.
-        self._buckets: dict[int, int | list[int]] = {}
+        self._buckets: dict[int, int | list[int]] = {} if buckets is None else buckets
         #: The bucket under a key: its one block id (the common case), its candidates (a
         #: list, after a collision: use :meth:`find`), or None.
         #:
@@ -36,34 +35,29 @@ class HashIndex:
     def __deepcopy__(self, memo: dict[int, object]) -> HashIndex:
         # NOTE: ``get_one`` is bound to the bucket dict, and copy treats builtin methods as
         # atomic: a plain deep copy would look up the *original* buckets. Rebind it.
-        twin = HashIndex()
+        buckets: dict[int, int | list[int]] = {}
         for key, entry in self._buckets.items():
-            twin._buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
-        return twin
+            buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
+        return HashIndex(buckets)
 
     def find(
         self,
         pool: BlockPool,
         key: int,
         parent: int,
-        tokens: tuple[int, ...],
+        tokens: bytes,
         namespace: bytes,
         extra: tuple[tuple[int, bytes], ...],
     ) -> int:
-        """The published block with exactly this identity, or -1."""
+        """The published block with exactly this identity, or -1 (``tokens``: uint32 bytes)."""
         entry = self._buckets.get(key)
         if entry is None:
             return -1
         candidates = (entry,) if type(entry) is int else entry
         assert isinstance(candidates, (tuple, list))
-        ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
+        has_identity = pool.has_identity
         for b in candidates:
-            if (
-                ptoks[b] == tokens
-                and pparent[b] == parent
-                and pns[b] == namespace
-                and pextra[b] == extra
-            ):
+            if has_identity(b, tokens, parent, namespace, extra):
                 return b
         return -1
 
@@ -87,6 +81,13 @@ class HashIndex:
         entry.remove(b)
         if len(entry) == 1:
             self._buckets[key] = entry[0]
+
+    def largest_bucket(self) -> int:
+        """The most blocks filed under one key (0 when empty)."""
+        return max(
+            (1 if type(entry) is int else len(entry) for entry in self._buckets.values()),  # type: ignore[arg-type]
+            default=0,
+        )
 
     def clear(self) -> None:
         self._buckets.clear()

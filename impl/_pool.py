@@ -1,0 +1,397 @@
+"""The block pool: per-block metadata, refcounts, the free queue and the eviction order.
+
+The pool owns everything that is about blocks as such: who holds them (refcounts), which
+are free, cached (published, refcount 0) or in use (INV-PARTITION), which cached blocks are
+leaves and in what order they go (choice 3), and the *anchoring* that makes ``can_admit``
+exact (see :mod:`prefixkv.impl.cache`). It knows nothing about requests, hashes or the
+index: the manager tells it which block to publish under which identity and which leaves
+it evicted from the index.
+
+NOTE: metadata lives in parallel machine-int arrays indexed by block id rather than in one
+object per block, and the hot loops bind the arrays they need to locals. A published block's
+token ids live in one flat byte buffer (``block_size`` native 32-bit ids per block, at
+``b * block_size * 4``), so verifying a hit compares one contiguous slice, and a cached block
+costs no Python object of its own: about 124 bytes of arrays at block size 16 (64 of them
+token ids), against ~900 when each block held a tuple of int objects. Only the namespace
+(a reference to a shared bytes key) and the multimodal extra keys (a sparse dict: text blocks
+have none) are Python references.
+
+The arrays grow only as far as blocks are first handed out: a million-block pool that a
+workload touches a thousand blocks of costs a thousand entries. The cyclic garbage collector
+does not traverse arrays at all.
+
+The free queue is FIFO (allocate from the front, release to the back), exactly as the spec's
+plain list. It is stored as a lazily materialized range of never-used ids followed by a deque
+of released ids, so construction and full reset cost nothing per block:
+
+::
+
+    free queue:  [ fresh_next ... num_blocks-1 ][ released[0] ... released[-1] ]
+                   never used since (re)start      freed or evicted, oldest first
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from array import array
+from collections import deque
+from collections.abc import Sequence
+
+from ._leaves import LeafHeap
+
+__all__ = ["NO_PARENT", "BlockPool"]
+
+#: Parent id of a root block.
+NO_PARENT = -1
+
+#: Versions and generations are compared for equality only, and wrap within a 32-bit array.
+_WRAP = 0x7FFFFFFF
+
+# NOTE: the token buffer holds native 32-bit unsigned ids: array('I') on every platform
+# CPython supports (checked here rather than assumed).
+assert array("I").itemsize == 4, "array('I') must hold 32-bit token ids"
+_NATIVE = sys.byteorder
+
+
+class BlockPool:
+    __slots__ = (
+        "anchored_children",
+        "block_hash",
+        "block_nbytes",
+        "block_size",
+        "depth",
+        "extra",
+        "fresh_next",
+        "gen",
+        "key",
+        "last_use",
+        "leaf_version",
+        "leaves",
+        "namespace",
+        "num_blocks",
+        "num_cached",
+        "num_children",
+        "num_published",
+        "num_reclaimable",
+        "num_used",
+        "parent",
+        "ref",
+        "released",
+        "serial",
+        "tokens",
+        "wire_hashes",
+    )
+
+    def __init__(self, num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.block_nbytes = 4 * block_size
+        #: Holds on each block (INV-REF).
+        self.ref: array[int] = array("i")
+        #: Token ids of published blocks, ``block_nbytes`` per block (native uint32).
+        self.tokens = bytearray()
+        #: A published block's depth (>= 1); 0 iff the block is unpublished.
+        self.depth: array[int] = array("i")
+        self.namespace: list[bytes | None] = []
+        #: Extra keys (multimodal) of published blocks that have any; text blocks are absent.
+        self.extra: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        self.parent: array[int] = array("i")
+        #: The index key a published block is filed under.
+        self.key: array[int] = array("q")
+        #: The identity hash (the events' ``block_hash``) of a published block; kept only
+        #: when ``wire_hashes`` (the manager records events or indexes by that hash).
+        self.block_hash: array[int] = array("q")
+        self.wire_hashes = wire_hashes
+        self.last_use: array[int] = array("q")
+        #: Published children of a published block (a leaf has none).
+        self.num_children: array[int] = array("i")
+        #: Published children that are *anchored*: held by a sequence, or with an anchored
+        #: child. See ``PrefixCacheManager`` for why this makes ``can_admit`` exact.
+        self.anchored_children: array[int] = array("i")
+        #: Bumped whenever b enters the leaf set; stale heap entries carry an older version.
+        self.leaf_version: array[int] = array("i")
+        #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
+        self.gen: array[int] = array("i")
+        #: The exact name of a published block's identity (see the manager's eviction record).
+        self.serial: array[int] = array("q")
+        self.fresh_next = 0
+        self.released: deque[int] = deque()
+        #: The cached leaves in eviction order.
+        self.leaves = LeafHeap()
+        # Occupancy (INV-PARTITION: free + cached + used == num_blocks).
+        self.num_used = 0  # refcount > 0
+        self.num_cached = 0  # published, refcount 0
+        self.num_published = 0
+        self.num_reclaimable = 0  # published and unanchored
+
+    def _grow(self, upto: int) -> None:
+        """Materialize metadata for block ids below ``upto`` (amortized O(1) per block)."""
+        size = len(self.ref)
+        target = min(self.num_blocks, max(upto, 2 * size, 1024))
+        extra = target - size
+        four = bytes(4 * extra)  # zeros, without a temporary list
+        for small in (
+            self.ref,
+            self.depth,
+            self.num_children,
+            self.anchored_children,
+            self.leaf_version,
+            self.gen,
+        ):
+            small.frombytes(four)
+        eight = bytes(8 * extra)
+        for wide in (self.key, self.last_use, self.serial):
+            wide.frombytes(eight)
+        if self.wire_hashes:
+            self.block_hash.frombytes(eight)
+        self.parent.extend(array("i", [NO_PARENT]) * extra)
+        self.namespace.extend([None] * extra)
+        self.tokens.extend(bytes(self.block_nbytes * extra))
+
+    def is_published(self, b: int) -> bool:
+        return self.depth[b] != 0
+
+    def block_tokens(self, b: int) -> bytes:
+        """The token ids of published block ``b``, as native uint32 bytes."""
+        start = b * self.block_nbytes
+        return bytes(self.tokens[start : start + self.block_nbytes])
+
+    def token_ids(self, b: int) -> tuple[int, ...]:
+        return tuple(array("I", self.block_tokens(b)))
+
+    def has_identity(
+        self,
+        b: int,
+        tokens: bytes,
+        parent: int,
+        namespace: bytes,
+        extra: tuple[tuple[int, bytes], ...],
+    ) -> bool:
+        """Whether published block ``b``'s identity is exactly this one (INV-INDEX).
+
+        NOTE: comparing the *parent block id* instead of the parent's whole identity is
+        exact by induction: the parent was itself found by an exact lookup, and a published
+        block's parent stays published (INV-ANCESTOR) and is never reused while the child
+        exists.
+        """
+        start = b * self.block_nbytes
+        return (
+            self.tokens[start : start + self.block_nbytes] == tokens
+            and self.parent[b] == parent
+            and self.namespace[b] == namespace
+            and self.extra.get(b, ()) == extra
+        )
+
+    # -- free queue ------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self.fresh_next + len(self.released)
+
+    @property
+    def supply(self) -> int:
+        """Blocks an allocation can get: free ones, and every unanchored published one."""
+        return self.num_blocks - self.fresh_next + len(self.released) + self.num_reclaimable
+
+    def _take(self, count: int) -> list[int]:
+        """Pop ``count`` ids from the front of the free queue. The caller checked supply."""
+        fresh = min(count, self.num_blocks - self.fresh_next)
+        start = self.fresh_next
+        if start + fresh > len(self.ref):
+            self._grow(start + fresh)
+        taken = list(range(start, start + fresh))
+        self.fresh_next = start + fresh
+        popleft = self.released.popleft
+        for _ in range(count - fresh):
+            taken.append(popleft())
+        return taken
+
+    def allocate(self, count: int) -> list[int]:
+        """Hand out ``count`` free blocks, each held once. The caller made them free."""
+        if count == 1 and self.fresh_next == self.num_blocks:
+            new = [self.released.popleft()]  # the fresh range is used up: FIFO is the deque
+        else:
+            new = self._take(count)
+        ref = self.ref
+        for b in new:
+            ref[b] = 1
+        self.num_used += count
+        return new
+
+    def free_queue(self) -> tuple[int, ...]:
+        return (*range(self.fresh_next, self.num_blocks), *self.released)
+
+    # -- anchoring -------------------------------------------------------------------------
+
+    def anchor_up(self, p: int) -> None:
+        """A child of ``p`` became anchored; flip ancestors that become anchored."""
+        anchored, ref, parent = self.anchored_children, self.ref, self.parent
+        while p >= 0:
+            a = anchored[p]
+            anchored[p] = a + 1
+            if a or ref[p]:
+                return
+            self.num_reclaimable -= 1
+            p = parent[p]
+
+    def unanchor_up(self, p: int) -> None:
+        """A child of ``p`` stopped being anchored; flip ancestors that lose their anchor."""
+        anchored, ref, parent = self.anchored_children, self.ref, self.parent
+        while p >= 0:
+            a = anchored[p] - 1
+            anchored[p] = a
+            if a or ref[p]:
+                return
+            self.num_reclaimable += 1
+            p = parent[p]
+
+    # -- holds -----------------------------------------------------------------------------
+
+    def pin(self, blocks: Sequence[int]) -> None:
+        """Hold each of ``blocks`` (a matched chain, root first) once more."""
+        ref, anchored = self.ref, self.anchored_children
+        for b in blocks:
+            r = ref[b]
+            ref[b] = r + 1
+            if r == 0:
+                self.num_used += 1
+                self.num_cached -= 1
+                if not anchored[b]:
+                    self.num_reclaimable -= 1
+                    self.anchor_up(self.parent[b])
+
+    def release(self, blocks: Sequence[int], clock: int) -> None:
+        """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
+        ref, depth, parent = self.ref, self.depth, self.parent
+        anchored, children, last_use = self.anchored_children, self.num_children, self.last_use
+        released = self.released
+        freed = cached = unanchored = 0
+        for b in reversed(blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                continue
+            freed += 1
+            if not depth[b]:
+                released.append(b)
+                continue
+            last_use[b] = clock
+            cached += 1
+            if not anchored[b]:
+                unanchored += 1
+                p = parent[b]
+                if p >= 0:
+                    # Inline first step of unanchor_up: usually the parent is still held.
+                    a = anchored[p] - 1
+                    anchored[p] = a
+                    if not a and not ref[p]:
+                        self.num_reclaimable += 1
+                        self.unanchor_up(parent[p])
+            if not children[b]:
+                self.leaves.push(self, b)
+        self.num_used -= freed
+        self.num_cached += cached
+        self.num_reclaimable += unanchored
+
+    # -- publication and eviction ----------------------------------------------------------
+
+    def publish(
+        self,
+        b: int,
+        tokens: bytes,
+        namespace: bytes,
+        extra: tuple[tuple[int, bytes], ...],
+        parent: int,
+        key: int,
+        block_hash: int,
+        depth: int,
+        serial: int,
+    ) -> None:
+        """Store the identity of the held block ``b`` (its parent is published)."""
+        start = b * self.block_nbytes
+        self.tokens[start : start + self.block_nbytes] = tokens
+        self.namespace[b] = namespace
+        if extra:
+            self.extra[b] = extra
+        self.parent[b] = parent
+        self.key[b] = key
+        if self.wire_hashes:
+            self.block_hash[b] = block_hash
+        self.depth[b] = depth
+        self.serial[b] = serial
+        self.num_published += 1
+        if parent >= 0:
+            self.num_children[parent] += 1
+            # b is held, hence anchored: tell the parent (inlined first step of anchor_up).
+            anchored = self.anchored_children
+            a = anchored[parent]
+            anchored[parent] = a + 1
+            if not a and not self.ref[parent]:
+                self.num_reclaimable -= 1
+                self.anchor_up(self.parent[parent])
+
+    def pop_leaves(self, count: int) -> list[int]:
+        """Take up to ``count`` leaves off the eviction order, each still published.
+
+        A parent left without published children becomes a leaf and may go in the same
+        call. The caller unindexes the victims, then hands them to :meth:`forget`.
+        """
+        heap = self.leaves.heap
+        version, ref, children, depth = self.leaf_version, self.ref, self.num_children, self.depth
+        parent = self.parent
+        pop = heapq.heappop
+        victims: list[int] = []
+        while len(victims) < count and heap:
+            _, _, b, v = pop(heap)
+            if version[b] != v or ref[b] or children[b] or not depth[b]:
+                continue  # stale entry: b stopped being a leaf since it was queued
+            victims.append(b)
+            p = parent[b]
+            if p >= 0:
+                left = children[p] - 1
+                children[p] = left
+                if not left and not ref[p]:
+                    self.leaves.push(self, p)
+        return victims
+
+    def forget(self, victims: Sequence[int]) -> None:
+        """Unpublish the evicted ``victims`` and return them to the free queue."""
+        gen, released = self.gen, self.released
+        for b in victims:
+            self.clear_block(b)
+            gen[b] = (gen[b] + 1) & _WRAP
+            released.append(b)
+        n = len(victims)
+        self.num_cached -= n
+        self.num_published -= n
+        self.num_reclaimable -= n
+
+    def clear_block(self, b: int) -> None:
+        """Forget a block's identity (it is being evicted or was private).
+
+        The token bytes stay behind: nothing reads them while the depth says unpublished.
+        """
+        self.namespace[b] = None
+        self.extra.pop(b, None)
+        self.parent[b] = NO_PARENT
+        self.depth[b] = 0
+        self.last_use[b] = 0
+
+    def clear(self, published: Sequence[int]) -> None:
+        """A full reset: unpublish ``published`` (every published block; none is held)."""
+        for b in published:
+            self.clear_block(b)
+            self.num_children[b] = 0
+            self.anchored_children[b] = 0
+            self.gen[b] = (self.gen[b] + 1) & _WRAP
+        self.leaves.clear()
+        self.released.clear()
+        self.fresh_next = 0
+        self.num_cached = self.num_published = self.num_reclaimable = 0
+
+    def maybe_compact(self) -> None:
+        self.leaves.maybe_compact(self, self.num_cached)
+
+    def eviction_order(self) -> list[int]:
+        return self.leaves.order(self)
