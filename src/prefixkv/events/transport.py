@@ -132,6 +132,8 @@ class EventSubscriber:
     """Applies a publisher's batches, in order, to :attr:`mirror` (see the module doc).
 
     ``drop`` is a test hook: a message it returns true for is lost on the way in.
+    ``on_batch(seq, events)`` is called after each batch is applied to the mirror, in
+    sequence order, replays included: a router feeds its own index from it.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class EventSubscriber:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         drop: Callable[[list[bytes]], bool] | None = None,
         replay_timeout_ms: int = 5000,
+        on_batch: Callable[[int, list[KVEvent]], None] | None = None,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
@@ -154,6 +157,7 @@ class EventSubscriber:
         self.skipped = 0
         self.malformed = 0
         self._drop = drop
+        self._on_batch = on_batch
         self._timeout = replay_timeout_ms
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -201,6 +205,10 @@ class EventSubscriber:
     def _apply(self, seq: int, events: list[KVEvent]) -> None:
         self.mirror.apply_all(events)  # all or nothing; EventStreamError leaves it as it was
         self.last_seq = seq
+        if self._on_batch is not None:
+            # Only after the strict mirror accepted the batch: a router index never sees a
+            # batch that does not describe a cache.
+            self._on_batch(seq, events)
 
     def catch_up(self) -> None:
         """Replay every batch after :attr:`last_seq` that the publisher still holds."""

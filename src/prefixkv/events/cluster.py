@@ -1,0 +1,406 @@
+"""Multi-replica serving: a KV-aware router over engine replicas that publish KV events.
+
+``prefixkv serve-sim --replicas N --router {kv,round-robin}`` runs :func:`run_cluster`: N
+replica processes (:mod:`prefixkv.events.replicas`), each with its own cache, publishing its
+KV events over ZeroMQ; and the router, in this process, which subscribes to every replica,
+feeds one index per replica (:mod:`prefixkv.events.router`) and places each request.
+
+A multi-turn workload (:func:`prefixkv.serve_sim.chat_turns`) is served in lock step: a turn
+arrives at its arrival tick, or the tick after the turn it follows finished, wherever that
+one ran; its prompt is that turn's prompt and output, then its own tokens.
+
+Router accuracy. On every routed request the router records its predicted prefix for the
+chosen replica (in blocks) and the number of event batches it had applied from that replica.
+The replica records, on the request's arrival, the prefix it holds and the number of batches
+it had published (:class:`~prefixkv.events.replicas.Receipt`). When the two sequence numbers
+agree, no event was in flight and the prediction must equal the held prefix exactly:
+otherwise it is a *misprediction*. When they differ, events were in flight and the pair is
+counted as ``in_flight``, not compared. After every tick the router waits (with a timeout)
+until it has applied every batch each replica reported published, so in lock step nothing is
+in flight at routing time and every placement is checked.
+
+The prefix compared is the published prefix, before the match policy's caps (choices 4-6),
+which a router does not model; the hit rate is the replicas' own, after the caps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from prefixkv.spec import PrefixCacheError
+from prefixkv.spec.results import CacheStats
+
+from .replicas import Finished, ReplicaFailed, ReplicaPool, ReplicaRequest
+from .router import ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
+
+__all__ = ["ClusterResult", "RoutedRequest", "RouterOutOfSync", "run_cluster"]
+
+
+class RouterOutOfSync(PrefixCacheError, RuntimeError):
+    """The router could not apply a replica's published events in time (or lost them)."""
+
+
+@attrs.frozen
+class RoutedRequest:
+    request_id: str
+    replica: int
+    predicted_blocks: int
+    served_blocks: int
+    in_flight: bool
+    """Events were in flight between routing and arrival: the pair was not compared."""
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    ttft_steps: int
+    overlaps: tuple[int, ...]
+
+    @property
+    def mispredicted(self) -> bool:
+        return not self.in_flight and self.predicted_blocks != self.served_blocks
+
+
+@attrs.frozen
+class ClusterResult:
+    router: str
+    index: str
+    replicas: int
+    requests: dict[str, RoutedRequest]
+    served_counts: dict[str, int]
+    """How many times each request finished, over all replicas (1 for each, exactly)."""
+    stats: tuple[CacheStats, ...]
+    ticks: int
+    wall_s: float
+    busy_s: tuple[float, ...]
+    """Each replica's model clock: the sum of its step times."""
+    rejected_events: int
+    replays: int
+
+    @property
+    def mispredictions(self) -> int:
+        return sum(r.mispredicted for r in self.requests.values())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.requests.values())
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(s.prefill_tokens for s in self.stats)
+
+    @property
+    def prefill_tokens_skipped(self) -> int:
+        return sum(s.prefill_tokens_skipped for s in self.stats)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from a cache over prompt tokens admitted, all replicas."""
+        return self.prefill_tokens_skipped / self.prefill_tokens if self.prefill_tokens else 0.0
+
+    @property
+    def served_exactly_once(self) -> bool:
+        return set(self.served_counts) == set(self.requests) and all(
+            c == 1 for c in self.served_counts.values()
+        )
+
+
+def _sync(subs: Sequence[Any], published: Sequence[int], timeout_s: float) -> None:
+    """Apply every batch each replica reported published, or raise RouterOutOfSync."""
+    from .transport import ReplayGap
+
+    deadline = time.monotonic() + timeout_s
+    for i, (sub, target) in enumerate(zip(subs, published, strict=True)):
+        try:
+            while sub.last_seq + 1 < target:
+                if not sub.poll(20):
+                    # PUB/SUB may drop a batch (a late join) with no later one to show the
+                    # gap: ask the replay endpoint for what the publisher holds.
+                    sub.catch_up()
+                if time.monotonic() > deadline:
+                    raise RouterOutOfSync(
+                        f"replica {i}: applied {sub.last_seq + 1} of {target} event batches "
+                        f"after {timeout_s} s"
+                    )
+        except ReplayGap as exc:
+            raise RouterOutOfSync(f"replica {i}: {exc}") from None
+
+
+def run_cluster(
+    turns: Sequence[Any],
+    engine_config: Any,
+    *,
+    replicas: int,
+    router: str,
+    index: str = "auto",
+    max_ticks: int = 100_000,
+    start_timeout_s: float = 180.0,
+    tick_timeout_s: float = 60.0,
+) -> ClusterResult:
+    """Serve ``turns`` (:class:`prefixkv.engine.Turn`) on ``replicas`` engine processes."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise RouterConfigError(f"--replicas must be >= 1, got {replicas!r}")
+    if router not in ROUTERS:
+        raise RouterConfigError(f"unknown router {router!r}; expected one of {ROUTERS}")
+    ids = [t.request_id for t in turns]
+    if len(set(ids)) != len(ids):
+        raise RouterConfigError("request ids in a workload must be unique")
+    from .transport import EventSubscriber
+
+    start = time.perf_counter()
+    pool = ReplicaPool(
+        replicas, engine_config, start_timeout_s=start_timeout_s, tick_timeout_s=tick_timeout_s
+    )
+    subs: list[EventSubscriber] = []
+    try:
+        infos = pool.start()
+        namespace, block_size = infos[0].namespace, infos[0].block_size
+        if any((i.namespace, i.block_size) != (namespace, block_size) for i in infos):
+            raise ReplicaFailed("the replicas disagree on the namespace or the block size")
+        indexes: list[RouterIndex] = [make_index(index, block_size) for _ in infos]
+        for info, ix in zip(infos, indexes, strict=True):
+
+            def feed(_: int, events: list[Any], ix: RouterIndex = ix) -> None:
+                ix.apply(events)
+
+            subs.append(
+                EventSubscriber(
+                    info.endpoint, info.replay_endpoint, topic=info.topic, on_batch=feed
+                )
+            )
+        policy = make_router(router, indexes)
+        prompts: dict[str, tuple[int, ...]] = {}
+        finished: dict[str, Finished] = {}
+        served: dict[str, int] = {}
+        placed: dict[str, tuple[int, Any, int]] = {}  # rid -> (replica, placement, seq)
+        receipts: dict[str, Any] = {}
+        loads = [0] * replicas
+        pending = list(turns)
+        busy = [0.0] * replicas
+        tick = 0
+        while pending or len(served) < len(placed):
+            if tick >= max_ticks:
+                raise RouterOutOfSync(f"workload not finished after {max_ticks} ticks")
+            assignments: list[list[ReplicaRequest]] = [[] for _ in range(replicas)]
+            still = []
+            for t in pending:
+                parent = t.follows
+                if tick < t.arrival_step or (parent is not None and parent not in finished):
+                    still.append(t)
+                    continue
+                history = () if parent is None else prompts[parent] + finished[parent].output
+                prompt = (*history, *t.tokens)
+                prompts[t.request_id] = prompt
+                p = policy.place(namespace, prompt, loads)
+                placed[t.request_id] = (p.replica, p, subs[p.replica].last_seq + 1)
+                loads[p.replica] += 1
+                assignments[p.replica].append(
+                    ReplicaRequest(t.request_id, prompt, t.max_new_tokens)
+                )
+            pending = still
+            reports = pool.tick(assignments)
+            for rep in reports:
+                busy[rep.replica] = rep.step_s
+                for rc in rep.receipts:
+                    receipts[rc.request_id] = rc
+                for f in rep.finished:
+                    served[f.request_id] = served.get(f.request_id, 0) + 1
+                    finished[f.request_id] = f
+                    loads[rep.replica] -= 1
+            _sync(subs, [rep.next_seq for rep in reports], tick_timeout_s)
+            tick += 1
+        stats = pool.stop()
+    finally:
+        for sub in subs:
+            sub.close()
+        pool.close()
+    routed = {}
+    for rid in ids:
+        replica, p, seq = placed[rid]
+        rc, f = receipts[rid], finished[rid]
+        routed[rid] = RoutedRequest(
+            rid,
+            replica,
+            p.predicted_blocks,
+            rc.served_blocks,
+            rc.seq != seq,
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.ttft_s,
+            f.ttft_steps,
+            p.overlaps,
+        )
+    return ClusterResult(
+        router=router,
+        index=indexes[0].kind,
+        replicas=replicas,
+        requests=routed,
+        served_counts=served,
+        stats=tuple(stats),
+        ticks=tick,
+        wall_s=time.perf_counter() - start,
+        busy_s=tuple(busy),
+        rejected_events=sum(ix.rejected for ix in indexes),
+        replays=sum(s.replays for s in subs),
+    )
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def report(result: ClusterResult) -> dict[str, Any]:
+    """The ``--json`` object of a multi-replica run (without the workload, which the caller
+    adds)."""
+    reqs = list(result.requests.values())
+    ttft = [r.ttft_s * 1e3 for r in reqs]
+    per_replica = [0] * result.replicas
+    for r in reqs:
+        per_replica[r.replica] += 1
+    return {
+        "router": result.router,
+        "index": result.index,
+        "replicas": result.replicas,
+        "requests": len(reqs),
+        "served_exactly_once": result.served_exactly_once,
+        "requests_per_replica": per_replica,
+        "hit_rate": result.hit_rate,
+        "prefill_tokens": result.prefill_tokens,
+        "prefill_tokens_skipped": result.prefill_tokens_skipped,
+        "prefill_tokens_computed": result.prefill_tokens - result.prefill_tokens_skipped,
+        "ttft_ms_p50": _percentile(ttft, 0.5),
+        "ttft_ms_p90": _percentile(ttft, 0.9),
+        "ttft_steps_p50": statistics.median(r.ttft_steps for r in reqs) if reqs else 0,
+        "routed_checked": len(reqs) - result.in_flight,
+        "routed_in_flight": result.in_flight,
+        "mispredictions": result.mispredictions,
+        "rejected_events": result.rejected_events,
+        "replays": result.replays,
+        "ticks": result.ticks,
+        "replica_busy_s": list(result.busy_s),
+        "wall_s": result.wall_s,
+        "times": "CPU-model times: each replica's step times, not wall time",
+    }
+
+
+def print_report(r: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    total = max(r["prefill_tokens"], 1)
+    rows = [
+        ("router / index", f"{r['router']} / {r['index']}"),
+        (
+            "requests (per replica)",
+            f"{r['requests']} ({', '.join(map(str, r['requests_per_replica']))})",
+        ),
+        ("every request served exactly once", "yes" if r["served_exactly_once"] else "NO"),
+        ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
+        (
+            "prefill tokens saved",
+            f"{r['prefill_tokens_skipped']:,} of {r['prefill_tokens']:,}  "
+            f"({r['prefill_tokens_skipped'] / total:.1%})",
+        ),
+        (
+            "TTFT p50 / p90 (CPU-model time)",
+            f"{r['ttft_ms_p50']:.1f} ms / {r['ttft_ms_p90']:.1f} ms",
+        ),
+        ("TTFT p50 in steps", str(r["ttft_steps_p50"])),
+        (
+            "router mispredictions",
+            f"{r['mispredictions']} of {r['routed_checked']} checked "
+            f"({r['routed_in_flight']} with events in flight)",
+        ),
+        ("events rejected by the index / replays", f"{r['rejected_events']} / {r['replays']}"),
+        ("ticks / wall time", f"{r['ticks']} / {r['wall_s']:.1f} s"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+def run_from_args(args: Any, sim: Any, engine_config: Any, turns: Sequence[Any]) -> int:
+    """``serve-sim --replicas N --router R``: run, report (``--json``: one object), plot."""
+    from prefixkv.cli import EXIT_FAILURE, emit_json
+
+    if args.replicas is None:
+        raise RouterConfigError("--router needs --replicas N")
+    result = run_cluster(
+        turns,
+        engine_config,
+        replicas=args.replicas,
+        router=args.router or "kv",
+        index=args.index,
+    )
+    r = report(result)
+    ok = result.served_exactly_once and result.mispredictions == 0
+    out = {
+        "command": "serve-sim",
+        "ok": ok,
+        "workload": attrs.asdict(sim),
+        "model": engine_config.model.version,
+        "backend": engine_config.backend,
+        "num_blocks": engine_config.num_blocks,
+        "block_size": engine_config.block_size,
+        **r,
+    }
+    if args.plot is not None:
+        plot_requests(result, args.plot)
+        out["plot"] = str(args.plot)
+    if args.json:
+        emit_json(out)
+    else:
+        print_report(
+            out,
+            f"prefixkv serve-sim: {result.replicas} replicas, {engine_config.model.version}, "
+            f"{engine_config.num_blocks} blocks x {engine_config.block_size} tokens each",
+        )
+    if not ok:
+        import sys
+
+        print(
+            "prefixkv serve-sim: error: "
+            + (
+                "a request was not served exactly once"
+                if not result.served_exactly_once
+                else f"{result.mispredictions} router mispredictions"
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return 0
+
+
+def plot_requests(result: ClusterResult, path: Any) -> None:
+    """TTFT against the cached fraction of each prompt, one colour per replica."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for replica in range(result.replicas):
+        reqs = [r for r in result.requests.values() if r.replica == replica]
+        ax.scatter(
+            [r.cached_tokens / r.prompt_tokens for r in reqs],
+            [r.ttft_s * 1e3 for r in reqs],
+            s=14,
+            label=f"replica {replica}",
+        )
+    ax.set_xlabel("cached fraction of the prompt")
+    ax.set_ylabel("time to first token (ms, CPU-model time)")
+    ax.set_title(f"serve-sim, {result.replicas} replicas, router {result.router}")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
