@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -36,7 +36,7 @@ from prefixkv.spec import PrefixCacheError
 from prefixkv.spec.results import CacheStats
 
 from .replicas import Finished, ReplicaFailed, ReplicaPool, ReplicaRequest
-from .router import ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
+from .router import INDEXES, ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
 
 __all__ = ["ClusterResult", "RoutedRequest", "RouterOutOfSync", "run_cluster"]
 
@@ -135,16 +135,22 @@ def run_cluster(
     *,
     replicas: int,
     router: str,
-    index: str = "auto",
+    index: str | Callable[[int], RouterIndex] = "auto",
     max_ticks: int = 100_000,
     start_timeout_s: float = 180.0,
     tick_timeout_s: float = 60.0,
 ) -> ClusterResult:
-    """Serve ``turns`` (:class:`prefixkv.engine.Turn`) on ``replicas`` engine processes."""
+    """Serve ``turns`` (:class:`prefixkv.engine.Turn`) on ``replicas`` engine processes.
+
+    ``index`` is one of :data:`~prefixkv.events.router.INDEXES`, or a factory that makes
+    one index from the replicas' block size.
+    """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise RouterConfigError(f"--replicas must be >= 1, got {replicas!r}")
     if router not in ROUTERS:
         raise RouterConfigError(f"unknown router {router!r}; expected one of {ROUTERS}")
+    if isinstance(index, str) and index not in INDEXES:
+        raise RouterConfigError(f"unknown router index {index!r}; expected one of {INDEXES}")
     ids = [t.request_id for t in turns]
     if len(set(ids)) != len(ids):
         raise RouterConfigError("request ids in a workload must be unique")
@@ -160,7 +166,9 @@ def run_cluster(
         namespace, block_size = infos[0].namespace, infos[0].block_size
         if any((i.namespace, i.block_size) != (namespace, block_size) for i in infos):
             raise ReplicaFailed("the replicas disagree on the namespace or the block size")
-        indexes: list[RouterIndex] = [make_index(index, block_size) for _ in infos]
+        indexes: list[RouterIndex] = [
+            index(block_size) if callable(index) else make_index(index, block_size) for _ in infos
+        ]
         for info, ix in zip(infos, indexes, strict=True):
 
             def feed(_: int, events: list[Any], ix: RouterIndex = ix) -> None:

@@ -258,7 +258,10 @@ class ReplicaPool:
         try:
             got, payload = conn.recv()
         except (EOFError, OSError) as exc:
-            raise ReplicaFailed(f"replica {i} closed its pipe ({exc})") from None
+            proc.join(timeout=1.0)  # the pipe closes as the process exits: say how it ended
+            raise ReplicaFailed(
+                f"replica {i} died (exit code {proc.exitcode}; pipe: {exc or 'closed'})"
+            ) from None
         if got == "error":
             raise ReplicaFailed(f"replica {i} failed: {payload}")
         if got != kind:
