@@ -412,3 +412,116 @@ def plot_requests(result: ClusterResult, path: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequence[str] = ()) -> Any:
+    """Run ``serve-sim --replicas N`` for both routers, ``repeats`` times each, each run in a
+    fresh process (the two routers alternate, so a change in the machine's load hits both);
+    write ``routing.json`` and ``routing.png`` under ``out_dir``; return the JSON path.
+
+    Hit rates, tokens and mispredictions are deterministic (lock step); TTFT is a time, so
+    it is reported as the median over the runs of each run's p50 and p90, with the range.
+    """
+    import json
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(out_dir)
+    runs: dict[str, list[dict[str, Any]]] = {r: [] for r in ROUTERS}
+    for _ in range(repeats):
+        for router in ROUTERS:
+            argv = [sys.executable, "-m", "prefixkv", "serve-sim", "--replicas", str(replicas)]
+            argv += ["--router", router, "--json", *extra]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RouterOutOfSync(f"{' '.join(argv[2:])} failed: {done.stderr[-2000:]}")
+            runs[router].append(json.loads(done.stdout))
+    summary: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {platform.system()}; CPU only, 2 cores, shared, loaded",
+        "times": "CPU-model times: each replica's step times, not wall time",
+        "replicas": replicas,
+        "repeats": repeats,
+        "argv_extra": list(extra),
+        "routers": {},
+    }
+    for router, rs in runs.items():
+        first = rs[0]
+        for key in ("hit_rate", "prefill_tokens_skipped", "mispredictions"):
+            if any(r[key] != first[key] for r in rs):
+                raise RouterOutOfSync(f"{router}: {key} differs between runs of one workload")
+        p50 = [r["ttft_ms_p50"] for r in rs]
+        p90 = [r["ttft_ms_p90"] for r in rs]
+        summary["routers"][router] = {
+            "index": first["index"],
+            "requests": first["requests"],
+            "requests_per_replica": first["requests_per_replica"],
+            "hit_rate": first["hit_rate"],
+            "prefill_tokens": first["prefill_tokens"],
+            "prefill_tokens_skipped": first["prefill_tokens_skipped"],
+            "prefill_tokens_computed": first["prefill_tokens_computed"],
+            "mispredictions": first["mispredictions"],
+            "routed_checked": first["routed_checked"],
+            "ttft_steps_p50": first["ttft_steps_p50"],
+            "ttft_ms_p50_median": statistics.median(p50),
+            "ttft_ms_p50_range": [min(p50), max(p50)],
+            "ttft_ms_p90_median": statistics.median(p90),
+            "ttft_ms_p90_range": [min(p90), max(p90)],
+            "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "routing.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    _plot_comparison(summary, out / "routing.png")
+    return path
+
+
+def _plot_comparison(summary: dict[str, Any], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = summary["routers"]
+    names = list(rs)
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6))
+    axes[0].bar(names, [rs[n]["hit_rate"] * 100 for n in names], color=["C0", "C7"])
+    axes[0].set_ylabel("hit rate (% of prompt tokens)")
+    axes[1].bar(names, [rs[n]["prefill_tokens_computed"] for n in names], color=["C0", "C7"])
+    axes[1].set_ylabel("prefill tokens computed")
+    for k, (q, offset) in enumerate((("p50", -0.18), ("p90", 0.18))):
+        med = [rs[n][f"ttft_ms_{q}_median"] for n in names]
+        lo = [m - rs[n][f"ttft_ms_{q}_range"][0] for m, n in zip(med, names, strict=True)]
+        hi = [rs[n][f"ttft_ms_{q}_range"][1] - m for m, n in zip(med, names, strict=True)]
+        axes[2].bar(
+            [i + offset for i in range(len(names))],
+            med,
+            width=0.34,
+            yerr=[lo, hi],
+            capsize=3,
+            color=f"C{k + 1}",
+            label=f"TTFT {q}",
+        )
+    axes[2].set_xticks(range(len(names)), names)
+    axes[2].set_ylabel("ms, CPU-model time (median, range)")
+    axes[2].legend()
+    fig.suptitle(
+        f"serve-sim, {summary['replicas']} replicas, chat workload; "
+        f"{summary['repeats']} runs per router ({summary['machine']})",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=figures.__doc__)
+    parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    ns = parser.parse_args()
+    print(figures(ns.out, replicas=ns.replicas, repeats=ns.repeats))
