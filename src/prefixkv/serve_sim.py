@@ -211,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
     model = config.model
     turns = chat_turns(sim, model.vocab_size)
     if args.replicas is not None or args.router is not None:
-        from prefixkv.events.cluster import run_from_args
+        from prefixkv.serve_replicas import run_from_args
 
         return run_from_args(args, sim, attrs.evolve(config, record_logits=False), turns)
     progress = Progress(
