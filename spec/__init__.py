@@ -18,7 +18,14 @@ from .errors import (
     WrongSlotRole,
 )
 from .event_mirror import EventMirror, EventStreamError
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+)
 from .hybrid import HybridSpecCache, StateSlotPool
 from .identity import (
     HASHERS,
@@ -52,6 +59,8 @@ __all__ = [
     "CacheState",
     "CacheStats",
     "CheckedCache",
+    "CheckpointRemoved",
+    "CheckpointStored",
     "CheckpointView",
     "DecodeStep",
     "DuplicateSequence",

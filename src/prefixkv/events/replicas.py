@@ -124,7 +124,7 @@ def replica_main(replica: int, config: Any, conn: Connection) -> None:
         from .transport import EventPublisher
 
         engine = Engine(_attrs.evolve(config, record_events=True, cache_enabled=True))
-        publisher = EventPublisher(topic=f"replica-{replica}".encode())
+        publisher = EventPublisher(topic=f"replica-{replica}".encode(), checkpoint_events=True)
         conn.send(
             (
                 "ready",

@@ -35,7 +35,7 @@ import zmq
 from prefixkv.spec import KVEvent, PrefixCacheError
 from prefixkv.spec.event_mirror import EventMirror
 
-from .wire import WireError, decode_batch, encode_batch
+from .wire import WireError, decode_batch, encode_batch, is_checkpoint_event
 
 __all__ = ["EventPublisher", "EventSubscriber", "ReplayGap"]
 
@@ -60,6 +60,8 @@ class EventPublisher:
     ``endpoint`` and ``replay_endpoint`` are bound; ``tcp://127.0.0.1:*`` picks a free port,
     and :attr:`endpoint` / :attr:`replay_endpoint` then name the bound addresses. The
     replay endpoint is served by a background thread, which alone touches its socket.
+    ``checkpoint_events`` sends a hybrid cache's checkpoint events too (prefixkv's own
+    tags, which vLLM's decoder rejects: see :mod:`prefixkv.events.wire`).
     """
 
     def __init__(
@@ -70,9 +72,11 @@ class EventPublisher:
         topic: bytes = b"kv-events",
         buffer_size: int = 10_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        checkpoint_events: bool = False,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
+        self.checkpoint_events = checkpoint_events
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
@@ -94,9 +98,11 @@ class EventPublisher:
 
     def publish(self, events: list[KVEvent]) -> int:
         """Send one batch (empty batches are skipped); returns its sequence number or -1."""
+        if not self.checkpoint_events:
+            events = [e for e in events if not is_checkpoint_event(e)]
         if not events:
             return -1
-        payload = encode_batch(events)
+        payload = encode_batch(events, checkpoints=self.checkpoint_events)
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
