@@ -60,7 +60,14 @@ def print_report(r: dict[str, Any], title: str) -> None:
 def run_from_args(args: Any, sim: Any, engine_config: Any, turns: Sequence[Any]) -> int:
     """``serve-sim --replicas N --router R``: run, report (``--json``: one object), plot."""
     from prefixkv.cli import EXIT_FAILURE, emit_json
-    from prefixkv.events.cluster import report, run_cluster
+
+    try:
+        from prefixkv.events.cluster import report, run_cluster
+        from prefixkv.events.transport import EventPublisher  # noqa: F401  (needs pyzmq)
+    except ImportError as exc:
+        raise RouterConfigError(
+            f"--replicas needs the events extra (pip install prefixkv[events]): {exc}"
+        ) from None
 
     if args.replicas is None:
         raise RouterConfigError("--router needs --replicas N")

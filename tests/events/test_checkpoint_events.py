@@ -174,3 +174,35 @@ def test_inv_events_catches_a_missing_checkpoint_event(cls: type[Any]) -> None:
         c.free(["a"])
         c.evict(16)
     assert "checkpoint" in str(info.value)
+
+
+# -- on the wire, and at Dynamo's router -----------------------------------------------------
+
+
+def _hybrid_stream() -> list[Any]:
+    c = make(HybridPrefixCacheManager)
+    serve(c, "a", list(range(9)))
+    c.free(["a"])
+    c.evict(16)
+    return c.log
+
+
+def test_checkpoint_events_travel_only_on_request() -> None:
+    wire = pytest.importorskip("prefixkv.events.wire")
+    events = _hybrid_stream()
+    kinds = (CheckpointStored, CheckpointRemoved)
+    assert any(isinstance(e, kinds) for e in events)
+    assert wire.decode_batch(wire.encode_batch(events, checkpoints=True)) == events
+    plain = wire.decode_batch(wire.encode_batch(events))  # what vLLM's decoder accepts
+    assert plain == [e for e in events if not isinstance(e, kinds)]
+
+
+def test_dynamo_skips_checkpoint_events() -> None:
+    pytest.importorskip("dynamo.llm")
+    from prefixkv.events.dynamo import DynamoIndex
+
+    events = _hybrid_stream()
+    index = DynamoIndex()
+    index.apply(0, events)
+    assert index.skipped == 2 and index.rejected == 0
+    assert index.applied == len(events) - 2
