@@ -154,6 +154,9 @@ def run_cluster(
     ids = [t.request_id for t in turns]
     if len(set(ids)) != len(ids):
         raise RouterConfigError("request ids in a workload must be unique")
+    unknown = sorted({t.follows for t in turns if t.follows is not None} - set(ids))
+    if unknown:
+        raise RouterConfigError(f"turns follow unknown requests {unknown[:4]}")
     from .transport import EventSubscriber
 
     start = time.perf_counter()
@@ -306,12 +309,14 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
     it is reported as the median over the runs of each run's p50 and p90, with the range.
     """
     import json
+    import os
     import platform
     import subprocess
     import sys
     from pathlib import Path
 
     out = Path(out_dir)
+    load_before = os.getloadavg()[0]
     runs: dict[str, list[dict[str, Any]]] = {r: [] for r in ROUTERS}
     for _ in range(repeats):
         for router in ROUTERS:
@@ -321,8 +326,10 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
             if done.returncode != 0:
                 raise RouterOutOfSync(f"{' '.join(argv[2:])} failed: {done.stderr[-2000:]}")
             runs[router].append(json.loads(done.stdout))
+    load_after = os.getloadavg()[0]
     summary: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {platform.system()}; CPU only, 2 cores, shared, loaded",
+        "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} CPU cores",
+        "load_average": [round(load_before, 1), round(load_after, 1)],
         "times": "CPU-model times: each replica's step times, not wall time",
         "replicas": replicas,
         "repeats": repeats,
