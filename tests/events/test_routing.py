@@ -195,6 +195,7 @@ def test_bad_router_arguments_are_typed_errors() -> None:
         lambda: make_router("least-loaded", _fixed(1)),
         lambda: make_index("btree", 4),
         lambda: KVRouter([]),
+        lambda: ReplicaPool(0, CONFIG),
     ):
         with pytest.raises(RouterConfigError) as info:
             call()

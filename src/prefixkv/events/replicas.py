@@ -41,6 +41,8 @@ import attrs
 from prefixkv.spec import Namespace, PrefixCacheError
 from prefixkv.spec.results import CacheStats
 
+from .router import RouterConfigError
+
 __all__ = [
     "Finished",
     "Receipt",
@@ -212,7 +214,7 @@ class ReplicaPool:
         tick_timeout_s: float = 60.0,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ReplicaFailed(f"need at least one replica, got {n!r}")
+            raise RouterConfigError(f"need at least one replica, got {n!r}")
         self.n = n
         self.config = config
         self.start_timeout_s = start_timeout_s
