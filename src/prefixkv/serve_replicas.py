@@ -52,6 +52,8 @@ def print_report(r: dict[str, Any], title: str) -> None:
         ("events rejected by the index / replays", f"{r['rejected_events']} / {r['replays']}"),
         ("ticks / wall time", f"{r['ticks']} / {r['wall_s']:.1f} s"),
     ]
+    if "plot" in r:
+        rows.append(("plot", r["plot"]))
     for k, v in rows:
         table.add_row(k, v)
     Console().print(table)
