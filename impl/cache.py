@@ -444,6 +444,7 @@ class PrefixCacheManager:
         index_remove = self._index.remove
         events = self._events if self._record_events else None
         remembered, forget_at = self._evicted, self._num_blocks
+        hook = self._evict_hook
         for b in victims:
             index_remove(keys[b], b)
             p = parent[b]
@@ -456,11 +457,11 @@ class PrefixCacheManager:
                     remembered.popitem(last=False)
             if events is not None:
                 events.append(BlockRemoved((wire[b],)))
-        pool.forget(victims)
-        hook = self._evict_hook
-        if hook is not None:
-            for b in victims:
+            if hook is not None:
+                # NOTE: per victim, right after its BlockRemoved: a hybrid cache's checkpoint
+                # removal must follow its own block's removal, as the spec emits them.
                 hook(b)
+        pool.forget(victims)
         self._counters.evictions += len(victims)
         return len(victims)
 
@@ -1010,6 +1011,12 @@ class PrefixCacheManager:
             self._events.append(AllBlocksCleared())
 
     # -- inspection ------------------------------------------------------------------------
+
+    def _wire_hash(self, block: int) -> int:
+        """The identity hash events carry for a published block. Only meaningful while the
+        manager records events: then the pool keeps it, or the index key is that hash."""
+        pool = self._pool
+        return pool.block_hash[block] if pool.wire_hashes else pool.key[block]
 
     def _identity_hashes(self) -> dict[int, int]:
         """The identity hash of every published block (what the spec indexes by)."""

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 from prefixkv.spec.cache import check_count
 from prefixkv.spec.errors import InvalidOperation, OutOfStateSlots
+from prefixkv.spec.events import CheckpointRemoved, CheckpointStored
 from prefixkv.spec.hybrid import (
     CHECKPOINT,
     PINNED,
@@ -52,7 +53,7 @@ __all__ = ["HybridPrefixCacheManager"]
 
 
 class _Ckpt:
-    __slots__ = ("boundary", "node", "order", "owner", "slot", "status")
+    __slots__ = ("block_hash", "boundary", "node", "order", "owner", "slot", "status")
 
     def __init__(self, slot: int, boundary: int, owner: SeqId) -> None:
         self.slot = slot
@@ -61,6 +62,7 @@ class _Ckpt:
         self.owner: SeqId | None = owner
         self.node = -1
         self.order = 0
+        self.block_hash = 0  # the node's, once Ready: its checkpoint events name it
 
 
 class HybridPrefixCacheManager(PrefixCacheManager):
@@ -146,6 +148,8 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             for slot in self._saved_order:
                 ck = self._ckpts[slot]
                 if ck.status == READY:
+                    if self._record_events:
+                        self._events.append(CheckpointRemoved((ck.block_hash,)))
                     self._drop_saved(ck)
                     self._ckpt_evicted += 1
                     break
@@ -177,6 +181,8 @@ class HybridPrefixCacheManager(PrefixCacheManager):
         if ck is not None:
             # A pinned checkpoint's node is held by its restore owner: never a leaf.
             assert ck.status == READY, f"evicted the node of a {ck.status} checkpoint"
+            if self._record_events:  # after the node's BlockRemoved
+                self._events.append(CheckpointRemoved((ck.block_hash,)))
             self._drop_saved(ck)
             self._released_stale += 1
 
@@ -327,6 +333,9 @@ class HybridPrefixCacheManager(PrefixCacheManager):
             else:
                 del self._reserved[seq_id]
                 ck.status, ck.owner, ck.node, ck.order = READY, None, node, self._order
+                if self._record_events:
+                    ck.block_hash = self._wire_hash(node)
+                    self._events.append(CheckpointStored((ck.block_hash,)))
                 self._order += 1
                 self._node_ckpt[node] = ck
                 self._saved_order[ck.slot] = None

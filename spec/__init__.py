@@ -22,7 +22,14 @@ from .errors import (
     WrongSlotRole,
 )
 from .event_mirror import EventMirror, EventStreamError
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+)
 from .hashing import HASHERS
 from .hybrid import HybridSpecCache, StateSlotPool
 from .identity import BlockHasher, BlockIdentity, fast_hash, sha256_hash
@@ -50,7 +57,9 @@ __all__ = [
     "CacheState",
     "CacheStats",
     "CheckedCache",
+    "CheckpointRemoved",
     "CheckpointStatus",
+    "CheckpointStored",
     "CheckpointView",
     "DecodeStep",
     "DuplicateSequence",

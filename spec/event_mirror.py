@@ -15,6 +15,13 @@ hide the bug that produced it. A second store of a block the mirror already hold
 blocks with different parent identities can look alike to a consumer, so a repeat is a bug
 only when it outnumbers the published blocks.
 
+A hybrid cache's checkpoint events (``CheckpointStored`` / ``CheckpointRemoved``) keep, per
+hash, the number of published blocks under it that carry a restorable checkpoint
+(:attr:`EventMirror.checkpoints`). A store of a checkpoint on a hash the mirror does not
+hold, or on more blocks than it holds under the hash, and a removal of a checkpoint it does
+not hold, are :class:`EventStreamError`. A checkpoint's removal may follow its block's
+(a stale checkpoint goes with its evicted block), so it is counted apart from the blocks.
+
 NOTE: hashes are an index, not an identity. Under a deliberately colliding test hash
 (:func:`~prefixkv.spec.hashing.weak_hash`) two published blocks may share one, and a
 ``BlockRemoved`` of that hash cannot say which one left. The mirror then drops the most
@@ -30,7 +37,14 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from .errors import PrefixCacheError
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+)
 from .identity import BlockHasher, ExtraKey
 from .multimodal import MultimodalSpan, block_extra_keys
 from .namespace import Namespace
@@ -41,6 +55,7 @@ __all__ = [
     "EventStreamError",
     "MirroredBlock",
     "published_blocks",
+    "published_checkpoints",
     "served_prefix_blocks",
 ]
 
@@ -66,6 +81,8 @@ class EventMirror:
 
     def __init__(self) -> None:
         self.blocks: dict[int, list[MirroredBlock]] = {}
+        self.checkpoints: dict[int, int] = {}
+        """Hash -> how many blocks under it carry a Ready (or pinned) checkpoint."""
         self.ambiguous: set[int] = set()
         self.block_size: int | None = None
         self.num_events = 0
@@ -73,6 +90,7 @@ class EventMirror:
     def copy(self) -> EventMirror:
         out = EventMirror()
         out.blocks = {h: list(entries) for h, entries in self.blocks.items()}
+        out.checkpoints = dict(self.checkpoints)
         out.ambiguous = set(self.ambiguous)
         out.block_size = self.block_size
         out.num_events = self.num_events
@@ -99,7 +117,12 @@ class EventMirror:
             self._remove(event)
         elif isinstance(event, AllBlocksCleared):
             self.blocks.clear()
+            self.checkpoints.clear()
             self.ambiguous.clear()
+        elif isinstance(event, CheckpointStored):
+            self._store_checkpoints(event.block_hashes)
+        elif isinstance(event, CheckpointRemoved):
+            self._remove_checkpoints(event.block_hashes)
         else:
             raise EventStreamError(f"unknown KV event {event!r}")
         self.num_events += 1
@@ -151,6 +174,37 @@ class EventMirror:
                 del self.blocks[h]
                 self.ambiguous.discard(h)
 
+    def has_checkpoint(self, block_hash: int) -> bool:
+        """Whether a block under ``block_hash`` carries a restorable checkpoint."""
+        return self.checkpoints.get(block_hash, 0) > 0
+
+    def _store_checkpoints(self, hashes: Sequence[int]) -> None:
+        counts: dict[int, int] = {}
+        for h in hashes:
+            counts[h] = counts.get(h, 0) + 1
+            # Each published block carries at most one checkpoint (INV-CKPT).
+            if self.checkpoints.get(h, 0) + counts[h] > len(self.blocks.get(h, ())):
+                raise EventStreamError(
+                    f"CheckpointStored on hash {h}: more checkpoints than blocks the mirror holds"
+                )
+        for h, n in counts.items():
+            self.checkpoints[h] = self.checkpoints.get(h, 0) + n
+
+    def _remove_checkpoints(self, hashes: Sequence[int]) -> None:
+        counts: dict[int, int] = {}
+        for h in hashes:
+            counts[h] = counts.get(h, 0) + 1
+            if counts[h] > self.checkpoints.get(h, 0):
+                raise EventStreamError(
+                    f"CheckpointRemoved of hash {h}, which carries no checkpoint in the mirror"
+                )
+        for h, n in counts.items():
+            left = self.checkpoints[h] - n
+            if left:
+                self.checkpoints[h] = left
+            else:
+                del self.checkpoints[h]
+
     def overlap(
         self,
         hasher: BlockHasher,
@@ -191,6 +245,22 @@ def published_blocks(state: CacheState) -> list[tuple[int, MirroredBlock]]:
                 MirroredBlock(view.block_hash, parent, ns, view.token_ids, view.extra_keys),
             )
         )
+    return out
+
+
+def published_checkpoints(state: CacheState) -> dict[int, int]:
+    """Hash -> how many published blocks under it carry a Ready or pinned checkpoint: what
+    a faithful mirror's :attr:`EventMirror.checkpoints` holds."""
+    out: dict[int, int] = {}
+    slots = state.state_slots
+    if slots is None:
+        return out
+    for ck in slots.checkpoints:
+        if ck.status == "reserved" or ck.node is None:
+            continue
+        h = state.blocks[ck.node].block_hash
+        if h is not None:
+            out[h] = out.get(h, 0) + 1
     return out
 
 

@@ -13,19 +13,40 @@ alone would merge two tenants' blocks that differ only in their salt, or an imag
 with another image under the same placeholder tokens. ``BlockRemoved`` and
 ``AllBlocksCleared`` stay minimal: a hash names a block the consumer already knows.
 
-NOTE: events are ``NamedTuple`` classes rather than attrs classes: a busy cache emits one per
-published or evicted block, and a tuple is several times cheaper to build. They are still
-immutable, typed and comparable.
+A hybrid (attention + recurrent) cache also says which published blocks carry a restorable
+recurrent-state checkpoint, since it hits only at such a block: ``CheckpointStored`` when a
+checkpoint becomes Ready on a block, ``CheckpointRemoved`` when it is released while the
+cache keeps it (slot pressure) or with its block (a ``BlockRemoved`` of the same hash
+precedes it). A full reset's ``AllBlocksCleared`` drops every checkpoint too. These are
+events of their own rather than a flag on ``BlockStored``: a checkpoint can become Ready on
+a block published long before, and is released apart from its block.
+
+NOTE: the block events are ``NamedTuple`` classes rather than attrs classes: a busy cache
+emits one per published or evicted block, and a tuple is several times cheaper to build.
+They are still immutable, typed and comparable. The checkpoint events are rare (one per
+saved checkpoint) and are attrs classes, so that one never compares equal to a block event
+with the same hashes, as two one-field tuples would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
+
+import attrs
 
 from .identity import ExtraKey
 from .namespace import Namespace
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEvent", "stored_event"]
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "CheckpointRemoved",
+    "CheckpointStored",
+    "KVEvent",
+    "stored_event",
+]
 
 
 class BlockStored(NamedTuple):
@@ -56,7 +77,27 @@ class AllBlocksCleared(NamedTuple):
     """A full reset dropped every published block."""
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+def _hash_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class CheckpointStored:
+    """Hybrid models: a Ready recurrent-state checkpoint now hangs off each of these
+    published blocks, so a request whose prefix ends there can hit it."""
+
+    block_hashes: tuple[int, ...] = attrs.field(converter=_hash_tuple)
+
+
+@attrs.frozen
+class CheckpointRemoved:
+    """Hybrid models: these blocks' checkpoints were released (slot pressure, or their
+    block was evicted: then the ``BlockRemoved`` comes first)."""
+
+    block_hashes: tuple[int, ...] = attrs.field(converter=_hash_tuple)
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | CheckpointStored | CheckpointRemoved
 
 
 def stored_event(

@@ -61,6 +61,7 @@ from .errors import (
     PrefixCacheError,
     WrongSlotRole,
 )
+from .events import CheckpointRemoved, CheckpointStored
 from .identity import BlockHasher, fast_hash
 from .multimodal import clamp_out_of_spans
 from .request import Request, SeqId
@@ -180,6 +181,9 @@ class _Ckpt:
     owner: SeqId | None
     node: int | None = None
     order: int = 0
+    block_hash: int = 0
+    """The node's hash once Ready, for its checkpoint events (kept: the node may be evicted
+    first)."""
 
 
 @attrs.define
@@ -280,7 +284,9 @@ class HybridSpecCache(SpecCache):
         ready = [ck for ck in self._h.ckpts.values() if ck.status == READY]
         if not ready:
             return False
-        self._drop(min(ready, key=lambda ck: ck.order))
+        victim = min(ready, key=lambda ck: ck.order)
+        self._emit(CheckpointRemoved((victim.block_hash,)))
+        self._drop(victim)
         self._h.evicted += 1
         return True
 
@@ -318,6 +324,7 @@ class HybridSpecCache(SpecCache):
             return
         # A pinned checkpoint's node is held by its restore owner, so it is never a leaf.
         assert ck.status == READY, f"evicted the node of a {ck.status} checkpoint"
+        self._emit(CheckpointRemoved((ck.block_hash,)))  # after the node's BlockRemoved
         self._drop(ck)
         self._h.released_stale += 1
 
@@ -441,6 +448,10 @@ class HybridSpecCache(SpecCache):
                     self._h.discarded += 1
                 else:
                     ck.status, ck.owner, ck.node, ck.order = READY, None, node, self._h.order
+                    h = self._s.blocks[node].block_hash
+                    assert h is not None, "a checkpoint's node is published"
+                    ck.block_hash = h
+                    self._emit(CheckpointStored((h,)))
                     self._h.order += 1
                     self._h.saved += 1
             self._retarget(seq_id)

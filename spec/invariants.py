@@ -15,7 +15,7 @@ import attrs
 
 from prefixkv.errors import InvalidConfig, PrefixKVError
 
-from .event_mirror import EventMirror, EventStreamError, published_blocks
+from .event_mirror import EventMirror, EventStreamError, published_blocks, published_checkpoints
 from .hybrid import save_point
 from .invariant_ids import InvariantId
 from .multimodal import block_extra_keys, span_containing
@@ -541,7 +541,7 @@ def _runtime_positions(
 
 
 def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
-    """The mirror holds exactly the published blocks.
+    """The mirror holds exactly the published blocks, and exactly their checkpoints.
 
     Per hash, the blocks the mirror holds and the published blocks must be equal as
     multisets of identities (their counts only, where a colliding removal made the hash
@@ -591,6 +591,15 @@ def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
             yield f"hash {h} is stored {have.total()} times in the mirror, published {want.total()}"
         else:
             yield f"hash {h}: the mirror holds another identity than the published block {where[h]}"
+    # Hybrid caches: the blocks that carry a restorable checkpoint, counted per hash.
+    carried = published_checkpoints(s)
+    for h in sorted(set(carried) | set(mirror.checkpoints)):
+        want_ck, have_ck = carried.get(h, 0), mirror.checkpoints.get(h, 0)
+        if want_ck != have_ck:
+            yield (
+                f"hash {h}: {want_ck} published block(s) carry a checkpoint, the mirror says "
+                f"{have_ck} (a checkpoint event missing or repeated)"
+            )
 
 
 #: Every snapshot invariant and the generator of its failures, in the order :func:`check`

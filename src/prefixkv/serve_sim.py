@@ -6,6 +6,10 @@ the prefix cache on, then off (every admission in a namespace of its own). It re
 to first token, the prefill tokens computed against those skipped and the hit rate, and
 checks that both runs generated the same greedy tokens, with logits within tolerance (exit
 status 1 otherwise). ``--plot`` writes TTFT against the cached fraction of each prompt.
+
+``--replicas N --router {kv,round-robin}`` serves the same workload on N engine replicas,
+each a process of its own publishing its KV events, behind a KV-aware router
+(:mod:`prefixkv.events.cluster`).
 """
 
 from __future__ import annotations
@@ -130,6 +134,27 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
         "--seed", type=int, default=0, metavar="N", help="workload and weights seed (default: 0)"
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve on N engine replicas (processes) behind a router (needs prefixkv[events])",
+    )
+    parser.add_argument(
+        "--router",
+        default=None,
+        metavar="{kv,round-robin}",
+        help="with --replicas: longest cached prefix, tie-broken by load (default: kv), "
+        "or round-robin",
+    )
+    parser.add_argument(
+        "--index",
+        default="auto",
+        metavar="{auto,dynamo,mirror}",
+        help="with --replicas: the router's index; auto is Dynamo's RadixTree when "
+        "ai-dynamo-runtime is installed, else prefixkv's mirror (default: auto)",
+    )
+    parser.add_argument(
         "--plot",
         type=Path,
         default=None,
@@ -147,20 +172,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from prefixkv.cli import EXIT_FAILURE, emit_json
-    from prefixkv.engine import (
-        TOLERANCE,
-        Engine,
-        EngineConfig,
-        EqualityMismatch,
-        ModelConfig,
-        compare_runs,
-    )
-    from prefixkv.engine.engine import RunResult
+def _configs(args: argparse.Namespace) -> tuple[ServeSimConfig, Any]:
+    """The workload and the engine configuration the flags describe."""
+    from prefixkv.engine import EngineConfig, ModelConfig
     from prefixkv.engine.policy import SchedulerConfig
 
     sim = ServeSimConfig(
@@ -169,9 +183,8 @@ def _run(args: argparse.Namespace) -> int:
         system_tokens=args.system_tokens,
         seed=args.seed,
     )
-    model = ModelConfig(seed=args.seed, hybrid=args.hybrid)
     config = EngineConfig(
-        model=model,
+        model=ModelConfig(seed=args.seed, hybrid=args.hybrid),
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         scheduler=SchedulerConfig(
@@ -183,7 +196,24 @@ def _run(args: argparse.Namespace) -> int:
         device=args.device,
         record_logits=True,
     )
+    return sim, config
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from prefixkv.cli import EXIT_FAILURE, emit_json
+    from prefixkv.engine import TOLERANCE, Engine, EqualityMismatch, compare_runs
+    from prefixkv.engine.engine import RunResult
+
+    sim, config = _configs(args)
+    model = config.model
     turns = chat_turns(sim, model.vocab_size)
+    if args.replicas is not None or args.router is not None:
+        from prefixkv.serve_replicas import run_from_args
+
+        return run_from_args(args, sim, attrs.evolve(config, record_logits=False), turns)
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),

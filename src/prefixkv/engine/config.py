@@ -92,6 +92,8 @@ class EngineConfig:
     cache_enabled: bool = True
     ngram: int = attrs.field(default=3, validator=_positive)
     record_logits: bool = False
+    record_events: bool = False
+    """Queue the cache's KV events for ``cache.take_events()`` (a replica that publishes them)."""
     state_budget: int = attrs.field(default=32, validator=_count)
     decode_state_interval: int = attrs.field(default=0, validator=_count)
     cpu_threads: int | None = 1

@@ -126,6 +126,7 @@ class Engine:
                 max_num_seqs=cfg.scheduler.max_num_seqs,
                 state_budget=cfg.state_budget,
                 decode_state_interval=cfg.decode_state_interval,
+                record_events=cfg.record_events,
             )
             self.states = RecurrentStatePool(
                 cfg.scheduler.max_num_seqs + cfg.state_budget,
@@ -137,7 +138,7 @@ class Engine:
         self.cache: PrefixCacheManager = (
             self.hybrid
             if self.hybrid is not None
-            else PrefixCacheManager(cfg.num_blocks, cfg.block_size)
+            else PrefixCacheManager(cfg.num_blocks, cfg.block_size, record_events=cfg.record_events)
         )
         self.speculative = cfg.scheduler.num_draft_tokens > 0
         drafter = NgramDrafter(cfg.ngram) if self.speculative else None

@@ -10,5 +10,9 @@ events themselves, and the consumer-side mirror that INV-EVENTS is stated with, 
 * :mod:`prefixkv.events.transport`: a ZeroMQ publisher (PUB with a topic and sequence
   numbers, plus a replay endpoint) and a subscriber that detects gaps and replays;
 * :mod:`prefixkv.events.dynamo`: the translation into Dynamo's router events and the
-  router-side hashes of a request.
+  router-side hashes of a request;
+* :mod:`prefixkv.events.router`: a KV-aware router's per-replica index (Dynamo's
+  ``RadixTree`` or prefixkv's mirror) and its placement policies;
+* :mod:`prefixkv.events.replicas` and :mod:`prefixkv.events.cluster`: engine replicas as
+  processes publishing their events, served behind that router (``serve-sim --replicas``).
 """

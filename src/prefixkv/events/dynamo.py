@@ -28,7 +28,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from prefixkv.spec import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, Namespace
+from prefixkv.spec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+    Namespace,
+)
 from prefixkv.spec.identity import ExtraKey
 from prefixkv.spec.multimodal import MultimodalSpan, block_extra_keys
 
@@ -115,7 +123,8 @@ class DynamoIndex:
     """A ``dynamo.llm.RadixTree`` fed with prefixkv events from several workers.
 
     ``rejected`` counts the events the tree refused (a store under an unknown parent, a
-    removal of an unknown block): each is a point where the router lost sync.
+    removal of an unknown block): each is a point where the router lost sync. A hybrid
+    cache's checkpoint events have no Dynamo counterpart and are skipped (``skipped``).
     """
 
     def __init__(self, *, identity: bool = True) -> None:
@@ -125,10 +134,14 @@ class DynamoIndex:
         self.identity = identity
         self.rejected = 0
         self.applied = 0
+        self.skipped = 0
         self._next_id: dict[int, int] = {}
 
     def apply(self, worker: int, events: Sequence[KVEvent]) -> None:
         for event in events:
+            if isinstance(event, (CheckpointStored, CheckpointRemoved)):
+                self.skipped += 1
+                continue
             eid = self._next_id.get(worker, 0)
             self._next_id[worker] = eid + 1
             try:

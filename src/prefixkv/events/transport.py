@@ -35,7 +35,7 @@ import zmq
 from prefixkv.spec import KVEvent, PrefixCacheError
 from prefixkv.spec.event_mirror import EventMirror
 
-from .wire import WireError, decode_batch, encode_batch
+from .wire import WireError, decode_batch, encode_batch, is_checkpoint_event
 
 __all__ = ["EventPublisher", "EventSubscriber", "ReplayGap"]
 
@@ -60,6 +60,8 @@ class EventPublisher:
     ``endpoint`` and ``replay_endpoint`` are bound; ``tcp://127.0.0.1:*`` picks a free port,
     and :attr:`endpoint` / :attr:`replay_endpoint` then name the bound addresses. The
     replay endpoint is served by a background thread, which alone touches its socket.
+    ``checkpoint_events`` sends a hybrid cache's checkpoint events too (prefixkv's own
+    tags, which vLLM's decoder rejects: see :mod:`prefixkv.events.wire`).
     """
 
     def __init__(
@@ -70,9 +72,11 @@ class EventPublisher:
         topic: bytes = b"kv-events",
         buffer_size: int = 10_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        checkpoint_events: bool = False,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
+        self.checkpoint_events = checkpoint_events
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
@@ -94,9 +98,11 @@ class EventPublisher:
 
     def publish(self, events: list[KVEvent]) -> int:
         """Send one batch (empty batches are skipped); returns its sequence number or -1."""
+        if not self.checkpoint_events:
+            events = [e for e in events if not is_checkpoint_event(e)]
         if not events:
             return -1
-        payload = encode_batch(events)
+        payload = encode_batch(events, checkpoints=self.checkpoint_events)
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
@@ -132,6 +138,8 @@ class EventSubscriber:
     """Applies a publisher's batches, in order, to :attr:`mirror` (see the module doc).
 
     ``drop`` is a test hook: a message it returns true for is lost on the way in.
+    ``on_batch(seq, events)`` is called after each batch is applied to the mirror, in
+    sequence order, replays included: a router feeds its own index from it.
     """
 
     def __init__(
@@ -144,6 +152,7 @@ class EventSubscriber:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         drop: Callable[[list[bytes]], bool] | None = None,
         replay_timeout_ms: int = 5000,
+        on_batch: Callable[[int, list[KVEvent]], None] | None = None,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
@@ -154,6 +163,7 @@ class EventSubscriber:
         self.skipped = 0
         self.malformed = 0
         self._drop = drop
+        self._on_batch = on_batch
         self._timeout = replay_timeout_ms
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -201,6 +211,10 @@ class EventSubscriber:
     def _apply(self, seq: int, events: list[KVEvent]) -> None:
         self.mirror.apply_all(events)  # all or nothing; EventStreamError leaves it as it was
         self.last_seq = seq
+        if self._on_batch is not None:
+            # Only after the strict mirror accepted the batch: a router index never sees a
+            # batch that does not describe a cache.
+            self._on_batch(seq, events)
 
     def catch_up(self) -> None:
         """Replay every batch after :attr:`last_seq` that the publisher still holds."""

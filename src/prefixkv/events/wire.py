@@ -12,6 +12,12 @@ prefixkv's identity rides on vLLM's own fields:
   content hashes with their offsets;
 * ``medium`` is ``"GPU"``.
 
+A hybrid cache's checkpoint events have no vLLM counterpart. They travel as two more tagged
+structs of the same shape as ``BlockRemoved``, ``CheckpointStored`` and
+``CheckpointRemoved`` (``[tag, block_hashes, medium]``), and only when the encoder is asked
+for them (``encode_batch(..., checkpoints=True)``): vLLM's decoder, and Dynamo's ZMQ relay,
+reject a batch with a tag they do not know, so by default a stream stays vLLM's exactly.
+
 :func:`decode_batch` is strict: a truncated payload, an unknown tag, a wrong type or an
 ``extra_keys`` entry of another shape is a :class:`WireError`, never a partial batch.
 """
@@ -23,17 +29,28 @@ from typing import Any
 
 import msgspec
 
-from prefixkv.spec import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, PrefixCacheError
+from prefixkv.spec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+    PrefixCacheError,
+)
 
 __all__ = [
     "WireAllBlocksCleared",
     "WireBlockRemoved",
     "WireBlockStored",
+    "WireCheckpointRemoved",
+    "WireCheckpointStored",
     "WireError",
     "WireEventBatch",
     "decode_batch",
     "encode_batch",
     "from_wire",
+    "is_checkpoint_event",
     "to_wire",
 ]
 
@@ -74,15 +91,38 @@ class WireAllBlocksCleared(_KVCacheEvent, tag="AllBlocksCleared"):
     pass
 
 
+class WireCheckpointStored(_KVCacheEvent, tag="CheckpointStored"):
+    """prefixkv's own: these blocks now carry a restorable recurrent-state checkpoint."""
+
+    block_hashes: list[int]
+    medium: str | None
+
+
+class WireCheckpointRemoved(_KVCacheEvent, tag="CheckpointRemoved"):
+    """prefixkv's own: these blocks' checkpoints were released."""
+
+    block_hashes: list[int]
+    medium: str | None
+
+
+WireEvent = (
+    WireBlockStored
+    | WireBlockRemoved
+    | WireAllBlocksCleared
+    | WireCheckpointStored
+    | WireCheckpointRemoved
+)
+
+
 class WireEventBatch(_EventBatch):
-    events: list[WireBlockStored | WireBlockRemoved | WireAllBlocksCleared]
+    events: list[WireEvent]
 
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(type=WireEventBatch)
 
 
-def to_wire(event: KVEvent) -> WireBlockStored | WireBlockRemoved | WireAllBlocksCleared:
+def to_wire(event: KVEvent) -> WireEvent:
     if isinstance(event, BlockStored):
         return WireBlockStored(
             block_hashes=list(event.block_hashes),
@@ -101,6 +141,10 @@ def to_wire(event: KVEvent) -> WireBlockStored | WireBlockRemoved | WireAllBlock
         return WireBlockRemoved(block_hashes=list(event.block_hashes), medium=MEDIUM)
     if isinstance(event, AllBlocksCleared):
         return WireAllBlocksCleared()
+    if isinstance(event, CheckpointStored):
+        return WireCheckpointStored(block_hashes=list(event.block_hashes), medium=MEDIUM)
+    if isinstance(event, CheckpointRemoved):
+        return WireCheckpointRemoved(block_hashes=list(event.block_hashes), medium=MEDIUM)
     raise TypeError(f"not a KV event: {event!r}")
 
 
@@ -126,7 +170,7 @@ def _extra(entry: Any) -> tuple[str, bytes | None, tuple[tuple[int, bytes], ...]
     return model, salt, tuple(out)
 
 
-def from_wire(event: WireBlockStored | WireBlockRemoved | WireAllBlocksCleared) -> KVEvent:
+def from_wire(event: WireEvent) -> KVEvent:
     if isinstance(event, WireBlockStored):
         n = len(event.block_hashes)
         entries = event.extra_keys
@@ -149,13 +193,24 @@ def from_wire(event: WireBlockStored | WireBlockRemoved | WireAllBlocksCleared) 
         )
     if isinstance(event, WireBlockRemoved):
         return BlockRemoved(tuple(event.block_hashes))
+    if isinstance(event, WireCheckpointStored):
+        return CheckpointStored(tuple(event.block_hashes))
+    if isinstance(event, WireCheckpointRemoved):
+        return CheckpointRemoved(tuple(event.block_hashes))
     return AllBlocksCleared()
 
 
-def encode_batch(events: list[KVEvent], *, ts: float | None = None) -> bytes:
-    """One ``EventBatch`` payload."""
+def is_checkpoint_event(event: KVEvent) -> bool:
+    return isinstance(event, (CheckpointStored, CheckpointRemoved))
+
+
+def encode_batch(
+    events: list[KVEvent], *, ts: float | None = None, checkpoints: bool = False
+) -> bytes:
+    """One ``EventBatch`` payload; checkpoint events are left out unless ``checkpoints``."""
     batch = WireEventBatch(
-        ts=time.time() if ts is None else ts, events=[to_wire(e) for e in events]
+        ts=time.time() if ts is None else ts,
+        events=[to_wire(e) for e in events if checkpoints or not is_checkpoint_event(e)],
     )
     return _ENCODER.encode(batch)
 

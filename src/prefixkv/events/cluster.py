@@ -1,0 +1,417 @@
+"""Multi-replica serving: a KV-aware router over engine replicas that publish KV events.
+
+``prefixkv serve-sim --replicas N --router {kv,round-robin}`` runs :func:`run_cluster`: N
+replica processes (:mod:`prefixkv.events.replicas`), each with its own cache, publishing its
+KV events over ZeroMQ; and the router, in this process, which subscribes to every replica,
+feeds one index per replica (:mod:`prefixkv.events.router`) and places each request.
+
+A multi-turn workload (:func:`prefixkv.serve_sim.chat_turns`) is served in lock step: a turn
+arrives at its arrival tick, or the tick after the turn it follows finished, wherever that
+one ran; its prompt is that turn's prompt and output, then its own tokens.
+
+Router accuracy. On every routed request the router records its predicted prefix for the
+chosen replica (in blocks) and the number of event batches it had applied from that replica.
+The replica records, on the request's arrival, the prefix it holds and the number of batches
+it had published (:class:`~prefixkv.events.replicas.Receipt`). When the two sequence numbers
+agree, no event was in flight and the prediction must equal the held prefix exactly:
+otherwise it is a *misprediction*. When they differ, events were in flight and the pair is
+counted as ``in_flight``, not compared. After every tick the router waits (with a timeout)
+until it has applied every batch each replica reported published, so in lock step nothing is
+in flight at routing time and every placement is checked.
+
+The prefix compared is the published prefix, before the match policy's caps (choices 4-6),
+which a router does not model; the hit rate is the replicas' own, after the caps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from prefixkv.spec import PrefixCacheError
+from prefixkv.spec.results import CacheStats
+
+from .replicas import Finished, ReplicaFailed, ReplicaPool, ReplicaRequest
+from .router import INDEXES, ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
+
+__all__ = ["ClusterResult", "RoutedRequest", "RouterOutOfSync", "run_cluster"]
+
+
+class RouterOutOfSync(PrefixCacheError, RuntimeError):
+    """The router could not apply a replica's published events in time (or lost them)."""
+
+
+@attrs.frozen
+class RoutedRequest:
+    request_id: str
+    replica: int
+    predicted_blocks: int
+    served_blocks: int
+    in_flight: bool
+    """Events were in flight between routing and arrival: the pair was not compared."""
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    ttft_steps: int
+    overlaps: tuple[int, ...]
+
+    @property
+    def mispredicted(self) -> bool:
+        return not self.in_flight and self.predicted_blocks != self.served_blocks
+
+
+@attrs.frozen
+class ClusterResult:
+    router: str
+    index: str
+    replicas: int
+    requests: dict[str, RoutedRequest]
+    served_counts: dict[str, int]
+    """How many times each request finished, over all replicas (1 for each, exactly)."""
+    stats: tuple[CacheStats, ...]
+    ticks: int
+    wall_s: float
+    busy_s: tuple[float, ...]
+    """Each replica's model clock: the sum of its step times."""
+    rejected_events: int
+    replays: int
+
+    @property
+    def mispredictions(self) -> int:
+        return sum(r.mispredicted for r in self.requests.values())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.requests.values())
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(s.prefill_tokens for s in self.stats)
+
+    @property
+    def prefill_tokens_skipped(self) -> int:
+        return sum(s.prefill_tokens_skipped for s in self.stats)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from a cache over prompt tokens admitted, all replicas."""
+        return self.prefill_tokens_skipped / self.prefill_tokens if self.prefill_tokens else 0.0
+
+    @property
+    def served_exactly_once(self) -> bool:
+        return set(self.served_counts) == set(self.requests) and all(
+            c == 1 for c in self.served_counts.values()
+        )
+
+
+def _sync(subs: Sequence[Any], published: Sequence[int], timeout_s: float) -> None:
+    """Apply every batch each replica reported published, or raise RouterOutOfSync."""
+    from .transport import ReplayGap
+
+    deadline = time.monotonic() + timeout_s
+    for i, (sub, target) in enumerate(zip(subs, published, strict=True)):
+        try:
+            while sub.last_seq + 1 < target:
+                if not sub.poll(20):
+                    # PUB/SUB may drop a batch (a late join) with no later one to show the
+                    # gap: ask the replay endpoint for what the publisher holds.
+                    sub.catch_up()
+                if time.monotonic() > deadline:
+                    raise RouterOutOfSync(
+                        f"replica {i}: applied {sub.last_seq + 1} of {target} event batches "
+                        f"after {timeout_s} s"
+                    )
+        except ReplayGap as exc:
+            raise RouterOutOfSync(f"replica {i}: {exc}") from None
+
+
+def run_cluster(
+    turns: Sequence[Any],
+    engine_config: Any,
+    *,
+    replicas: int,
+    router: str,
+    index: str | Callable[[int], RouterIndex] = "auto",
+    max_ticks: int = 100_000,
+    start_timeout_s: float = 180.0,
+    tick_timeout_s: float = 60.0,
+) -> ClusterResult:
+    """Serve ``turns`` (:class:`prefixkv.engine.Turn`) on ``replicas`` engine processes.
+
+    ``index`` is one of :data:`~prefixkv.events.router.INDEXES`, or a factory that makes
+    one index from the replicas' block size.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise RouterConfigError(f"--replicas must be >= 1, got {replicas!r}")
+    if router not in ROUTERS:
+        raise RouterConfigError(f"unknown router {router!r}; expected one of {ROUTERS}")
+    if isinstance(index, str) and index not in INDEXES:
+        raise RouterConfigError(f"unknown router index {index!r}; expected one of {INDEXES}")
+    ids = [t.request_id for t in turns]
+    if len(set(ids)) != len(ids):
+        raise RouterConfigError("request ids in a workload must be unique")
+    unknown = sorted({t.follows for t in turns if t.follows is not None} - set(ids))
+    if unknown:
+        raise RouterConfigError(f"turns follow unknown requests {unknown[:4]}")
+    from .transport import EventSubscriber
+
+    start = time.perf_counter()
+    pool = ReplicaPool(
+        replicas, engine_config, start_timeout_s=start_timeout_s, tick_timeout_s=tick_timeout_s
+    )
+    subs: list[EventSubscriber] = []
+    try:
+        infos = pool.start()
+        namespace, block_size = infos[0].namespace, infos[0].block_size
+        if any((i.namespace, i.block_size) != (namespace, block_size) for i in infos):
+            raise ReplicaFailed("the replicas disagree on the namespace or the block size")
+        indexes: list[RouterIndex] = [
+            index(block_size) if callable(index) else make_index(index, block_size) for _ in infos
+        ]
+        for info, ix in zip(infos, indexes, strict=True):
+
+            def feed(_: int, events: list[Any], ix: RouterIndex = ix) -> None:
+                ix.apply(events)
+
+            subs.append(
+                EventSubscriber(
+                    info.endpoint, info.replay_endpoint, topic=info.topic, on_batch=feed
+                )
+            )
+        policy = make_router(router, indexes)
+        prompts: dict[str, tuple[int, ...]] = {}
+        finished: dict[str, Finished] = {}
+        served: dict[str, int] = {}
+        placed: dict[str, tuple[int, Any, int]] = {}  # rid -> (replica, placement, seq)
+        receipts: dict[str, Any] = {}
+        loads = [0] * replicas
+        pending = list(turns)
+        busy = [0.0] * replicas
+        tick = 0
+        while pending or len(served) < len(placed):
+            if tick >= max_ticks:
+                raise RouterOutOfSync(f"workload not finished after {max_ticks} ticks")
+            assignments: list[list[ReplicaRequest]] = [[] for _ in range(replicas)]
+            still = []
+            for t in pending:
+                parent = t.follows
+                if tick < t.arrival_step or (parent is not None and parent not in finished):
+                    still.append(t)
+                    continue
+                history = () if parent is None else prompts[parent] + finished[parent].output
+                prompt = (*history, *t.tokens)
+                prompts[t.request_id] = prompt
+                p = policy.place(namespace, prompt, loads)
+                placed[t.request_id] = (p.replica, p, subs[p.replica].last_seq + 1)
+                loads[p.replica] += 1
+                assignments[p.replica].append(
+                    ReplicaRequest(t.request_id, prompt, t.max_new_tokens)
+                )
+            pending = still
+            reports = pool.tick(assignments)
+            for rep in reports:
+                busy[rep.replica] = rep.step_s
+                for rc in rep.receipts:
+                    receipts[rc.request_id] = rc
+                for f in rep.finished:
+                    served[f.request_id] = served.get(f.request_id, 0) + 1
+                    finished[f.request_id] = f
+                    loads[rep.replica] -= 1
+            _sync(subs, [rep.next_seq for rep in reports], tick_timeout_s)
+            tick += 1
+        stats = pool.stop()
+    finally:
+        for sub in subs:
+            sub.close()
+        pool.close()
+    routed = {}
+    for rid in ids:
+        replica, p, seq = placed[rid]
+        rc, f = receipts[rid], finished[rid]
+        routed[rid] = RoutedRequest(
+            rid,
+            replica,
+            p.predicted_blocks,
+            rc.served_blocks,
+            rc.seq != seq,
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.ttft_s,
+            f.ttft_steps,
+            p.overlaps,
+        )
+    return ClusterResult(
+        router=router,
+        index=indexes[0].kind,
+        replicas=replicas,
+        requests=routed,
+        served_counts=served,
+        stats=tuple(stats),
+        ticks=tick,
+        wall_s=time.perf_counter() - start,
+        busy_s=tuple(busy),
+        rejected_events=sum(ix.rejected for ix in indexes),
+        replays=sum(s.replays for s in subs),
+    )
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def report(result: ClusterResult) -> dict[str, Any]:
+    """The ``--json`` object of a multi-replica run (without the workload, which the caller
+    adds)."""
+    reqs = list(result.requests.values())
+    ttft = [r.ttft_s * 1e3 for r in reqs]
+    per_replica = [0] * result.replicas
+    for r in reqs:
+        per_replica[r.replica] += 1
+    return {
+        "router": result.router,
+        "index": result.index,
+        "replicas": result.replicas,
+        "requests": len(reqs),
+        "served_exactly_once": result.served_exactly_once,
+        "requests_per_replica": per_replica,
+        "hit_rate": result.hit_rate,
+        "prefill_tokens": result.prefill_tokens,
+        "prefill_tokens_skipped": result.prefill_tokens_skipped,
+        "prefill_tokens_computed": result.prefill_tokens - result.prefill_tokens_skipped,
+        "ttft_ms_p50": _percentile(ttft, 0.5),
+        "ttft_ms_p90": _percentile(ttft, 0.9),
+        "ttft_steps_p50": statistics.median(r.ttft_steps for r in reqs) if reqs else 0,
+        "routed_checked": len(reqs) - result.in_flight,
+        "routed_in_flight": result.in_flight,
+        "mispredictions": result.mispredictions,
+        "rejected_events": result.rejected_events,
+        "replays": result.replays,
+        "ticks": result.ticks,
+        "replica_busy_s": list(result.busy_s),
+        "wall_s": result.wall_s,
+        "times": "CPU-model times: each replica's step times, not wall time",
+    }
+
+
+def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequence[str] = ()) -> Any:
+    """Run ``serve-sim --replicas N`` for both routers, ``repeats`` times each, each run in a
+    fresh process (the two routers alternate, so a change in the machine's load hits both);
+    write ``routing.json`` and ``routing.png`` under ``out_dir``; return the JSON path.
+
+    Hit rates, tokens and mispredictions are deterministic (lock step); TTFT is a time, so
+    it is reported as the median over the runs of each run's p50 and p90, with the range.
+    """
+    import json
+    import os
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(out_dir)
+    load_before = os.getloadavg()[0]
+    runs: dict[str, list[dict[str, Any]]] = {r: [] for r in ROUTERS}
+    for _ in range(repeats):
+        for router in ROUTERS:
+            argv = [sys.executable, "-m", "prefixkv", "serve-sim", "--replicas", str(replicas)]
+            argv += ["--router", router, "--json", *extra]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RouterOutOfSync(f"{' '.join(argv[2:])} failed: {done.stderr[-2000:]}")
+            runs[router].append(json.loads(done.stdout))
+    load_after = os.getloadavg()[0]
+    summary: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} CPU cores",
+        "load_average": [round(load_before, 1), round(load_after, 1)],
+        "times": "CPU-model times: each replica's step times, not wall time",
+        "replicas": replicas,
+        "repeats": repeats,
+        "argv_extra": list(extra),
+        "routers": {},
+    }
+    for router, rs in runs.items():
+        first = rs[0]
+        for key in ("hit_rate", "prefill_tokens_skipped", "mispredictions"):
+            if any(r[key] != first[key] for r in rs):
+                raise RouterOutOfSync(f"{router}: {key} differs between runs of one workload")
+        p50 = [r["ttft_ms_p50"] for r in rs]
+        p90 = [r["ttft_ms_p90"] for r in rs]
+        summary["routers"][router] = {
+            "index": first["index"],
+            "requests": first["requests"],
+            "requests_per_replica": first["requests_per_replica"],
+            "hit_rate": first["hit_rate"],
+            "prefill_tokens": first["prefill_tokens"],
+            "prefill_tokens_skipped": first["prefill_tokens_skipped"],
+            "prefill_tokens_computed": first["prefill_tokens_computed"],
+            "mispredictions": first["mispredictions"],
+            "routed_checked": first["routed_checked"],
+            "ttft_steps_p50": first["ttft_steps_p50"],
+            "ttft_ms_p50_median": statistics.median(p50),
+            "ttft_ms_p50_range": [min(p50), max(p50)],
+            "ttft_ms_p90_median": statistics.median(p90),
+            "ttft_ms_p90_range": [min(p90), max(p90)],
+            "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "routing.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    _plot_comparison(summary, out / "routing.png")
+    return path
+
+
+def _plot_comparison(summary: dict[str, Any], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = summary["routers"]
+    names = list(rs)
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6))
+    axes[0].bar(names, [rs[n]["hit_rate"] * 100 for n in names], color=["C0", "C7"])
+    axes[0].set_ylabel("hit rate (% of prompt tokens)")
+    axes[1].bar(names, [rs[n]["prefill_tokens_computed"] for n in names], color=["C0", "C7"])
+    axes[1].set_ylabel("prefill tokens computed")
+    for k, (q, offset) in enumerate((("p50", -0.18), ("p90", 0.18))):
+        med = [rs[n][f"ttft_ms_{q}_median"] for n in names]
+        lo = [m - rs[n][f"ttft_ms_{q}_range"][0] for m, n in zip(med, names, strict=True)]
+        hi = [rs[n][f"ttft_ms_{q}_range"][1] - m for m, n in zip(med, names, strict=True)]
+        axes[2].bar(
+            [i + offset for i in range(len(names))],
+            med,
+            width=0.34,
+            yerr=[lo, hi],
+            capsize=3,
+            color=f"C{k + 1}",
+            label=f"TTFT {q}",
+        )
+    axes[2].set_xticks(range(len(names)), names)
+    axes[2].set_ylabel("ms, CPU-model time (median, range)")
+    axes[2].legend()
+    fig.suptitle(
+        f"serve-sim, {summary['replicas']} replicas, chat workload; "
+        f"{summary['repeats']} runs per router ({summary['machine']})",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=figures.__doc__)
+    parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    ns = parser.parse_args()
+    print(figures(ns.out, replicas=ns.replicas, repeats=ns.repeats))
