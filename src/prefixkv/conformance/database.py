@@ -21,14 +21,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 from urllib.parse import urlsplit
 
-from prefixkv.spec.errors import PrefixCacheError
+from hypothesis import settings as Settings
+from hypothesis.database import ExampleDatabase
 
-if TYPE_CHECKING:
-    from hypothesis import settings as Settings
-    from hypothesis.database import ExampleDatabase
+from prefixkv.spec.errors import PrefixCacheError
 
 __all__ = [
     "DATABASE_ENV",
@@ -51,7 +50,7 @@ KEY_PREFIX = b"prefixkv-example:"
 _REDIS_SCHEMES = ("redis", "rediss")
 
 #: A directory path, a ``redis://`` / ``rediss://`` URL, or a database object as it is.
-DatabaseOption: TypeAlias = "str | os.PathLike[str] | ExampleDatabase"
+DatabaseOption: TypeAlias = str | os.PathLike[str] | ExampleDatabase
 
 
 class InvalidDatabase(PrefixCacheError, ValueError):
@@ -78,7 +77,7 @@ def parse_database(value: DatabaseOption, *, connect: bool = False) -> ExampleDa
     Raises :class:`InvalidDatabase` (a ``ValueError``) for an empty value, a value of another
     type, a URL of another scheme, a malformed Redis URL, or a path that is an existing file.
     """
-    from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+    from hypothesis.database import DirectoryBasedExampleDatabase
 
     if isinstance(value, ExampleDatabase):
         return value
@@ -156,6 +155,4 @@ def campaign_settings(base: Settings, database: ExampleDatabase) -> Settings:
     database wants the opposite (every machine searches somewhere else, and every failure
     found is replayed by all), so a database turns derandomization off.
     """
-    from hypothesis import settings
-
-    return settings(base, database=database, derandomize=False)
+    return Settings(base, database=database, derandomize=False)
