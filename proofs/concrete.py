@@ -310,7 +310,7 @@ def concretize(a: AbsState, labels: Labels) -> tuple[SpecCache, list[SeqId | Non
         seqs[sid] = spec_cache._Seq(
             seq_id=sid,
             namespace=labels.namespace_of(sq.ns),
-            tokens=tokens,
+            tokens=tuple(tokens),
             blocks=list(sq.table),
             num_computed=sq.nc,
             num_reserved=sq.nr,

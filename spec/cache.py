@@ -188,7 +188,7 @@ class _Block:
 class _Seq:
     seq_id: SeqId
     namespace: Namespace
-    tokens: list[int]
+    tokens: tuple[int, ...]  # immutable: a transaction's copy shares it (commit replaces it)
     blocks: list[int]
     num_computed: int
     num_reserved: int
@@ -199,11 +199,11 @@ class _Seq:
     spans: tuple[MultimodalSpan, ...]
 
     def copy(self) -> _Seq:
-        # The token and block lists are the only mutable parts; the rest is immutable.
+        # The block list is the only mutable part; the rest is immutable.
         return _Seq(
             self.seq_id,
             self.namespace,
-            list(self.tokens),
+            self.tokens,
             list(self.blocks),
             self.num_computed,
             self.num_reserved,
@@ -313,8 +313,16 @@ class SpecCache(StepCalls):
 
     # -- transactions ----------------------------------------------------------------------
 
+    #: True on the throw-away copy that ``can_admit`` and its kind run an operation on.
+    _trial = False
+
     @contextmanager
     def _transaction(self) -> Iterator[None]:
+        if self._trial:
+            # The trial copy is dropped whatever happens, and no operation it runs catches
+            # an error and goes on, so there is nothing to restore: skip the O(pool) copy.
+            yield
+            return
         saved = copy.deepcopy(self._s)
         try:
             yield
@@ -325,6 +333,7 @@ class SpecCache(StepCalls):
     def _would_succeed(self, op: Callable[[SpecCache], object]) -> bool:
         trial = copy.copy(self)
         trial._s = copy.deepcopy(self._s)
+        trial._trial = True
         try:
             op(trial)
         except OutOfBlocks:
@@ -564,7 +573,7 @@ class SpecCache(StepCalls):
             seq = _Seq(
                 seq_id=req.seq_id,
                 namespace=req.namespace,
-                tokens=list(req.token_ids),
+                tokens=req.token_ids,
                 blocks=[],
                 num_computed=cached,
                 num_reserved=end,
@@ -678,7 +687,7 @@ class SpecCache(StepCalls):
                     f"only {len(seq.tokens) + len(accepted)} tokens are known"
                 )
             first = seq.num_computed // self._block_size
-            seq.tokens.extend(accepted)
+            seq.tokens += accepted
             seq.num_computed = new_computed
             self._publish(seq, first, new_computed // self._block_size)
 

@@ -245,6 +245,9 @@ class HybridSpecCache(SpecCache):
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
+        if self._trial:  # see SpecCache._transaction
+            yield
+            return
         saved = copy.deepcopy((self._s, self._h))
         try:
             yield
@@ -255,6 +258,7 @@ class HybridSpecCache(SpecCache):
     def _would_succeed(self, op: Callable[[SpecCache], object]) -> bool:
         trial = copy.copy(self)
         trial._s, trial._h = copy.deepcopy((self._s, self._h))
+        trial._trial = True
         try:
             op(trial)
         except OutOfBlocks:

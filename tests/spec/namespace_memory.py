@@ -69,6 +69,8 @@ def run(count: int, manager: str | None, every: int) -> dict[str, Any]:
         "growth_mib": round(samples[-1][1] - samples[0][1], 1),
         "growth_after_first_tenth_mib": round(samples[-1][1] - samples[1][1], 1),
         "memo_entries": _memo_entries(),
+        # the impl's own per-manager memo of namespace keys (bounded the same way)
+        "manager_memo_entries": None if cache is None else len(getattr(cache, "_ns_keys", ())),
     }
 
 

@@ -17,6 +17,10 @@ cause first, each with its minimal run as a short program that calls the adapter
 paste into a regression test. ``--prefixkv-ignore`` and ``--prefixkv-skip-rule`` look past a
 known issue; ``--prefixkv-report`` writes it all as JSON.
 
+``--prefixkv-database=DIR`` (or ``redis://host:port/db``, or ``$PREFIXKV_DATABASE``) shares
+Hypothesis's example database with other runs: a failure found by any run, on any machine,
+is the first example the next run tries (docs/campaigns.md).
+
 NOTE: Hypothesis is imported only when a conformance test runs, so that merely having
 prefixkv installed costs other pytest sessions nothing and never breaks them. The
 profile is applied to the conformance run alone: loading it globally would change the
@@ -25,6 +29,7 @@ settings of the project's own Hypothesis tests.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -98,6 +103,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="number of runs (default: the profile's max_examples)",
     )
     group.addoption(
+        "--prefixkv-database",
+        default=None,
+        metavar="DIR|URL",
+        help="example database shared with other runs, whose failures replay first: a "
+        "directory, or redis://host:port/db for a fleet (default: $PREFIXKV_DATABASE, "
+        "else the profile's own)",
+    )
+    group.addoption(
         "--prefixkv-only",
         action="store_true",
         help="run only the conformance tests (deselect the session's other tests)",
@@ -111,6 +124,28 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--prefixkv-steps and --prefixkv-examples must be at least 1")
     if config.getoption("--prefixkv-max-failures") < 1:
         raise pytest.UsageError("--prefixkv-max-failures must be at least 1")
+    if config.getoption("--prefixkv-adapter"):
+        config.stash[_DATABASE] = _database(config)
+
+
+#: The parsed ``--prefixkv-database`` (``None``: the profile's own database).
+_DATABASE = pytest.StashKey[Any]()
+
+
+def _database(config: pytest.Config) -> Any:
+    """``--prefixkv-database``, else ``$PREFIXKV_DATABASE``, parsed once, before any run: a
+    bad value or a Redis server that does not answer is a usage error, not a failed test."""
+    from .database import DATABASE_ENV, DatabaseUnavailable, InvalidDatabase, parse_database
+
+    value = config.getoption("--prefixkv-database")
+    if value is None:
+        value = os.environ.get(DATABASE_ENV, "").strip() or None
+    if value is None:
+        return None
+    try:
+        return parse_database(value, connect=True)
+    except (InvalidDatabase, DatabaseUnavailable) as exc:
+        raise pytest.UsageError(f"--prefixkv-database: {exc}") from None
 
 
 class ConformanceItem(pytest.Item):
@@ -147,6 +182,7 @@ class ConformanceItem(pytest.Item):
                 max_failures=opt("--prefixkv-max-failures"),
                 report=report_file,
                 target=self.target,
+                database=self.config.stash.get(_DATABASE, None),
             )
         except ValueError as exc:  # a rule name that is no rule
             pytest.fail(f"--prefixkv-adapter={self.target}: {exc}", pytrace=False)

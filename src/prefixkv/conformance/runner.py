@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from prefixkv.spec import HASHERS, HybridSpecCache, Inspectable, PrefixCache, SpecCache
 
 from .capabilities import Capabilities
+from .database import DatabaseOption, campaign_settings, parse_database
 from .failures import CheckFailed
 from .report import ConformanceFailure, ConformanceReport, FailedCheck
 
@@ -181,6 +182,8 @@ def run_conformance(
     max_failures: int = 8,
     report: str | os.PathLike[str] | None = None,
     target: str | None = None,
+    database: DatabaseOption | None = None,
+    seed: int | None = None,
     **capabilities: object,
 ) -> ConformanceReport:
     """Run the machines against ``factory``; raise :class:`ConformanceFailure` on a failure.
@@ -192,13 +195,20 @@ def run_conformance(
       ``skip_rules``: rules that never fire (``"reset"``);
     * ``max_failures``: the run goes on after a failure, with that check set aside, until it
       passes or this many distinct checks failed; each is shrunk to its own replay;
-    * ``report``: a path to write the JSON report to (passing or not).
+    * ``report``: a path to write the JSON report to (passing or not);
+    * ``database``: the example database to share with other runs, a directory path or a
+      ``redis://host:port/db`` URL (:func:`~prefixkv.conformance.database.parse_database`;
+      ``InvalidDatabase`` before anything runs for a bad one). Failures found by any run
+      that uses it are replayed first; it turns the profile's derandomization off;
+    * ``seed``: the seed of the random search (default: a fresh one, or the profile's
+      derandomized one), so that a run with a database can be repeated exactly.
 
     Runs under the Hypothesis profile ``profile`` (``dev``, ``ci``, ``thorough``; default:
     the active one) without making it the active one; ``max_examples`` overrides its
     example count, ``steps`` is the most rule steps of one run.
     """
     from hypothesis import Phase, settings
+    from hypothesis import seed as hypothesis_seed
     from hypothesis.stateful import run_state_machine_as_test
 
     from .failures import failure_listeners, is_ignored
@@ -206,6 +216,7 @@ def run_conformance(
 
     if max_failures < 1:
         raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
+    db = None if database is None else parse_database(database)
     caps = capabilities_of(factory) if caps is None else caps
     caps = Capabilities.evolve(caps, capabilities) if capabilities else caps
     ignored, skipped = _names(ignore), _names(skip_rules)
@@ -221,6 +232,9 @@ def run_conformance(
     }
     if max_examples is not None:
         extra["max_examples"] = max_examples
+    run_settings = settings(base, **extra)
+    if db is not None:
+        run_settings = campaign_settings(run_settings, db)
     found: list[FailedCheck] = []
     rules = operations = 0
     start = time.perf_counter()
@@ -230,6 +244,8 @@ def run_conformance(
             factory, caps, hasher=hasher, ignore=looked_past, skip_rules=skipped
         )
         machine.coverage.reset()
+        if seed is not None:
+            machine = hypothesis_seed(seed)(machine)
         first: list[float] = []
 
         def listen(exc: CheckFailed, first: list[float] = first, past: Any = looked_past) -> None:
@@ -240,7 +256,7 @@ def run_conformance(
         began = time.perf_counter()
         try:
             run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]
-                machine, settings=settings(base, **extra)
+                machine, settings=run_settings
             )
         except CheckFailed as exc:
             ended = time.perf_counter()
