@@ -300,14 +300,18 @@ class LifecycleRules(ProtocolSteps):
             )
 
     @precondition(lambda self: self.caps.evict)
-    @rule(ns=namespace_ids(), tokens=prompts(), filler=st.integers(1, 4))
+    @rule(ns=namespace_ids(), tokens=prompts(), filler=st.integers(1, 4), small=st.booleans())
     @counted
-    def churn_then_evict(self, ns: int, tokens: tuple[int, ...], filler: int) -> None:
+    def churn_then_evict(self, ns: int, tokens: tuple[int, ...], filler: int, small: bool) -> None:
         """Cache churn, then an eviction of everything: a prompt is prefilled and finished
-        (its blocks stay cached), a fresh prompt that needs one block more than is free
-        makes the cache give up one cached block, whichever its policy picks (under
-        ``eviction=any``, often a parent whose child stays cached and unreachable), and
-        finishes too; then ``evict`` is asked for the whole pool (``EVICT``)."""
+        (its blocks stay cached), a fresh prompt makes the cache give up cached blocks,
+        whichever its policy picks, and is cancelled before its forward pass (so the blocks
+        it took come back unpublished); then ``evict`` is asked for the whole
+        pool (``EVICT`` under ``eviction=any``). The fresh prompt needs one block more than
+        is free (a cache that takes free blocks first gives up one cached block), or, if
+        ``small``, one block (a cache that evicts in its own order, free blocks or not,
+        gives up one there). Under any-order eviction that is often a parent whose child
+        stays cached and unreachable."""
         req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
         adm = self._admit(req, None, only_if_possible=True)
         if adm is None:
@@ -316,12 +320,11 @@ class LifecycleRules(ProtocolSteps):
         self._free([req.seq_id])
         bs, free = self.block_size, self.oracle.state.stats.num_free_blocks
         # token 0 is outside the drawn alphabet: the fresh prompt hits nothing
-        fresh = Request(self._new_id(), (0,) * ((free + 1) * bs), self._ns(ns))
+        fresh = Request(self._new_id(), (0,) * ((1 if small else free + 1) * bs), self._ns(ns))
         adm = self._admit(fresh, None, only_if_possible=True)
         if adm is None:
             return
-        self._commit_prefill(fresh.seq_id, adm, (filler,))
-        self._free([fresh.seq_id])
+        self._free([fresh.seq_id])  # cancelled before its forward pass: nothing published
         self.oracle.end_step()
         self._evict(self.oracle.state.num_blocks)
 
