@@ -55,6 +55,20 @@ def test_readers_of_the_writers_step_keep_its_blocks_after_a_cancel() -> None:
     assert _admit(oracle, 3, (1, 2, 3, 4, 7)).num_cached_tokens == 0
 
 
+def test_a_reader_that_rolls_back_its_tail_keeps_the_block_it_hit() -> None:
+    """A reader of the writer's step holds the cancelled writer's block; rolling back its
+    own tail later is not a new hit on it (found by the machines on the correct manager)."""
+    oracle = _oracle()
+    assert _admit(oracle, 0, (7, 7, 7, 1)).num_cached_tokens == 0
+    oracle.op("commit", lambda c: c.commit(0, 4, (1,)))
+    assert _admit(oracle, 1, (7, 7, 7, 1, 2, 2, 2)).num_cached_tokens == 4  # schedules (2, 2)
+    assert _admit(oracle, "r2", (7, 7, 7, 1, 2, 2, 2)).num_cached_tokens == 6  # hits it
+    oracle.op("free", lambda c: c.free([1]))
+    out = oracle.op("rollback", lambda c: c.rollback("r2", 1))
+    assert not out.raised, out.describe()
+    assert len(oracle.state.sequences[-1].block_ids) == 3
+
+
 def test_a_later_step_served_a_cancelled_writers_block_is_inv_publish() -> None:
     oracle = _oracle(BUGS["cancelled_writer_still_findable"])
     _writer_cancelled_with_two_readers(oracle)

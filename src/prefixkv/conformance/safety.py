@@ -47,7 +47,7 @@ written), so it costs nothing and catches a schedule-time publisher that was not
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
@@ -159,8 +159,9 @@ class KVLedger:
                     self._cancel(b, seq_id, holders.get(b, frozenset()))
         for seq_id, seq in new.items():
             was = old.get(seq_id)
-            if was is not None and seq.block_ids[: len(was.block_ids)] == was.block_ids:
-                first = len(was.block_ids)
+            if was is not None:  # the same sequence (no operation frees and re-admits one)
+                # it grew (blocks past the common prefix are fresh) or shrank (rollback)
+                first = _common_prefix(was.block_ids, seq.block_ids)
             else:  # admitted (or re-admitted under the same id)
                 first = seq.num_cached_tokens // bs
                 # NOTE: the hits are the SeqView's num_cached_tokens, which the adapter must
@@ -208,6 +209,12 @@ class KVLedger:
     def pending(self, b: int) -> bool:
         """Published-but-unwritten block with a live writer (allowed under publish=schedule)."""
         return b in self.writer and b not in self.written
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two block tables."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _holders(state: CacheState) -> dict[int, frozenset[SeqId]]:
