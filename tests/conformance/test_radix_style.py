@@ -139,9 +139,11 @@ def test_tree_node_order_is_lru_then_creation() -> None:
 
 
 #: bug -> the checks that may catch it first. An over-counted supply surfaces where the
-#: manager's own allocation guard trips, in whichever operation allocates first.
+#: manager's own allocation guard trips, in whichever operation allocates first; a locked
+#: page evicted is free while held (INV-PARTITION), or already handed to a second request
+#: while the first still holds it (INV-WRITE: a private page shared).
 EXPECTED = {
-    "evict_locked_leaf": {"INV-PARTITION", "INV-REF"},
+    "evict_locked_leaf": {"INV-PARTITION", "INV-REF", "INV-WRITE"},
     "matched_prefix_counted_evictable": {"CRASH(admit)", "CAN-ADMIT"},
     "whole_prompt_matched": {"INV-MATCH"},
     "insert_unwritten_pages": {"INV-PUBLISH"},
