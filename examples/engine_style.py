@@ -440,8 +440,13 @@ class DoubleFreeInBatch(EngineStyleManager):
     """A batched free releases each block once, however many of the sequences hold it."""
 
     def free(self, seq_ids: Iterable[Any]) -> None:
-        ids = list(seq_ids) if not isinstance(seq_ids, (str, bytes)) else seq_ids
-        if not isinstance(ids, list) or len(ids) < 2 or any(s not in self.seqs for s in ids):
+        # anything but a valid batch of several live ids is the correct manager's to refuse
+        ids = seq_ids if isinstance(seq_ids, list) else []
+        try:
+            valid = len(ids) >= 2 and len(set(ids)) == len(ids) and all(s in self.seqs for s in ids)
+        except TypeError:  # an unhashable id
+            valid = False
+        if not valid:
             super().free(seq_ids)
             return
         seen: set[int] = set()

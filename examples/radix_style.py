@@ -479,6 +479,17 @@ class ExtendChecksOnePage(RadixKVManager):
         return super().can_extend(req, 1)
 
 
+class FinishKeepsLock(RadixKVManager):
+    """``cache_finished_req`` caches what the request computed and frees its private pages,
+    but never drops its lock: its path stays protected, held by no request, forever."""
+
+    def cache_finished_req(self, req: Req) -> None:
+        self.cache_unfinished_req(req)
+        self.pool.free([p for p in req.pages if p in req.private])
+        req.last_node = None
+        del self.reqs[req.rid]
+
+
 #: name -> buggy manager class (each differs from :class:`RadixKVManager` in one place).
 BUGS: dict[str, type[RadixKVManager]] = {
     "evict_locked_leaf": EvictLockedLeaf,
@@ -487,4 +498,5 @@ BUGS: dict[str, type[RadixKVManager]] = {
     "insert_unwritten_pages": InsertUnwrittenPages,
     "split_drops_lock": SplitDropsLock,
     "extend_checks_one_page": ExtendChecksOnePage,
+    "finish_keeps_lock": FinishKeepsLock,
 }

@@ -60,7 +60,7 @@ def test_schedule_time_publishing_undeclared_fails_on_the_policy() -> None:
 def test_a_cancelled_writers_block_left_findable_is_caught() -> None:
     failure = _fails(make(SchedulePublishKeepsCancelled, publish="schedule"))
     assert failure.check == "INV-PUBLISH", str(failure)
-    assert "freed before committing it" in str(failure)
+    assert "was cancelled before committing it" in str(failure)
     assert failure.steps <= 8, str(failure)
 
 

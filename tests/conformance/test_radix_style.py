@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kit_runs import first_failure, passes, shortest_failure
+from kit_runs import FIND_ONLY, STEPS, first_failure, passes, shortest_failure
 
 from examples.radix_style import BUGS, RadixKVManager, Req, TreeNode
 from examples.radix_style_adapter import BUG_FACTORIES, CAPABILITIES, make_manager
+from prefixkv.conformance import ConformanceFailure, run_conformance
 
 PS = 2
 
@@ -138,14 +139,17 @@ def test_tree_node_order_is_lru_then_creation() -> None:
 
 
 #: bug -> the checks that may catch it first. An over-counted supply surfaces where the
-#: manager's own allocation guard trips, in whichever operation allocates first.
+#: manager's own allocation guard trips, in whichever operation allocates first; a locked
+#: page evicted is free while held (INV-PARTITION), or already handed to a second request
+#: while the first still holds it (INV-WRITE: a private page shared).
 EXPECTED = {
-    "evict_locked_leaf": {"INV-PARTITION", "INV-REF"},
+    "evict_locked_leaf": {"INV-PARTITION", "INV-REF", "INV-WRITE"},
     "matched_prefix_counted_evictable": {"CRASH(admit)", "CAN-ADMIT"},
     "whole_prompt_matched": {"INV-MATCH"},
     "insert_unwritten_pages": {"INV-PUBLISH"},
     "split_drops_lock": {"CRASH(admit)", "CRASH(append)"},
     "extend_checks_one_page": {"CRASH(append)", "CAN-APPEND"},
+    "finish_keeps_lock": {"LEAK"},
 }
 
 
@@ -164,6 +168,21 @@ def test_each_bug_is_caught(bug: str) -> None:
     replays are in docs/conformance.md (measured with it)."""
     failure = first_failure(BUG_FACTORIES[bug])
     assert failure.check in EXPECTED[bug], str(failure)
+
+
+def test_a_lock_never_dropped_is_a_leak_without_evict_too() -> None:
+    """LEAK needs no ``evict`` operation and no any-order eviction: the leaked pages look
+    evictable in the snapshot, and a pool-sized prompt is refused once nothing is live."""
+    with pytest.raises(ConformanceFailure) as info:
+        run_conformance(
+            BUG_FACTORIES["finish_keeps_lock"],
+            max_examples=100,
+            steps=STEPS,
+            profile=FIND_ONLY,
+            max_failures=1,
+            evict=False,
+        )
+    assert info.value.check == "LEAK", str(info.value)
 
 
 def test_a_bug_shrinks_to_a_short_replay() -> None:

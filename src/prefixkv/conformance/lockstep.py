@@ -25,6 +25,12 @@ After **every operation**:
 5. ``must_raise``: the operation is invalid whatever the state and raised that error type
    (``MUST-RAISE(<op>)``).
 
+Operations are grouped into steps, one forward pass each: :meth:`Lockstep.end_step` closes
+the current one, and a cancel (``free``, ``rollback``, ``reset``) always opens a new step,
+since it takes effect between steps (the step model of :mod:`.safety`). An adapter may
+implement an optional ``end_step()`` hook, which is then called (and recorded in replays) at
+every boundary; without one, a boundary only moves the kit's own step count.
+
 A failure raises :class:`~prefixkv.conformance.failures.CheckFailed`. Checks named in
 ``ignore`` are skipped where they are evaluated (the invariants) and otherwise left to the
 caller to swallow, after which :meth:`Lockstep.resync` re-reads both caches.
@@ -57,7 +63,10 @@ from .failures import CheckFailed, is_ignored
 from .replay import Recording
 from .safety import KVLedger, root_cause_first, safety_violations
 
-__all__ = ["PLAIN_WORDS", "Lockstep", "Outcome"]
+__all__ = ["CANCELS", "PLAIN_WORDS", "Lockstep", "Outcome"]
+
+#: Operations that cancel scheduled work, and so take effect between steps.
+CANCELS = frozenset({"free", "rollback", "reset"})
 
 
 @attrs.frozen
@@ -82,6 +91,13 @@ def _run(fn: Callable[[Any], Any], cache: Any) -> Outcome:
         return Outcome(value=fn(cache))
     except Exception as exc:  # the candidate may raise anything; the comparison decides
         return Outcome(error=exc)
+
+
+def _end_step(cache: Any) -> None:
+    """The step boundary on one cache: its ``end_step()`` hook, if it has one."""
+    hook = getattr(cache, "end_step", None)
+    if callable(hook):
+        hook()
 
 
 def normal(value: Any) -> Any:
@@ -165,6 +181,8 @@ class Lockstep:
         self.snap_c: CacheState | None = None
         self.views: dict[SeqId, SeqView] = {}
         self.ledger = KVLedger()
+        #: Operations that changed (or could change) a cache in the current step.
+        self.step_ops = 0
         #: INV-EVENTS: the drained-event mirrors, on when the run records events.
         self.events = EventStreams(False)
         #: Called after every operation with its name and the reference's snapshots
@@ -181,6 +199,7 @@ class Lockstep:
         self.ref, self.cand = ref, cand
         self._recorded = Recording(cand, self.log)
         self.ledger = KVLedger()
+        self.step_ops = 0
         self.events = EventStreams(record_events)
 
     def start(self) -> None:
@@ -232,6 +251,24 @@ class Lockstep:
         assert self.snap_c is not None
         return self.snap_c
 
+    @property
+    def step(self) -> int:
+        """The current step (0 is the first)."""
+        return self.ledger.step
+
+    def end_step(self) -> None:
+        """Close the current step: its forward pass ran (see :mod:`.safety`).
+
+        NOTE: the adapter's ``end_step()`` hook is optional. Without it the kit only counts
+        the step; with it, the hook runs as an operation like any other (every invariant
+        is checked after it, and a replay shows the call), so an engine that does work per
+        step (a deferred free, a batch's bookkeeping) does it where the kit expects.
+        """
+        if callable(getattr(self.cand, "end_step", None)):
+            self.op("end_step", _end_step)
+        self.ledger.end_step()
+        self.step_ops = 0
+
     def fail(self, check: str, message: str) -> None:
         """Raise :class:`CheckFailed`, unless ``check`` is ignored."""
         if not is_ignored(check, self.ignore):
@@ -248,7 +285,11 @@ class Lockstep:
         """Run ``fn`` on both caches and check everything; returns the reference's outcome
         (the candidate's when it runs alone). ``must_raise``: the operation is invalid
         whatever the state, and must raise that error type."""
+        if name in CANCELS and self.step_ops:
+            self.end_step()  # a cancel takes effect between steps
         self.ops[name] += 1
+        if not pure and name != "end_step":
+            self.step_ops += 1
         logged = len(self.log)
         before = self.snap_r if self.ref is not None else self.snap_c
         out = (

@@ -22,11 +22,22 @@ What a block's KV holds is not in a :class:`~prefixkv.spec.CacheState`, so
 sequence is *unwritten* until that sequence commits past its end. The ledger needs nothing
 from the engine beyond the snapshot.
 
-Steps, for ``publish=schedule``: the kit drives no batches, so one sequence's step runs from
-its scheduling (``admit``, ``append``) to the ``commit`` that reports its forward pass. A
-hit on a pending block is a reader scheduled in its writer's step or a later one, whose
-forward runs with or after the writer's: allowed. Once the writer is freed or rolled back
-without committing, the block holds nothing, and no later step may be served it.
+Steps, for ``publish=schedule``: the machines group operations into steps, one forward pass
+each, and close each with :meth:`KVLedger.end_step` (the oracle's ``end_step``, which also
+calls the adapter's optional ``end_step()`` hook). The model:
+
+* at the end of a step the forward pass has written every block scheduled in it, so a
+  published block that is not computed yet may be hit by a request scheduled in its
+  writer's step or a later one, while the writer is live (*pending*);
+* a cancel (``free``, a preemption, a ``rollback`` of the tail) takes effect between steps:
+  the oracle ends the current step before it, so the readers that hold a block when its
+  writer is cancelled were scheduled in steps whose forward passes ran with the writer's,
+  and they keep it (unpublished and shared by them: :attr:`KVLedger.readers`);
+* the commit is the only report that a block's KV was written, and a cancel before it may
+  follow a forward pass whose output was dropped (an aborted or preempted request), so from
+  the next step on the block holds nothing: it must be unpublished or never served. A hit
+  on it is INV-PUBLISH, and INV-WRITE still holds: nobody writes it, and only the readers of
+  the writer's steps may share it.
 
 NOTE: the ledger's hit check applies under every policy in the safety mode: with publish
 after compute it can never fire on a correct cache (a block is published only once it is
@@ -36,7 +47,7 @@ written), so it costs nothing and catches a schedule-time publisher that was not
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
@@ -51,16 +62,17 @@ __all__ = ["ROOT_CAUSE_ORDER", "KVLedger", "root_cause_first", "safety_violation
 
 #: Invariants in the order a report names them: the first that fails is the likeliest root
 #: cause of the others (a block published too early makes its writer's table look shared,
-#: so INV-PUBLISH comes before INV-WRITE).
+#: so INV-PUBLISH comes before INV-WRITE; a block freed while in use looks like a shared
+#: private block, so INV-PARTITION comes before INV-WRITE too).
 ROOT_CAUSE_ORDER = (
     InvariantId.REF,
     InvariantId.PUBLISH,
     InvariantId.INDEX,
     InvariantId.ANCESTOR,
     InvariantId.MATCH,
+    InvariantId.PARTITION,
     InvariantId.WRITE,
     InvariantId.WINDOW,
-    InvariantId.PARTITION,
     InvariantId.LIMIT,
     InvariantId.STATS,
     InvariantId.CKPT,
@@ -75,22 +87,59 @@ def root_cause_first(found: Iterable[Violation]) -> list[Violation]:
 
 @attrs.define
 class KVLedger:
-    """Which blocks hold written KV, followed from snapshots (see the module doc)."""
+    """Which blocks hold written KV, followed from snapshots, step by step (see the module
+    doc)."""
 
     #: block -> the sequence it was allocated to fresh, while its KV is unwritten.
     writer: dict[int, SeqId] = attrs.field(factory=dict)
     #: Blocks whose KV a writer committed (until they are freed or reallocated).
     written: set[int] = attrs.field(factory=set)
-    #: block -> the writer that was freed (or rolled back) before writing it.
+    #: block -> the writer that was cancelled (freed or rolled back) before writing it.
     orphaned: dict[int, SeqId] = attrs.field(factory=dict)
+    #: pending block -> the step its writer was scheduled in (allocated it).
+    scheduled: dict[int, int] = attrs.field(factory=dict)
+    #: orphaned block -> the sequences that held it when its writer was cancelled: they were
+    #: scheduled in the writer's steps, so their forward passes read what it wrote.
+    readers: dict[int, frozenset[SeqId]] = attrs.field(factory=dict)
+    #: orphaned block -> the step before whose start its writer was cancelled.
+    cancelled: dict[int, int] = attrs.field(factory=dict)
+    #: The current step (0 is the first).
+    step: int = 0
 
     def copy(self) -> KVLedger:
-        return KVLedger(dict(self.writer), set(self.written), dict(self.orphaned))
+        return KVLedger(
+            dict(self.writer),
+            set(self.written),
+            dict(self.orphaned),
+            dict(self.scheduled),
+            dict(self.readers),
+            dict(self.cancelled),
+            self.step,
+        )
 
-    def _fresh(self, b: int, seq_id: SeqId) -> None:
-        self.writer[b] = seq_id
+    def end_step(self) -> None:
+        """The step's forward pass ran; operations from now on belong to the next step."""
+        self.step += 1
+
+    def _forget(self, b: int) -> None:
+        self.writer.pop(b, None)
         self.written.discard(b)
         self.orphaned.pop(b, None)
+        self.scheduled.pop(b, None)
+        self.readers.pop(b, None)
+        self.cancelled.pop(b, None)
+
+    def _fresh(self, b: int, seq_id: SeqId) -> None:
+        self._forget(b)
+        self.writer[b] = seq_id
+        self.scheduled[b] = self.step
+
+    def _cancel(self, b: int, seq_id: SeqId, holders: frozenset[SeqId]) -> None:
+        del self.writer[b]
+        self.scheduled.pop(b, None)
+        self.orphaned[b] = seq_id
+        self.readers[b] = holders
+        self.cancelled[b] = self.step
 
     def update(self, before: CacheState, after: CacheState) -> list[str]:
         """Follow one operation; return the hits it made on blocks that hold no KV."""
@@ -98,6 +147,7 @@ class KVLedger:
         problems: list[str] = []
         old = {v.seq_id: v for v in before.sequences}
         new = {v.seq_id: v for v in after.sequences}
+        holders = _holders(after)
         for seq_id, prev in old.items():  # freed, or its tail rolled back
             cur = new.get(seq_id)
             kept = 0
@@ -107,12 +157,12 @@ class KVLedger:
                 kept = len(prev.block_ids)
             for b in prev.block_ids[kept:]:
                 if self.writer.get(b) == seq_id:
-                    self.orphaned[b] = seq_id
-                    del self.writer[b]
+                    self._cancel(b, seq_id, holders.get(b, frozenset()))
         for seq_id, seq in new.items():
             was = old.get(seq_id)
-            if was is not None and seq.block_ids[: len(was.block_ids)] == was.block_ids:
-                first = len(was.block_ids)
+            if was is not None:  # the same sequence (no operation frees and re-admits one)
+                # it grew (blocks past the common prefix are fresh) or shrank (rollback)
+                first = _common_prefix(was.block_ids, seq.block_ids)
             else:  # admitted (or re-admitted under the same id)
                 first = seq.num_cached_tokens // bs
                 # NOTE: the hits are the SeqView's num_cached_tokens, which the adapter must
@@ -127,14 +177,15 @@ class KVLedger:
                 if self.writer.get(b) == seq_id:
                     self.written.add(b)
                     del self.writer[b]
+                    self.scheduled.pop(b, None)
         for b in after.free_queue:  # free again: whatever it held is gone
-            self.writer.pop(b, None)
-            self.written.discard(b)
-            self.orphaned.pop(b, None)
+            self._forget(b)
         return problems
 
     def unwritten(self, blocks: Iterable[int], state: CacheState, what: str) -> list[str]:
-        """Hits among ``blocks`` that would serve KV nobody wrote or will write."""
+        """Hits, made now (in the current step), among ``blocks`` that would serve KV nobody
+        wrote or will write: a block written and committed, or pending (its writer is live
+        and was scheduled in this step or an earlier one), is served; any other is not."""
         holders = {b for seq in state.sequences for b in seq.block_ids}
         problems: list[str] = []
         for j, b in enumerate(blocks):
@@ -142,17 +193,38 @@ class KVLedger:
                 continue
             if b in self.orphaned:
                 problems.append(
-                    f"{what} hits block {b} (#{j}), whose KV was never written: its writer "
-                    f"{self.orphaned[b]!r} was freed before committing it, and the block "
-                    "stayed findable (unpublish it when its writer goes, or never serve it)"
+                    f"{what} (step {self.step}) hits block {b} (#{j}), whose KV was never "
+                    f"written: its writer {self.orphaned[b]!r} was cancelled before committing "
+                    f"it (before step {self.cancelled[b]}), and the block stayed findable "
+                    "(unpublish it when its writer goes, or never serve it)"
                 )
             elif self.writer.get(b) is None or b not in holders:
                 problems.append(f"{what} hits block {b} (#{j}), whose KV was never written")
+            elif self.scheduled.get(b, 0) > self.step:  # pragma: no cover - steps only grow
+                problems.append(
+                    f"{what} (step {self.step}) hits block {b} (#{j}), scheduled to be "
+                    f"written in step {self.scheduled[b]}"
+                )
         return problems
 
     def pending(self, b: int) -> bool:
         """Published-but-unwritten block with a live writer (allowed under publish=schedule)."""
         return b in self.writer and b not in self.written
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two block tables."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _holders(state: CacheState) -> dict[int, frozenset[SeqId]]:
+    """block -> the live sequences whose tables hold it."""
+    found: dict[int, set[SeqId]] = {}
+    for seq in state.sequences:
+        for b in seq.block_ids:
+            found.setdefault(b, set()).add(seq.seq_id)
+    return {b: frozenset(ids) for b, ids in found.items()}
 
 
 def safety_violations(
@@ -201,7 +273,8 @@ def _publish(s: CacheState, ledger: KVLedger) -> Iterator[str]:
 
 def _write(s: CacheState, ledger: KVLedger) -> Iterator[str]:
     """INV-WRITE for schedule-time publishers: a sequence writes only blocks it allocated
-    fresh and has not written yet (others may already read them: same-step hits)."""
+    fresh and has not written yet (others may already read them: hits in its steps), and an
+    unpublished block is shared only by the readers of a cancelled writer's steps."""
     bs = s.block_size
     for seq in s.sequences:
         for j in range(seq.num_computed // bs, len(seq.block_ids)):
@@ -213,15 +286,18 @@ def _write(s: CacheState, ledger: KVLedger) -> Iterator[str]:
                     f"sequence {seq.seq_id!r} will write block {b} (#{j}), which it did not "
                     f"allocate (published={view.published}, refcount={view.refcount})"
                 )
-        for b in seq.block_ids:
-            view = s.blocks[b]
-            # NOTE: a block whose writer was freed before committing it may stay in the
-            # tables of the sequences that hit it in the writer's own step: a schedule-time
-            # publisher's engine takes a cancel between steps, after that step's forward
-            # wrote every scheduled block. Hits made after the cancel are INV-PUBLISH
-            # (KVLedger.unwritten).
-            if not view.published and view.refcount != 1 and b not in ledger.orphaned:
-                yield f"private block {b} is shared (refcount {view.refcount})"
+    for b, held_by in _holders(s).items():
+        view = s.blocks[b]
+        if view.published or view.refcount == 1:
+            continue
+        # NOTE: a writer cancelled before committing leaves its block to the readers
+        # scheduled in its steps (the cancel took effect between steps, after their forward
+        # passes); nobody writes it again, and no later step may be served it (a hit is
+        # INV-PUBLISH), so exactly those readers may share it.
+        readers = ledger.readers.get(b)
+        if readers is not None and held_by <= readers:
+            continue
+        yield f"private block {b} is shared (refcount {view.refcount})"
 
 
 def _parent_in_pool(s: CacheState) -> Iterator[str]:

@@ -25,7 +25,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def counted(fn: _F) -> _F:
     """Count the rule's firings (and firings in which an operation raised).
 
-    A failure of a check the run ignores ends the rule early; the oracle re-reads both
+    A rule ends with a step boundary (``oracle.end_step``); rules that model several
+    engine steps close the inner ones themselves. A failure of a check the run ignores ends
+    the rule early; the oracle re-reads both
     caches so that the next rule starts from what they really hold.
     """
     name = fn.__name__
@@ -38,7 +40,9 @@ def counted(fn: _F) -> _F:
         self.oracle.raised_in_rule = False
         self._since_bad += 1
         try:
-            return fn(self, **kwargs)
+            out = fn(self, **kwargs)
+            self.oracle.end_step()  # a rule is one engine step, or ends with one
+            return out
         except CheckFailed as exc:
             if not is_ignored(exc.check, type(self).ignored_checks):
                 raise

@@ -69,6 +69,7 @@ class LifecycleRules(ProtocolSteps):
                 admitted.append((req.seq_id, adm))
         for i, (seq_id, adm) in enumerate(admitted):
             self._commit_prefill(seq_id, adm, sampled[i % len(sampled) :] + sampled)
+        self.oracle.end_step()  # the samples were scheduled and prefilled in one step
         live = [seq_id for seq_id, _ in admitted]
         if finish == "first" and live:
             self._free(live[:1])
@@ -77,6 +78,7 @@ class LifecycleRules(ProtocolSteps):
             for i, seq_id in enumerate(live):
                 rotated = sampled[(i + step) % len(sampled) :] + sampled
                 self._advance(seq_id, 1, 1, rotated)
+            self.oracle.end_step()  # one decode step of the whole group
         if finish == "group" and live:
             self._free([seq_id for seq_id in live if seq_id in self.oracle.views])
             live = []
@@ -109,6 +111,7 @@ class LifecycleRules(ProtocolSteps):
             return multiple()
         self._commit_prefill(req.seq_id, adm, sampled)
         for k, a in steps:
+            self.oracle.end_step()
             self._advance(req.seq_id, k, a, sampled)
         if finish and req.seq_id in self.oracle.views:
             self._free([req.seq_id])
@@ -124,17 +127,45 @@ class LifecycleRules(ProtocolSteps):
         Hits on blocks a live sequence holds cost no supply, so this is where a
         ``can_admit`` (or an ``admit``) that counts them as new allocations is wrong.
         """
+        new = self._admit_at_the_edge(seq, slack, filler)
+        return multiple() if new is None else new
+
+    @rule(
+        target=seqs,
+        ns=namespace_ids(),
+        tokens=prompts(),
+        slack=st.integers(-1, 0),
+        filler=st.integers(1, 4),
+    )
+    @counted
+    def fits_thanks_to_hits(self, ns: int, tokens: tuple[int, ...], slack: int, filler: int) -> Any:
+        """Pool pressure with a shared prefix: a prompt is admitted and prefilled (its full
+        blocks are published and stay held), and in the next step a prompt that shares them
+        is sized so that it fits only because they are hits (:meth:`admit_at_the_edge` on a
+        sequence that surely has computed blocks, with no room to spare)."""
+        req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
+        adm = self._admit(req, None, only_if_possible=True)
+        if adm is None:
+            return multiple()
+        self._commit_prefill(req.seq_id, adm, (filler,))
+        self.oracle.end_step()
+        new = self._admit_at_the_edge(req.seq_id, slack, filler)
+        live = [s for s in (req.seq_id, new) if s is not None and s in self.oracle.views]
+        return multiple(*live)
+
+    def _admit_at_the_edge(self, seq: SeqId, slack: int, filler: int) -> SeqId | None:
+        """The admission of :meth:`admit_at_the_edge`; the new sequence's id, or None."""
         view = self.oracle.view(seq)
         snap = self.oracle.snap_c
         if view is None or snap is None:
-            return multiple()
+            return None
         bs = self.block_size
         shared = view.token_ids[: min(view.num_computed, len(view.token_ids)) // bs * bs]
         supply = snap.stats.num_free_blocks + snap.stats.num_cached_blocks
         new = max(1, (supply + slack) * bs - bs // 2)
         req = Request(self._new_id(), shared + (filler,) * new, self._ns(self._seq_ns.get(seq, 0)))
         adm = self._admit(req, None, only_if_possible=False)
-        return multiple() if adm is None else req.seq_id
+        return None if adm is None else req.seq_id
 
     @rule(ns=namespace_ids(), tokens=prompts(), repeats=st.integers(1, 6))
     @counted
@@ -250,6 +281,9 @@ class LifecycleRules(ProtocolSteps):
     @counted
     def evict(self, n: int) -> None:
         """Evict up to ``n`` cached leaves (any cached blocks under ``eviction=any``)."""
+        self._evict(n)
+
+    def _evict(self, n: int) -> None:
         cached = self.oracle.state.stats.num_cached_blocks
         out = self.oracle.op("evict", lambda c: c.evict(n))
         if out.raised or self.caps.eviction != "any":
@@ -265,6 +299,35 @@ class LifecycleRules(ProtocolSteps):
                 "cannot be evicted are leaked",
             )
 
+    @precondition(lambda self: self.caps.evict)
+    @rule(ns=namespace_ids(), tokens=prompts(), filler=st.integers(1, 4), small=st.booleans())
+    @counted
+    def churn_then_evict(self, ns: int, tokens: tuple[int, ...], filler: int, small: bool) -> None:
+        """Cache churn, then an eviction of everything: a prompt is prefilled and finished
+        (its blocks stay cached), a fresh prompt makes the cache give up cached blocks,
+        whichever its policy picks, and is cancelled before its forward pass (so the blocks
+        it took come back unpublished); then ``evict`` is asked for the whole
+        pool (``EVICT`` under ``eviction=any``). The fresh prompt needs one block more than
+        is free (a cache that takes free blocks first gives up one cached block), or, if
+        ``small``, one block (a cache that evicts in its own order, free blocks or not,
+        gives up one there). Under any-order eviction that is often a parent whose child
+        stays cached and unreachable."""
+        req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
+        adm = self._admit(req, None, only_if_possible=True)
+        if adm is None:
+            return
+        self._commit_prefill(req.seq_id, adm, (filler,))
+        self._free([req.seq_id])
+        bs, free = self.block_size, self.oracle.state.stats.num_free_blocks
+        # token 0 is outside the drawn alphabet: the fresh prompt hits nothing
+        fresh = Request(self._new_id(), (0,) * ((1 if small else free + 1) * bs), self._ns(ns))
+        adm = self._admit(fresh, None, only_if_possible=True)
+        if adm is None:
+            return
+        self._free([fresh.seq_id])  # cancelled before its forward pass: nothing published
+        self.oracle.end_step()
+        self._evict(self.oracle.state.num_blocks)
+
     @precondition(lambda self: self.caps.reset)
     @rule(mode=st.sampled_from(["preserve", "full", "drain_then_full"]))
     @counted
@@ -274,6 +337,7 @@ class LifecycleRules(ProtocolSteps):
             self._remember(list(self.oracle.views))
             self.oracle.op("reset", lambda c: c.reset(preserve_cache=True))
             self._prune_seqs()
+            self._check_reclaimable()
         if mode != "preserve":
             self.oracle.op("reset", lambda c: c.reset(preserve_cache=False))
 

@@ -169,7 +169,37 @@ class ProtocolSteps(MachineBase):
         self._remember(seq_ids)
         out = self.oracle.op("free", lambda c: c.free(list(seq_ids)))
         self._prune_seqs()
+        self._check_reclaimable()
         return not out.raised
+
+    def _check_reclaimable(self) -> None:
+        """Nothing leaks (``LEAK``): once no sequence is live, the snapshot's blocks are all
+        free or evictable, so a fresh prompt that needs the whole pool must be admissible.
+
+        A pure ``can_admit``, asked only in the safety mode (in the exact mode the reference
+        shows a leak as a difference). It holds under every policy: leaf-only eviction
+        reaches every cached block once nothing is held, leaf after leaf. A block that no
+        sequence holds but the engine still keeps (a lock never dropped, a reference never
+        released) looks evictable in the snapshot and is not; EVICT finds it only where
+        ``evict(n)`` must reach every cached block (``eviction="any"``), this finds it
+        under any policy, and without an ``evict`` operation.
+        """
+        if self.oracle.views or not self.oracle.alone or self.cfg is None:
+            return
+        n = self.cfg.num_blocks
+        req = Request("leak-probe", (0,) * (n * self.block_size), self._ns(0))
+        out = self.oracle.op("can_admit", lambda c: c.can_admit(req, None), pure=True)
+        if out.raised or out.value:
+            return
+        st = self.oracle.state.stats
+        self.oracle.fail(
+            "LEAK",
+            f"no sequence is live and the snapshot shows {st.num_free_blocks} free and "
+            f"{st.num_cached_blocks} cached (evictable) blocks of {n}, yet can_admit refuses "
+            f"a fresh prompt of {n} blocks ({len(req.token_ids)} tokens): some blocks are "
+            "held by nothing and never come back (a lock or reference not dropped on "
+            "finish)",
+        )
 
     def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
         if not self.caps.lost_reuse:
