@@ -602,10 +602,10 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "hybrid.py",
-                '{ck.status} checkpoint"\n'
+                "                self._events.append(CheckpointRemoved((ck.block_hash,)))\n"
                 "            self._drop_saved(ck)\n"
                 "            self._released_stale += 1\n",
-                '{ck.status} checkpoint"\n',
+                "                self._events.append(CheckpointRemoved((ck.block_hash,)))\n",
             ),
         ),
         machine="hybrid",
