@@ -67,7 +67,7 @@ from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, SeqView
-from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
+from prefixkv.spec.steps import BatchOutcome, DecodeStep, apply_batch, check_step_counts
 
 from ._index import HashIndex
 from ._pool import NO_PARENT, BlockPool
@@ -807,22 +807,7 @@ class PrefixCacheManager:
 
     def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
         """``advance`` per step, in order, each atomic, up to the first that raises."""
-        batch = check_batch(steps)
-        done: list[tuple[int, ...]] = []
-        advance = self.advance
-        for step in batch:
-            try:
-                new = advance(
-                    step.seq_id,
-                    step.num_computed,
-                    step.accepted_tokens,
-                    num_rejected=step.num_rejected,
-                    num_reserve=step.num_reserve,
-                )
-            except PrefixCacheError as exc:
-                return BatchOutcome(tuple(done), exc, step.seq_id)
-            done.append(tuple(new))
-        return BatchOutcome(tuple(done))
+        return apply_batch(self.advance, steps)
 
     @staticmethod
     def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:

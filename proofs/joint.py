@@ -50,7 +50,7 @@ from typing import Any
 
 import z3
 
-from .small import Obligation, Variant, Witness
+from .small import Obligation, Variant, Witness, all_of, any_of
 
 __all__ = [
     "JOINT_IDS",
@@ -175,14 +175,6 @@ class Step:
     facts: dict[str, Term]
 
 
-def _all(xs: Sequence[Term]) -> Term:
-    return z3.And(*xs) if xs else z3.BoolVal(True)
-
-
-def _any(xs: Sequence[Term]) -> Term:
-    return z3.Or(*xs) if xs else z3.BoolVal(False)
-
-
 def sel(xs: Sequence[Term], i: Term) -> Term:
     """``xs[i]`` for a symbolic index (the first entry out of range)."""
     out = xs[0]
@@ -273,7 +265,7 @@ class JointModel:
         )
 
     def is_leaf(self, x: JState, n: Term) -> Term:
-        return _all([z3.Not(z3.And(x.pub[m], x.par[m] == n)) for m in range(self.N)])
+        return all_of([z3.Not(z3.And(x.pub[m], x.par[m] == n)) for m in range(self.N)])
 
     def chain_ok(self, x: JState, h: Term, path: Sequence[Term]) -> Term:
         """``path[:h]`` is a published chain from a root: depth j+1 at position j, each
@@ -283,8 +275,8 @@ class JointModel:
             n = path[j]
             here = [self.in_nodes(n), sel(x.pub, n), sel(x.dep, n) == j + 1]
             here.append(sel(x.par, n) == (-1 if j == 0 else path[j - 1]))
-            cs.append(z3.Implies(j < h, _all(here)))
-        return _all(cs)
+            cs.append(z3.Implies(j < h, all_of(here)))
+        return all_of(cs)
 
     def prefix_intact(self, x: JState, h: Term, path: Sequence[Term]) -> Term:
         """Every node of ``path[:h]`` is published and is still the publication its child
@@ -297,8 +289,8 @@ class JointModel:
                 here.append(sel(x.par, n) == -1)
             else:
                 here += [sel(x.par, n) == path[j - 1], sel(x.pgen, n) == sel(x.gen, path[j - 1])]
-            cs.append(z3.Implies(j < h, _all(here)))
-        return _all(cs)
+            cs.append(z3.Implies(j < h, all_of(here)))
+        return all_of(cs)
 
     def last(self, path: Sequence[Term], h: Term) -> Term:
         return sel(path, h - 1)
@@ -307,7 +299,7 @@ class JointModel:
 
     def invariants(self, x: JState) -> dict[str, Term]:
         N, S, K = range(self.N), range(self.S), range(self.K)
-        ref = _all(
+        ref = all_of(
             [x.rc[n] == z3.Sum([self.holds(x, s, n) for s in S]) for n in N]
             + [z3.Implies(x.rc[n] > 0, x.pub[n]) for n in N]
         )
@@ -396,20 +388,20 @@ class JointModel:
         exp = [z3.Implies(x.exp[n] != 0, x.pub[n]) for n in N]
         return {
             "J-REF": ref,
-            "J-TREE": _all(tree),
-            "J-GEN": _all(gen),
-            "J-HIT": _all(hit),
-            "J-CKPT": _all(ck),
-            "J-EXP": _all(exp),
+            "J-TREE": all_of(tree),
+            "J-GEN": all_of(gen),
+            "J-HIT": all_of(hit),
+            "J-CKPT": all_of(ck),
+            "J-EXP": all_of(exp),
         }
 
     def inv(self, x: JState) -> Term:
-        return _all(list(self.invariants(x).values()))
+        return all_of(list(self.invariants(x).values()))
 
     # -- the match (hybrid): deepest boundary of the chain with a Ready checkpoint -----------
 
     def ready_at(self, x: JState, n: Term, depth: int) -> Term:
-        return _any(
+        return any_of(
             [z3.And(x.kind[k] == READY, x.node[k] == n, x.bnd[k] == depth) for k in range(self.K)]
         )
 
@@ -420,7 +412,7 @@ class JointModel:
         for j in range(self.D):  # deeper wins: later assignments override
             c = z3.If(z3.And(j < q.h, self.ready_at(x, q.path[j], j + 1)), j + 1, c)
         c = self.cut_for_experts(x, q, c)
-        replay = _all([z3.Implies(j < c, sel(x.exp, q.path[j]) != 0) for j in range(self.D)])
+        replay = all_of([z3.Implies(j < c, sel(x.exp, q.path[j]) != 0) for j in range(self.D)])
         return c, replay
 
     def cut_for_experts(self, x: JState, q: Query, c: Term) -> Term:
@@ -523,7 +515,7 @@ class JointModel:
 
     def save(self, x: JState, a: SaveArgs) -> Step:
         t, f = a.t, a.f
-        taken = _any([z3.And(x.kind[k] != FREE, x.node[k] == t) for k in range(self.K)])
+        taken = any_of([z3.And(x.kind[k] != FREE, x.node[k] == t) for k in range(self.K)])
         guard = z3.And(
             self.in_nodes(t),
             self.save_target(x, t),
@@ -618,7 +610,7 @@ class JointModel:
         return sel(x.kind, r) == READY
 
     def reset_full(self, x: JState) -> Step:
-        guard = _all([z3.Not(v) for v in x.live])
+        guard = all_of([z3.Not(v) for v in x.live])
         f = z3.BoolVal(False)
         z = z3.IntVal(0)
         post = replace(
@@ -689,7 +681,7 @@ class JointModel:
         cs += eq(a.node, b.node) + eq(a.bnd, b.bnd) + eq(a.sgen, b.sgen) + eq(a.owner, b.owner)
         for s in range(self.S):
             cs += eq(a.path[s], b.path[s])
-        return _all(cs)
+        return all_of(cs)
 
     def non_interference(self, op: str, x: JState, a: Args) -> tuple[Term, Term]:
         """(hypothesis, conclusion) of EXPERTS over ``op``."""
@@ -773,7 +765,7 @@ class JointModel:
     def scenario(self, op: str, x: JState, a: Args, stp: Step) -> tuple[str, Term]:
         N, K = range(self.N), range(self.K)
         if op == "admit" and isinstance(a, AdmitArgs):
-            other = _any(
+            other = any_of(
                 [z3.And(x.kind[k] == READY, x.node[k] != self.last(a.path, a.h)) for k in K]
             )
             return (
@@ -786,9 +778,12 @@ class JointModel:
                 z3.And(sel(x.held, a.s) >= 1, sel(x.gen, a.n) >= 1, a.e > 0),
             )
         if op == "save":
-            return ("a checkpoint is saved on a node nobody holds", _all([x.rc[n] == 0 for n in N]))
+            return (
+                "a checkpoint is saved on a node nobody holds",
+                all_of([x.rc[n] == 0 for n in N]),
+            )
         if op == "evict" and isinstance(a, NodeArgs):
-            had = _any([z3.And(x.kind[k] == READY, x.node[k] == a.n) for k in K])
+            had = any_of([z3.And(x.kind[k] == READY, x.node[k] == a.n) for k in K])
             return (
                 "an evicted node's Ready checkpoint goes stale",
                 z3.And(had, sel(x.exp, a.n) > 0),
@@ -796,24 +791,24 @@ class JointModel:
         if op == "free":
             return (
                 "an abandoned restore is unpinned while another sequence holds the prefix",
-                z3.And(_any([x.kind[k] == PINNED for k in K]), z3.And(*x.live)),
+                z3.And(any_of([x.kind[k] == PINNED for k in K]), z3.And(*x.live)),
             )
         if op == "restore_issued":
             return (
                 "a restore of a 2-block prefix is issued",
-                _any([z3.And(x.kind[k] == PINNED, x.bnd[k] == 2) for k in K]),
+                any_of([z3.And(x.kind[k] == PINNED, x.bnd[k] == 2) for k in K]),
             )
         if op == "drop":
             return (
                 "slot pressure drops a Ready checkpoint while one is pinned",
-                _any([x.kind[k] == PINNED for k in K]),
+                any_of([x.kind[k] == PINNED for k in K]),
             )
         if op == "experts":
             return (
                 "experts enrich a node on a pinned prefix",
-                _any([x.kind[k] == PINNED for k in K]),
+                any_of([x.kind[k] == PINNED for k in K]),
             )
-        return ("a full reset drops a Ready checkpoint", _any([x.kind[k] == READY for k in K]))
+        return ("a full reset drops a Ready checkpoint", any_of([x.kind[k] == READY for k in K]))
 
     # -- display ----------------------------------------------------------------------------
 
@@ -942,7 +937,7 @@ class AdmitUnverifiedHit(JointModel):
     """The hit's nodes are whatever the hash bucket offered: published, not a chain."""
 
     def hit_ok(self, x: JState, a: AdmitArgs) -> Term:
-        return _all(
+        return all_of(
             [
                 z3.Implies(j < a.h, z3.And(self.in_nodes(a.path[j]), sel(x.pub, a.path[j])))
                 for j in range(self.D)

@@ -33,6 +33,8 @@ __all__ = [
     "Variant",
     "VariantResult",
     "Witness",
+    "all_of",
+    "any_of",
     "check_variant",
     "prove_all",
     "prove_one",
@@ -40,6 +42,17 @@ __all__ = [
 ]
 
 DEFAULT_RLIMIT = 20_000_000
+
+
+def all_of(xs: Sequence[Any]) -> Any:
+    """The conjunction of ``xs``; true when there are none."""
+    return z3.And(*xs) if xs else z3.BoolVal(True)
+
+
+def any_of(xs: Sequence[Any]) -> Any:
+    """The disjunction of ``xs``; false when there are none."""
+    return z3.Or(*xs) if xs else z3.BoolVal(False)
+
 
 Show = Callable[[Callable[[Any], Any]], str]
 """Renders a counterexample or a witness, given the model's evaluation function."""

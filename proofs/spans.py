@@ -52,7 +52,7 @@ from typing import Any
 
 import z3
 
-from .small import Obligation, Variant, Witness
+from .small import Obligation, Variant, Witness, all_of, any_of
 
 __all__ = [
     "SPAN_IDS",
@@ -144,14 +144,6 @@ class Step:
     facts: dict[str, Term]
 
 
-def _all(xs: Sequence[Term]) -> Term:
-    return z3.And(*xs) if xs else z3.BoolVal(True)
-
-
-def _any(xs: Sequence[Term]) -> Term:
-    return z3.Or(*xs) if xs else z3.BoolVal(False)
-
-
 class SpanModel:
     """The span-relevant part of ``SpecCache`` for one sequence (module doc)."""
 
@@ -214,7 +206,7 @@ class SpanModel:
 
     def inside(self, on: Sequence[Term], st: Sequence[Term], en: Sequence[Term], x: Term) -> Term:
         """``span_containing(spans, x) is not None``: x strictly inside some span."""
-        return _any([z3.And(on[i], st[i] < x, x < en[i]) for i in range(self.K)])
+        return any_of([z3.And(on[i], st[i] < x, x < en[i]) for i in range(self.K)])
 
     def wf_request(
         self, P: Term, L: Term, on: Sequence[Term], st: Sequence[Term], en: Sequence[Term]
@@ -228,7 +220,7 @@ class SpanModel:
             cs.append(z3.Implies(z3.And(on[i], L > 0), en[i] - st[i] <= L))
             if i + 1 < K:
                 cs.append(z3.Implies(on[i + 1], z3.And(on[i], en[i] <= st[i + 1])))
-        return _all(cs)
+        return all_of(cs)
 
     def clamp(self, k: Term, on: Sequence[Term], st: Sequence[Term], en: Sequence[Term]) -> Term:
         """``clamp_out_of_spans(k, spans, BS)``: while ``k * BS`` is inside a span, go back
@@ -299,7 +291,7 @@ class SpanModel:
         }
 
     def inv(self, x: SpanState) -> Term:
-        return _all(list(self.invariants(x).values()))
+        return all_of(list(self.invariants(x).values()))
 
     # -- transitions ------------------------------------------------------------------------
 
@@ -321,7 +313,7 @@ class SpanModel:
             a.nn >= 0,
         )
         post = SpanState(z3.BoolVal(True), a.P, a.L, on, st, en, end, cached, cached, a.P)
-        maximal = _all(
+        maximal = all_of(
             [
                 z3.Implies(
                     z3.And(k1 < k, k <= a.m), self.inside(on, st, en, self.times_bs(z3.IntVal(k)))
@@ -494,7 +486,7 @@ class SpanModel:
             two_req = z3.And(a.on[0], a.on[1]) if self.K >= 2 else a.on[0]
             start = stp.post.C
             plain = self.plain_end(start, a.P, a.nn, a.L)
-            moved = _any(
+            moved = any_of(
                 [z3.And(a.on[i], a.st[i] == start, plain < a.en[i]) for i in range(self.K)]
             )
             return (
@@ -515,18 +507,18 @@ class SpanModel:
                 z3.And(
                     two,
                     x.L > 0,
-                    _any([x.st[i] == stp.post.R for i in range(self.K)]),
+                    any_of([x.st[i] == stp.post.R for i in range(self.K)]),
                     stp.post.R < x.R + x.L,
                 ),
             )
-        at_start = _any([x.st[i] == stp.post.R for i in range(self.K)])
+        at_start = any_of([x.st[i] == stp.post.R for i in range(self.K)])
         if op == "append":
             return (
                 "a prompt with two spans grows up to a span's start",
                 z3.And(two, stp.post.R < x.P, at_start),
             )
         if op == "rollback":
-            at_end = _any([z3.And(x.en[i] == stp.post.R, x.st[i] < x.C) for i in range(self.K)])
+            at_end = any_of([z3.And(x.en[i] == stp.post.R, x.st[i] < x.C) for i in range(self.K)])
             return (
                 "decode rolls back into the prompt, to a span's end",
                 z3.And(two, x.R > x.P, at_end),

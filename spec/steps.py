@@ -26,7 +26,7 @@ batch would force it to redo from scratch. A malformed batch (not an iterable of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,7 +37,14 @@ from .request import SeqId, check_seq_id
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-__all__ = ["BatchOutcome", "DecodeStep", "StepCalls", "check_batch", "check_step_counts"]
+__all__ = [
+    "BatchOutcome",
+    "DecodeStep",
+    "StepCalls",
+    "apply_batch",
+    "check_batch",
+    "check_step_counts",
+]
 
 
 @attrs.frozen
@@ -118,6 +125,27 @@ def check_batch(steps: object) -> list[DecodeStep]:
     return batch
 
 
+def apply_batch(advance: Callable[..., Sequence[int]], steps: object) -> BatchOutcome:
+    """``advance_batch`` over any cache's own ``advance``: check the batch, then apply each
+    step in order, each atomic, up to the first that raises (module doc). Both caches call
+    this, so the batch semantics are written once."""
+    batch = check_batch(steps)
+    done: list[tuple[int, ...]] = []
+    for step in batch:
+        try:
+            new = advance(
+                step.seq_id,
+                step.num_computed,
+                step.accepted_tokens,
+                num_rejected=step.num_rejected,
+                num_reserve=step.num_reserve,
+            )
+        except PrefixCacheError as exc:
+            return BatchOutcome(tuple(done), exc, step.seq_id)
+        done.append(tuple(new))
+    return BatchOutcome(tuple(done))
+
+
 class StepCalls:
     """``advance`` and ``advance_batch`` by their definition: the per-call API, in one
     transaction. The spec uses this as is; :class:`prefixkv.impl.PrefixCacheManager` has
@@ -158,18 +186,4 @@ class StepCalls:
 
     def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
         """``advance`` for each step in order, up to the first that raises (module doc)."""
-        batch = check_batch(steps)
-        done: list[tuple[int, ...]] = []
-        for step in batch:
-            try:
-                new = self.advance(
-                    step.seq_id,
-                    step.num_computed,
-                    step.accepted_tokens,
-                    num_rejected=step.num_rejected,
-                    num_reserve=step.num_reserve,
-                )
-            except PrefixCacheError as exc:
-                return BatchOutcome(tuple(done), exc, step.seq_id)
-            done.append(tuple(new))
-        return BatchOutcome(tuple(done))
+        return apply_batch(self.advance, steps)

@@ -167,10 +167,8 @@ def _admit(cache: Any, req: TraceRequest, finished: deque[int]) -> tuple[int, in
             return cache.admit(
                 Request(req.seq_id, req.prompt, NAMESPACE)
             ).num_scheduled_tokens, early
-        except OutOfBlocks:
-            if not finished:
-                raise
-            cache.free((finished.popleft(),))
+        except OutOfBlocks as exc:
+            _make_room(cache, finished, exc)
             early += 1
 
 

@@ -59,6 +59,7 @@ BAD_STEP_KINDS: dict[str, type[PrefixCacheError] | None] = {
     "batch:not_steps": InvalidRequest,
     "batch:not_iterable": InvalidRequest,
     "batch:one_step": InvalidRequest,
+    "batch:bad_id": InvalidRequest,
 }
 
 
@@ -204,6 +205,10 @@ class StepCallRules(_Base):
             "batch:not_steps": lambda x: x.advance_batch([(seq, 0)]),
             "batch:not_iterable": lambda x: x.advance_batch(12345),
             "batch:one_step": lambda x: x.advance_batch(DecodeStep(seq, 0)),
+            # a bad id after a valid step: refused whole, before the valid step applies
+            "batch:bad_id": lambda x: x.advance_batch(
+                [DecodeStep(seq, 0, (), 0, 0), DecodeStep(True, 0, (), 0, 0)]
+            ),
         }
         type(self).coverage.variants[f"bad_step_call:{kind}"] += 1
         must = BAD_STEP_KINDS[kind]
