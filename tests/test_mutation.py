@@ -56,6 +56,24 @@ def test_every_patch_applies(tmp_path: Path) -> None:
         apply_bug(bug, copy_impl(tmp_path / bug.name))
 
 
+def test_every_stage_builds() -> None:
+    """Every configuration of the schedule builds, and a focus names only real rules and
+    keeps the machine's checks (it only skips rules: ``skip`` refuses an unknown name)."""
+    from mutation.worker import CONFIGS, FOCUS, HYBRID_CONFIGS, MACHINES, build_stage_machine
+
+    from prefixkv.conformance.machines.differential import all_rule_names
+
+    assert set(FOCUS) <= set(CONFIGS) | set(HYBRID_CONFIGS)
+    for config in [*CONFIGS, *HYBRID_CONFIGS]:
+        machine, steps = build_stage_machine(config)
+        assert steps > 0
+        rules = set(all_rule_names(machine))
+        if config in FOCUS:
+            assert rules == {"init", *FOCUS[config]}, config
+    used = {stage.config for stages in MACHINES.values() for stage in stages}
+    assert used == set(CONFIGS) | set(HYBRID_CONFIGS)
+
+
 def test_a_stale_patch_fails_loudly(tmp_path: Path) -> None:
     """A patch whose text is not in the impl (or occurs twice) is an error, not a pass."""
     from mutation.run import Bug, PatchError, apply_bug, copy_impl
@@ -84,6 +102,7 @@ def test_an_import_crashing_mutant_is_killed_by_a_crash(tmp_path: Path, error: s
     assert row["caught"] is True and row["killed_by"] == "crash", row
     assert row["check"] == f"CRASH(import: {error})" and row["stage"] == "import", row
     assert "this mutant cannot be imported" in row["message"]
+    assert row["startup"] is not None and row["startup"] >= 0
     assert ok(row)
     assert "crash" in format_table([row]).splitlines()[-1]
 

@@ -1,14 +1,16 @@
 """The engine's injected bugs (tests/mutation/engine_bugs.py): they apply, they are caught,
 and the harness never touches the checkout.
 
-The whole set takes about 15 minutes (``python -m tests.mutation.engine_bugs``, see
-docs/engine.md); CI runs three representative bugs through the same harness
-(``test_representative_engine_bugs_are_caught``), checks that every patch still applies,
-and kills the harness mid-run to show the checkout keeps its bytes.
+The whole set takes a few minutes (``python -m tests.mutation.engine_bugs``, see
+docs/engine.md); CI runs three representative bugs through the same harness and its warm
+server (``test_representative_engine_bugs_are_caught``), checks that every patch still
+applies, that a stale patch and a broken control fail loudly, that the harness's record
+names every bug, and kills the harness mid-run to show the checkout keeps its bytes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,8 +18,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from mutation.engine_bugs import CONTROL, ENGINE_BUGS, ROOT, PatchError, apply, ok, run_bug
+from mutation.engine_bugs import (
+    CONTROL,
+    ENGINE_BUGS,
+    ROOT,
+    EngineBug,
+    PatchError,
+    apply,
+    load_catches,
+    ok,
+    run_bug,
+    test_order,
+)
 from mutation.sandbox import checkout_digest, module_of, process_gone, stage_sources
+from mutation.warm import WarmPytest
 
 #: One bug in the torch-free scheduler, one in the torch engine and one on the hybrid path;
 #: each is caught within seconds of the engine tests' start.
@@ -126,13 +140,93 @@ def test_killing_the_harness_leaves_the_checkout_untouched(
 
 @pytest.mark.mutation
 def test_representative_engine_bugs_are_caught(tmp_path: Path) -> None:
-    """Three bugs through the real harness: each is caught by a failing engine test."""
+    """Three bugs through the real harness and its warm server: each is caught by a failing
+    engine test, and each row splits its time into start-up and search."""
     known = {bug.name: bug for bug in ENGINE_BUGS}
-    for i, name in enumerate(REPRESENTATIVE):
-        row = run_bug(known[name], tmp_path / str(i), jobs=1, timeout=900)
-        assert row["verdict"] == "caught", row
-        assert row["check"].startswith("tests/engine/"), row
-        assert ok(row)
+    with WarmPytest({**os.environ, "CI": "true"}) as server:
+        for i, name in enumerate(REPRESENTATIVE):
+            row = run_bug(known[name], tmp_path / str(i), server=server, timeout=900)
+            assert row["verdict"] == "caught", row
+            assert row["check"].startswith("tests/engine/"), row
+            assert ok(row)
+            assert row["first_failure"] == pytest.approx(row["startup"] + row["search"], abs=0.02)
+
+
+def test_a_stale_engine_patch_fails_loudly(tmp_path: Path) -> None:
+    """A bug whose old text is gone is an error row (not caught, not missed): no test runs."""
+    gone = EngineBug("gone", "src/prefixkv/engine/scheduler.py", "no such text\n", "")
+    row = run_bug(gone, tmp_path, server=None, timeout=60)
+    assert row["verdict"] == "error" and "occurs 0 times" in row["error"], row
+    assert not ok(row)
+
+
+@pytest.mark.mutation
+def test_a_control_that_fails_is_an_error(tmp_path: Path) -> None:
+    """The control must pass: a copy broken in a file no bug touches makes the control's
+    row fail, so a harness that "catches" everything cannot look green."""
+    broken = EngineBug(
+        CONTROL,
+        "tests/engine/test_scheduler.py",
+        "from __future__ import annotations\n",
+        "from __future__ import annotations\n\n\ndef test_broken_on_purpose() -> None:\n"
+        "    raise AssertionError('the control copy is broken')\n",
+    )
+    # the broken test runs first (as a bug's past catcher would), so this stays short
+    first = [[f"{broken.path}::test_broken_on_purpose", 0]]
+    catches = {"durations": {}, "catches": {CONTROL: first}}
+    with WarmPytest({**os.environ, "CI": "true"}) as server:
+        row = run_bug(broken, tmp_path, server=server, timeout=900, catches=catches)
+    assert row["verdict"] == "caught" and "broken_on_purpose" in row["check"], row
+    assert not ok(row)
+
+
+def test_the_record_names_every_bug() -> None:
+    """``engine_catches.json`` (``--survey --write``) lists catchers for each bug, and the
+    durations of the control run; each bug's own catchers run first."""
+    catches = load_catches()
+    assert set(catches["catches"]) == {bug.name for bug in ENGINE_BUGS}
+    files = {nodeid.split("::")[0] for nodeid in catches["durations"]}
+    assert all((ROOT / f).is_file() for f in files), files
+    for bug in ENGINE_BUGS:
+        assert catches["catches"][bug.name], bug.name
+        order = test_order(bug, catches)
+        cheapest = min(catches["catches"][bug.name], key=lambda pair: pair[1])
+        assert order["first"][0] == cheapest[0]
+    assert test_order(None, catches)["first"] == []
+
+
+def test_the_child_runs_the_recorded_order(tmp_path: Path) -> None:
+    """The first-failure plugin runs the listed tests first, then the rest by duration,
+    then the unrecorded ones; it reports when the first test started."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_a.py").write_text(
+        "def test_1(): pass\ndef test_2(): pass\ndef test_3(): assert False\n"
+    )
+    (tests / "test_b.py").write_text("def test_4(): pass\n")
+    order = {
+        "first": ["t/test_b.py::test_4", "t/test_a.py::test_3"],
+        "durations": {"t/test_a.py::test_2": 0.1, "t/test_a.py::test_1": 0.5},
+    }
+    (tmp_path / "order.json").write_text(json.dumps(order))
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PREFIXKV_MUTANT_ORDER": str(tmp_path / "order.json")}
+    env.update(PREFIXKV_MUTANT_REPORT=str(report), PYTHONPATH=str(ROOT))
+    env.pop("PREFIXKV_MUTANT_SRC", None)
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "tests.mutation.first_failure", "t"]
+    cmd += ["-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    ran = [line.split(" ")[0] for line in proc.stdout.splitlines() if "::test_" in line]
+    assert ran == [
+        "t/test_b.py::test_4",
+        "t/test_a.py::test_3",
+        "t/test_a.py::test_2",
+        "t/test_a.py::test_1",
+    ], proc.stdout
+    result = json.loads(report.read_text())
+    assert result["first"]["nodeid"] == "t/test_a.py::test_3"
+    assert 0 <= result["first_test"] <= result["first"]["seconds"]
+    assert [f["nodeid"] for f in result["failures"]] == ["t/test_a.py::test_3"]
 
 
 def test_verdicts() -> None:

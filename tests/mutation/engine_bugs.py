@@ -42,10 +42,24 @@ from tests.mutation.sandbox import (  # noqa: E402
     stage_sources,
     terminate_on_sigterm,
 )
+from tests.mutation.warm import WarmPytest  # noqa: E402
 
-__all__ = ["CONTROL", "ENGINE_BUGS", "EngineBug", "apply", "main", "run_bug"]
+__all__ = [
+    "CATCHES",
+    "CONTROL",
+    "ENGINE_BUGS",
+    "EngineBug",
+    "apply",
+    "load_catches",
+    "main",
+    "run_bug",
+    "test_order",
+]
 
 CONTROL = "(control: no bug)"
+#: The harness's record (``--survey --write``): each engine test's duration in the control
+#: run, and for each bug every test that failed with it in, with that test's duration.
+CATCHES = Path(__file__).with_name("engine_catches.json")
 
 
 @dataclass(frozen=True)
@@ -207,28 +221,61 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def load_catches(path: Path = CATCHES) -> dict[str, Any]:
+    """The harness's record: each engine test's duration, and which tests caught each bug."""
+    if not path.is_file():
+        return {"durations": {}, "catches": {}}
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def test_order(bug: EngineBug | None, catches: dict[str, Any]) -> dict[str, Any]:
+    """The order the child runs the tests in: the bug's past catchers, cheapest first, then
+    the rest of the suite by recorded duration (``first_failure``'s ``PREFIXKV_MUTANT_ORDER``).
+    """
+    durations: dict[str, float] = catches.get("durations", {})
+    caught_by = catches.get("catches", {}).get(bug.name if bug else CONTROL, [])
+    first = [nodeid for nodeid, _ in sorted(caught_by, key=lambda pair: (pair[1], pair[0]))]
+    return {"first": first, "durations": durations}
+
+
 def run_bug(
     bug: EngineBug | None,
     workdir: Path,
     *,
+    server: WarmPytest | None = None,
     tests: str = "tests/engine",
     jobs: int = 2,
     timeout: float | None = None,
+    catches: dict[str, Any] | None = None,
+    survey: bool = False,
 ) -> dict[str, Any]:
     """Run the engine tests on a copy of the sources with ``bug`` in it (None: the control).
+
+    With a ``server`` (:class:`~tests.mutation.warm.WarmPytest`) the tests run in a fork of
+    the warm server, in one process, in the order of :func:`test_order` (``catches``: the
+    harness's record; None reads it); without one, in a fresh ``python -m pytest`` with
+    ``jobs`` pytest-xdist workers, in collection order (the cold way, kept to compare).
+    ``survey`` runs every test (no ``-x``) and lists each failing one.
 
     Returns a row: ``verdict`` is ``caught`` (a test failed), ``crash`` (the collection
     failed: the mutant crashed at import), ``missed``, ``equivalent`` (missed, but the bug
     cannot change behaviour), ``passed`` (the control), ``error`` or ``timeout``; ``check``
-    is the first failing test, ``first_failure`` its time in seconds from the start of the
-    child pytest, ``wall`` the whole child run.
+    is the first failing test. Times, in seconds: ``stage`` copies and patches the sources;
+    then, from the start of the process that checks the copy (the fork, or the cold
+    interpreter's launch), ``startup`` runs to the start of the first test (interpreter and
+    imports if cold, pytest's configuration and collection, which imports the patched
+    ``prefixkv``), ``search`` from there to the first failing report, ``first_failure`` is
+    their sum, and ``wall`` is the whole child run, teardown included.
     """
     name = bug.name if bug else CONTROL
     row: dict[str, Any] = {"bug": name, "verdict": "error", "check": None, "message": ""}
-    row.update(first_failure=None, wall=None, error=None)
+    row.update(stage=None, startup=None, search=None, first_failure=None, wall=None)
+    row.update(error=None, mode="warm" if server is not None else "cold")
+    begin = time.monotonic()
     copy = workdir / "src"
     src = stage_sources(copy)
-    env = {**os.environ, "CI": "true", "PREFIXKV_MUTANT_SRC": str(src)}
+    env = {"CI": "true", "PREFIXKV_MUTANT_SRC": str(src)}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(src), str(copy), os.environ.get("PYTHONPATH", "")) if p
     )
@@ -238,38 +285,69 @@ def run_bug(
             patched = apply(bug, copy)
         except PatchError as exc:
             return {**row, "error": str(exc)}
-        env["PREFIXKV_MUTANT_MODULE"] = module_of(bug.path)
-        env["PREFIXKV_MUTANT_FILE"] = str(patched)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    cmd += ["-p", "tests.mutation.first_failure", *(["-n", str(jobs)] if jobs > 1 else [])]
+        if not bug.path.startswith("tests/"):  # a patched test file is no module to check
+            env["PREFIXKV_MUTANT_MODULE"] = module_of(bug.path)
+            env["PREFIXKV_MUTANT_FILE"] = str(patched)
+    args = ["-q", *([] if survey else ["-x"]), "-p", "no:cacheprovider"]
+    args += ["-p", "tests.mutation.first_failure"]
     # NOTE: that file checks each patch's text is present, which an applied patch removes:
     # with it every bug would count as caught.
-    cmd += [tests, "--ignore=tests/engine/test_engine_bugs.py"]
-    start = time.perf_counter()
-    done = run_isolated(
-        cmd,
-        cwd=copy,
-        env=env,
-        timeout=timeout,
-        on_start=lambda pid: _progress(f"start {name} (pid {pid}) in {copy}"),
-    )
-    row["wall"] = round(time.perf_counter() - start, 1)
-    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-    if done.timed_out:
+    args += [tests, "--ignore=tests/engine/test_engine_bugs.py"]
+    row["stage"] = round(time.monotonic() - begin, 2)
+    announce = lambda pid: _progress(f"start {name} (pid {pid}) in {copy}")  # noqa: E731
+    start = time.monotonic()
+    if server is not None:
+        order = workdir / "order.json"
+        order.write_text(
+            json.dumps(test_order(bug, load_catches() if catches is None else catches))
+        )
+        env["PREFIXKV_MUTANT_ORDER"] = str(order)
+        log = workdir / "pytest.log"
+        code = server.run(
+            cwd=copy,
+            path=[str(src), str(copy)],
+            env=env,
+            args=[*args, "-p", "no:xdist"],
+            log=log,
+            timeout=timeout,
+            on_start=announce,
+        )
+        output = log.read_text(errors="replace") if log.is_file() else ""
+    else:
+        env["PREFIXKV_MUTANT_T0"] = repr(time.monotonic())
+        cmd = [sys.executable, "-m", "pytest", *args, *(["-n", str(jobs)] if jobs > 1 else [])]
+        done = run_isolated(
+            cmd, cwd=copy, env={**os.environ, **env}, timeout=timeout, on_start=announce
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    row["wall"] = round(time.monotonic() - start, 2)
+    tail = " | ".join(output.strip().splitlines()[-3:])
+    if code is None:
         return {**row, "verdict": "timeout", "error": f"timeout after {timeout:.0f} s: {tail}"}
     try:
         result = json.loads(Path(report).read_text())
     except (OSError, json.JSONDecodeError):
-        return {**row, "error": f"pytest exited {done.returncode} without a report: {tail}"}
+        return {**row, "error": f"pytest exited {code} without a report: {tail}"}
+    if survey:
+        durations = result["durations"]
+        row["durations"] = durations
+        row["failures"] = [
+            [f["nodeid"], durations.get(f["nodeid"], f["seconds"])]
+            for f in result["failures"]
+            if f["when"] != "collect"
+        ]
     first = result["first"]
+    row["startup"] = result["first_test"]
     if first is not None:
         row.update(check=first["nodeid"], message=first["message"])
         row["first_failure"] = first["seconds"]
+        if row["startup"] is not None:
+            row["search"] = round(first["seconds"] - row["startup"], 2)
         if first["when"] == "collect":
             return {**row, "verdict": "crash"}
         return {**row, "verdict": "caught"}
-    if done.returncode != 0:
-        return {**row, "error": f"pytest exited {done.returncode} with no failure: {tail}"}
+    if code != 0:
+        return {**row, "error": f"pytest exited {code} with no failure: {tail}"}
     if bug is None:
         return {**row, "verdict": "passed"}
     return {**row, "verdict": "equivalent" if bug.equivalent else "missed"}
@@ -282,14 +360,34 @@ def ok(row: dict[str, Any]) -> bool:
     return row["verdict"] in ("caught", "crash", "equivalent")
 
 
+def _secs(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    out = [f"{'verdict':<10} {'first failure':>13} {'wall':>7}  bug: check", "-" * 100]
+    """Times in seconds: start-up + search = first failure (see :func:`run_bug`)."""
+    out = [
+        f"{'verdict':<10} {'start-up':>8} {'search':>7} {'first':>7} {'wall':>7}  bug: check",
+        "-" * 100,
+    ]
     for row in rows:
-        first = f"{row['first_failure']:.1f} s" if row["first_failure"] is not None else ""
-        wall = f"{row['wall']:.0f} s" if row["wall"] is not None else ""
+        times = (row["startup"], row["search"], row["first_failure"], row["wall"])
+        startup, search, first, wall = (_secs(t) for t in times)
         what = row["error"] or row["check"] or ""
-        out.append(f"{row['verdict']:<10} {first:>13} {wall:>7}  {row['bug']}: {what}")
+        out.append(
+            f"{row['verdict']:<10} {startup:>8} {search:>7} {first:>7} {wall:>7}  "
+            f"{row['bug']}: {what}"
+        )
     return "\n".join(out)
+
+
+def survey_record(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record :func:`test_order` reads, from a ``--survey`` run of the control and bugs."""
+    control = next((row for row in rows if row["bug"] == CONTROL), None)
+    if control is None or control["verdict"] != "passed":
+        raise ValueError("a survey needs a passing control run: it gives the tests' durations")
+    catches = {row["bug"]: row["failures"] for row in rows if row["bug"] != CONTROL}
+    return {"durations": control["durations"], "catches": catches}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,9 +397,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the bugs and exit")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-control", action="store_true", help="skip the unpatched run")
-    parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers per run")
+    parser.add_argument(
+        "--cold", action="store_true", help="a fresh pytest per bug, in collection order"
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers (--cold only)")
     parser.add_argument("--tests", default="tests/engine", help="the tests to run (in the copy)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per bug")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per bug")
+    parser.add_argument(
+        "--survey", action="store_true", help="run every test (no -x) and list what fails"
+    )
+    parser.add_argument("--write", action="store_true", help=f"with --survey: write {CATCHES.name}")
     args = parser.parse_args(argv)
     if args.list:
         for i, bug in enumerate(ENGINE_BUGS):
@@ -311,29 +416,53 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.bug if name not in known]
     if unknown or any(not 0 <= i < len(ENGINE_BUGS) for i in args.index):
         parser.error(f"unknown bug(s): {unknown or args.index}; see --list")
+    if args.write and not args.survey:
+        parser.error("--write needs --survey")
     chosen: list[EngineBug | None] = [ENGINE_BUGS[i] for i in args.index]
     chosen += [known[name] for name in args.bug]
     if not chosen:
         chosen = [None, *ENGINE_BUGS] if not args.no_control else list(ENGINE_BUGS)
+    elif args.survey:
+        chosen.insert(0, None)  # the control gives the durations
     terminate_on_sigterm()
-    start = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    start = time.monotonic()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="prefixkv-engine-mutants-") as tmp:
+    catches = load_catches()
+    with (
+        tempfile.TemporaryDirectory(prefix="prefixkv-engine-mutants-") as tmp,
+        WarmPytest({**os.environ, "CI": "true"}) as server,
+    ):
+        warm = None if args.cold else server
+        startup = None if warm is None else warm.start()
         for i, bug in enumerate(chosen):
             row = run_bug(
-                bug, Path(tmp) / str(i), tests=args.tests, jobs=args.jobs, timeout=args.timeout
+                bug,
+                Path(tmp) / str(i),
+                server=warm,
+                tests=args.tests,
+                jobs=args.jobs,
+                timeout=args.timeout,
+                catches=catches,
+                survey=args.survey,
             )
             rows.append(row)
             _progress(f"{row['verdict']:<10} {row['bug']}: {row['error'] or row['check'] or ''}")
-    wall = time.perf_counter() - start
+    wall = time.monotonic() - start
+    load = {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)}
     failed = [row["bug"] for row in rows if not ok(row)]
+    if args.write and not failed:
+        CATCHES.write_text(json.dumps(survey_record(rows), indent=1, sort_keys=True) + "\n")
     if args.json:
-        print(json.dumps({"rows": rows, "wall": round(wall, 1), "failed": failed}, indent=2))
+        summary = {"rows": rows, "wall": round(wall, 1), "failed": failed}
+        summary.update(server_startup=startup, load_average=load, cpus=os.cpu_count())
+        print(json.dumps(summary, indent=2))
     else:
         print(format_table(rows))
         killed = sum(row["verdict"] in ("caught", "crash") for row in rows)
         bugs = sum(row["bug"] != CONTROL for row in rows)
-        print(f"\n{killed}/{bugs} bugs caught in {wall:.0f} s ({args.jobs} jobs)")
+        how = f"cold, {args.jobs} jobs" if args.cold else f"warm server, start-up {startup} s"
+        print(f"\n{killed}/{bugs} bugs caught in {wall:.0f} s ({how}); load average {load}")
         if failed:
             print("FAILED: " + ", ".join(failed))
     return 1 if failed else 0

@@ -11,6 +11,19 @@ on a patched copy. Environment:
   failing report: ``nodeid``, ``when``, ``seconds`` since this plugin was loaded, and
   ``message``, the exception's one-line summary) or null, and ``exitstatus``.
 
+- ``PREFIXKV_MUTANT_T0``: when the process checking the copy started (``time.monotonic()``,
+  set by :mod:`tests.mutation.warm` at the fork); without it, when this plugin was loaded.
+- ``PREFIXKV_MUTANT_ORDER``: a JSON file ``{"first": [nodeid, ...], "durations": {nodeid:
+  seconds}}``. The collected tests run in that order: the listed ones first, in the listed
+  order (the tests that caught this bug before, cheapest first), then every other test,
+  shortest recorded duration first, and tests with no record last. Every test still runs,
+  so a bug that the list misses is still found by the rest of the suite.
+
+The report also says when the first test started (``first_test``: start-up is everything
+before it, search everything after), how long the collection took (``collected``), each
+test's duration (setup, call and teardown, summed) and every failing test (``failures``:
+for a run without ``-x``, the harness's survey of which tests catch a bug).
+
 A failing collection report counts too (``when == "collect"``): the mutant crashed at import,
 which kills it by a crash rather than by a check.
 """
@@ -27,8 +40,17 @@ from typing import Any
 
 import pytest
 
-_START = time.perf_counter()
+_START = float(os.environ.get("PREFIXKV_MUTANT_T0") or time.monotonic())
 _first: dict[str, Any] | None = None
+_first_test: float | None = None
+_collected: float | None = None
+_failures: list[dict[str, Any]] = []
+_durations: dict[str, float] = {}
+
+
+def _now() -> float:
+    """Seconds since the process checking the copy started."""
+    return round(time.monotonic() - _START, 3)
 
 
 def _summary(report: Any) -> str:
@@ -42,13 +64,11 @@ def _summary(report: Any) -> str:
 
 def _record(report: Any, when: str) -> None:
     global _first
+    failure = {"nodeid": report.nodeid, "when": when, "seconds": _now()}
+    failure["message"] = _summary(report)
+    _failures.append(failure)
     if _first is None:
-        _first = {
-            "nodeid": report.nodeid,
-            "when": when,
-            "seconds": round(time.perf_counter() - _START, 2),
-            "message": _summary(report),
-        }
+        _first = failure
 
 
 def _origin(name: str) -> Path | None:
@@ -69,7 +89,28 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"prefixkv resolves to {origin}, not to the copy under {src}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    path = os.environ.get("PREFIXKV_MUTANT_ORDER")
+    if not path:
+        return
+    order = json.loads(Path(path).read_text(encoding="utf-8"))
+    first = {nodeid: i for i, nodeid in enumerate(order.get("first", []))}
+    durations: dict[str, float] = order.get("durations", {})
+    unknown = float("inf")
+
+    def rank(pair: tuple[int, pytest.Item]) -> tuple[int, float, int]:
+        i, item = pair
+        if item.nodeid in first:
+            return (0, first[item.nodeid], i)
+        return (1, durations.get(item.nodeid, unknown), i)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
+    global _collected
+    _collected = _now()
     name = os.environ.get("PREFIXKV_MUTANT_MODULE")
     file = os.environ.get("PREFIXKV_MUTANT_FILE")
     if not name or not file or name not in sys.modules:
@@ -84,7 +125,14 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         _record(report, "collect")
 
 
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    global _first_test
+    if _first_test is None:
+        _first_test = _now()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.nodeid] = round(_durations.get(report.nodeid, 0.0) + report.duration, 3)
     if report.failed:
         _record(report, report.when)
 
@@ -93,4 +141,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = os.environ.get("PREFIXKV_MUTANT_REPORT")
     if not path or hasattr(session.config, "workerinput"):  # xdist workers report upward
         return
-    Path(path).write_text(json.dumps({"first": _first, "exitstatus": int(exitstatus)}))
+    result = {"first": _first, "exitstatus": int(exitstatus), "first_test": _first_test}
+    result.update(collected=_collected, failures=_failures, durations=_durations)
+    Path(path).write_text(json.dumps(result))

@@ -123,6 +123,7 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
     if shrink:
         cmd.append("--shrink")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env["PREFIXKV_MUTANT_T0"] = repr(time.monotonic())
     start = time.perf_counter()
     pids: list[int] = []
     try:
@@ -159,19 +160,34 @@ def ok(row: dict[str, Any]) -> bool:
     return not row["caught"] if row["bug"] in CONTROLS else bool(row["caught"])
 
 
+def first_failure(row: dict[str, Any]) -> float | None:
+    """Seconds from the worker's launch to the first failing check: start-up plus search."""
+    if not row.get("caught") or row.get("startup") is None:
+        return None
+    return round(row["startup"] + row["seconds"], 2)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
+    """Times in seconds: start-up (launch to the first stage) + search = first failure;
+    ``cpu`` is the search's CPU time, ``rules`` the rules run up to the failure (both do not
+    depend on the machine's load)."""
     out = [
-        f"{'bug':<32} {'caught':<7} {'first failure':>13}  {'check':<28} stage",
-        "-" * 92,
+        f"{'bug':<32} {'caught':<7} {'start-up':>8} {'search':>7} {'first':>7} {'cpu':>6} "
+        f"{'rules':>6}  {'check':<28} stage",
+        "-" * 118,
     ]
     for row in rows:
         if not row["applies"] or row.get("error"):
-            out.append(f"{row['bug']:<32} {'ERROR':<7} {'':>13}  {row.get('error', '')}")
+            out.append(f"{row['bug']:<32} {'ERROR':<7} {'':>8}  {row.get('error', '')}")
             continue
         caught = ("crash" if row.get("killed_by") == "crash" else "yes") if row["caught"] else "no"
-        secs = f"{row['seconds']:.2f} s" if row["caught"] else f"({row['seconds']:.0f} s run)"
+        startup = "" if row.get("startup") is None else f"{row['startup']:.2f}"
+        search = f"{row['seconds']:.2f}" if row["caught"] else f"({row['seconds']:.0f} run)"
+        first = first_failure(row)
         out.append(
-            f"{row['bug']:<32} {caught:<7} {secs:>13}  {row['check'] or '-':<28} "
+            f"{row['bug']:<32} {caught:<7} {startup:>8} {search:>7} "
+            f"{'' if first is None else f'{first:.2f}':>7} {row.get('cpu', 0):>6.2f} "
+            f"{row.get('rules', 0):>6}  {row['check'] or '-':<28} "
             f"{row['stage'] or '-'}"
         )
     return "\n".join(out)
@@ -208,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         bugs[:0] = [None, _HYBRID_CONTROL]
 
     terminate_on_sigterm()
+    load_start = os.getloadavg()[0]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prefixkv-mutants-") as tmp:
         pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
@@ -228,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             pool.shutdown(wait=True, cancel_futures=True)
     wall = time.perf_counter() - start
     failed = [row["bug"] for row in rows if not ok(row)]
+    load = {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)}
     if args.json:
-        print(json.dumps({"rows": rows, "wall": round(wall, 1), "failed": failed}, indent=2))
+        summary = {"rows": rows, "wall": round(wall, 1), "failed": failed}
+        summary.update(load_average=load, cpus=os.cpu_count(), jobs=args.jobs)
+        print(json.dumps(summary, indent=2))
     else:
         print(format_table(rows))
         caught = sum(1 for row in rows if row["bug"] not in CONTROLS and ok(row))
@@ -241,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(1 for row in rows if row["bug"] not in CONTROLS)
         print(
             f"\n{caught}/{total} bugs caught ({crashed} by a crash) in {wall:.0f} s "
-            f"({args.jobs} jobs)"
+            f"({args.jobs} jobs); load average {load}"
         )
         if args.shrink:
             for row in rows:
