@@ -28,7 +28,7 @@ from mutation.engine_bugs import (
     load_catches,
     ok,
     run_bug,
-    test_order,
+    run_order,
 )
 from mutation.sandbox import checkout_digest, module_of, process_gone, stage_sources
 from mutation.warm import WarmPytest
@@ -189,10 +189,10 @@ def test_the_record_names_every_bug() -> None:
     assert all((ROOT / f).is_file() for f in files), files
     for bug in ENGINE_BUGS:
         assert catches["catches"][bug.name], bug.name
-        order = test_order(bug, catches)
+        order = run_order(bug, catches)
         cheapest = min(catches["catches"][bug.name], key=lambda pair: pair[1])
         assert order["first"][0] == cheapest[0]
-    assert test_order(None, catches)["first"] == []
+    assert run_order(None, catches)["first"] == []
 
 
 def test_the_child_runs_the_recorded_order(tmp_path: Path) -> None:
@@ -216,7 +216,11 @@ def test_the_child_runs_the_recorded_order(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "tests.mutation.first_failure", "t"]
     cmd += ["-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
-    ran = [line.split(" ")[0] for line in proc.stdout.splitlines() if "::test_" in line]
+    ran = [
+        line.split(" ")[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("t/") and "::" in line
+    ]
     assert ran == [
         "t/test_b.py::test_4",
         "t/test_a.py::test_3",

@@ -53,7 +53,7 @@ __all__ = [
     "load_catches",
     "main",
     "run_bug",
-    "test_order",
+    "run_order",
 ]
 
 CONTROL = "(control: no bug)"
@@ -229,7 +229,7 @@ def load_catches(path: Path = CATCHES) -> dict[str, Any]:
     return data
 
 
-def test_order(bug: EngineBug | None, catches: dict[str, Any]) -> dict[str, Any]:
+def run_order(bug: EngineBug | None, catches: dict[str, Any]) -> dict[str, Any]:
     """The order the child runs the tests in: the bug's past catchers, cheapest first, then
     the rest of the suite by recorded duration (``first_failure``'s ``PREFIXKV_MUTANT_ORDER``).
     """
@@ -253,7 +253,7 @@ def run_bug(
     """Run the engine tests on a copy of the sources with ``bug`` in it (None: the control).
 
     With a ``server`` (:class:`~tests.mutation.warm.WarmPytest`) the tests run in a fork of
-    the warm server, in one process, in the order of :func:`test_order` (``catches``: the
+    the warm server, in one process, in the order of :func:`run_order` (``catches``: the
     harness's record; None reads it); without one, in a fresh ``python -m pytest`` with
     ``jobs`` pytest-xdist workers, in collection order (the cold way, kept to compare).
     ``survey`` runs every test (no ``-x``) and lists each failing one.
@@ -298,9 +298,7 @@ def run_bug(
     start = time.monotonic()
     if server is not None:
         order = workdir / "order.json"
-        order.write_text(
-            json.dumps(test_order(bug, load_catches() if catches is None else catches))
-        )
+        order.write_text(json.dumps(run_order(bug, load_catches() if catches is None else catches)))
         env["PREFIXKV_MUTANT_ORDER"] = str(order)
         log = workdir / "pytest.log"
         code = server.run(
@@ -382,7 +380,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def survey_record(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The record :func:`test_order` reads, from a ``--survey`` run of the control and bugs."""
+    """The record :func:`run_order` reads, from a ``--survey`` run of the control and bugs."""
     control = next((row for row in rows if row["bug"] == CONTROL), None)
     if control is None or control["verdict"] != "passed":
         raise ValueError("a survey needs a passing control run: it gives the tests' durations")
