@@ -136,6 +136,8 @@ def test_killing_the_harness_leaves_the_checkout_untouched(
     assert process_gone(child), "the child pytest outlived the harness"
     if sig != signal.SIGKILL:  # an orderly stop also removes the copies
         assert not any(tmp_path.iterdir())
+    else:  # the copy stays; a child that ran on to its end would have written its report
+        assert not (copy.parent / "report.json").exists(), "the child ran on after the kill"
 
 
 @pytest.mark.mutation
@@ -150,6 +152,20 @@ def test_representative_engine_bugs_are_caught(tmp_path: Path) -> None:
             assert row["check"].startswith("tests/engine/"), row
             assert ok(row)
             assert row["first_failure"] == pytest.approx(row["startup"] + row["search"], abs=0.02)
+
+
+@pytest.mark.mutation
+def test_a_wrong_record_still_finds_the_bug(tmp_path: Path) -> None:
+    """The record only orders the suite: with a record whose listed test passes on the
+    mutant, the rest of the suite still runs and catches the bug."""
+    name = "cancel_step does not roll back appends"
+    bug = next(b for b in ENGINE_BUGS if b.name == name)
+    passing = "tests/engine/test_scheduler.py::test_verify_greedy"
+    catches = {"durations": load_catches()["durations"], "catches": {name: [[passing, 0]]}}
+    with WarmPytest({**os.environ, "CI": "true"}) as server:
+        row = run_bug(bug, tmp_path, server=server, timeout=900, catches=catches)
+    assert row["verdict"] == "caught", row
+    assert row["check"] == "tests/engine/test_scheduler.py::test_cancel_step_gives_everything_back"
 
 
 def test_a_stale_engine_patch_fails_loudly(tmp_path: Path) -> None:

@@ -5,14 +5,21 @@ Each bug is one exact source replacement; the old text must occur exactly once, 
 whose code moved fails loudly (``tests/engine/test_engine_bugs.py`` checks that in CI).
 
 Each bug is applied to a temporary copy of the sources (:mod:`tests.mutation.sandbox`), never
-to the checkout, and the engine tests run on that copy in a child pytest (``-x``, so it stops
-at the first failure). A crash, a timeout, Ctrl-C or SIGKILL therefore leaves the checkout
-byte for byte as it was. Run them all (sequentially, about a CPU-minute each)::
+to the checkout. The engine tests then run on that copy in a fresh fork of a warm server
+(:mod:`tests.mutation.warm`: torch, pytest and hypothesis imported once per harness run),
+with ``-x``, so it stops at the first failure: first the tests that caught this bug before,
+cheapest first (the record ``engine_catches.json``), then the rest of the suite by duration,
+so a bug the record misses is still found. A crash, a timeout, Ctrl-C or SIGKILL leaves the
+checkout byte for byte as it was. Each row splits the time to the first failure into
+start-up (the fork to the first test) and search (the first test to the failure)::
 
     python -m tests.mutation.engine_bugs                 # every bug and the control, a table
     python -m tests.mutation.engine_bugs --json
     python -m tests.mutation.engine_bugs 3 7             # by index (see --list)
     python -m tests.mutation.engine_bugs --bug "chunk samples at every chunk"
+    python -m tests.mutation.engine_bugs --survey --write   # every test on every mutant:
+                                                             # refresh the record
+    python -m tests.mutation.engine_bugs --cold 3        # a fresh pytest -n 2, to compare
 
 A control run on an unpatched copy must pass the engine tests (otherwise every bug would
 look caught). A bug marked ``equivalent`` cannot change behaviour: it is listed to say why
