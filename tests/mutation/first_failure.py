@@ -8,9 +8,8 @@ on a patched copy. Environment:
 - ``PREFIXKV_MUTANT_MODULE`` and ``PREFIXKV_MUTANT_FILE``: the patched module and its file
   in the copy; once the tests are collected, a loaded module must come from that file.
 - ``PREFIXKV_MUTANT_REPORT``: where the controller writes a JSON object: ``first`` (the first
-  failing report: ``nodeid``, ``when``, ``seconds`` since this plugin was loaded, and
+  failing report: ``nodeid``, ``when``, ``seconds`` since ``PREFIXKV_MUTANT_T0``, and
   ``message``, the exception's one-line summary) or null, and ``exitstatus``.
-
 - ``PREFIXKV_MUTANT_T0``: when the process checking the copy started (``time.monotonic()``,
   set by :mod:`tests.mutation.warm` at the fork); without it, when this plugin was loaded.
 - ``PREFIXKV_MUTANT_ORDER``: a JSON file ``{"first": [nodeid, ...], "durations": {nodeid:

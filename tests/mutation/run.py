@@ -151,7 +151,8 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
             "check": None,
             "error": f"worker failed (exit {done.returncode}): " + " | ".join(tail),
         }
-    return {**row, **result, "wall": round(wall, 2), "error": None}
+    row = {**row, **result, "wall": round(wall, 2), "error": None}
+    return {**row, "first_failure": first_failure(row)}
 
 
 def ok(row: dict[str, Any]) -> bool:

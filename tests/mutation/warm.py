@@ -131,8 +131,9 @@ class WarmPytest:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = dict(env)
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.startup: float | None = None  # seconds from launch to "ready" (the last start)
+        self._buffer = b""  # what the server printed that no _expect has consumed yet
 
     def __enter__(self) -> WarmPytest:
         return self
@@ -154,10 +155,11 @@ class WarmPytest:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
+            bufsize=0,  # _expect reads the raw pipe: no line may hide in a Python buffer
             start_new_session=True,  # its own process group: its children die with it
             preexec_fn=die_with_harness,
         )
+        self._buffer = b""
         try:
             self._expect("ready", timeout=300.0)
         except BaseException:
@@ -167,24 +169,31 @@ class WarmPytest:
         return self.startup
 
     def _expect(self, key: str, timeout: float | None) -> dict[str, Any]:
+        """The next message of the server that holds ``key`` (earlier ones are skipped)."""
         assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         deadline = None if timeout is None else time.monotonic() + timeout
         with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            sel.register(fd, selectors.EVENT_READ)
             while True:
+                line, newline, rest = self._buffer.partition(b"\n")
+                if newline:
+                    self._buffer = rest
+                    message: dict[str, Any] = json.loads(line)
+                    if key in message:
+                        return message
+                    continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"no {key!r} from the warm server in {timeout} s")
                 if not sel.select(left):
                     continue
-                line = self.proc.stdout.readline()
-                if not line:
-                    err = self.proc.stderr.read() if self.proc.stderr else ""
-                    tail = " | ".join(err.strip().splitlines()[-3:])
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    err = self.proc.stderr.read() if self.proc.stderr else b""
+                    tail = " | ".join(err.decode(errors="replace").strip().splitlines()[-3:])
                     raise WarmServerError(f"the warm server died ({self.proc.wait()}): {tail}")
-                message: dict[str, Any] = json.loads(line)
-                if key in message:
-                    return message
+                self._buffer += chunk
 
     def run(
         self,
@@ -203,8 +212,9 @@ class WarmPytest:
         job["log"] = str(log)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
+            data = memoryview(json.dumps(job).encode() + b"\n")
+            while data:  # a raw pipe may take part of it at a time
+                data = data[self.proc.stdin.write(data) or 0 :]
             pid = int(self._expect("started", timeout=60.0)["started"])
             if on_start is not None:
                 on_start(pid)
