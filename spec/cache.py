@@ -34,58 +34,36 @@ from typing import Any, TypeVar
 
 import attrs
 
-from prefixkv.errors import InvalidConfig
-
-from .errors import (
-    CacheBusy,
-    DuplicateSequence,
-    InvalidOperation,
-    InvalidRequest,
-    OutOfBlocks,
-    PrefixCacheError,
-    UnknownSequence,
+from .contract import (
+    blocks_for,
+    check_append,
+    check_commit,
+    check_continue,
+    check_count,
+    check_free_list,
+    check_pool_shape,
+    check_reset,
+    check_rollback,
+    chunk_end,
+    full_prompt_cap,
+    live_seq,
+    lost_reuse,
+    out_of_blocks,
 )
+from .errors import DuplicateSequence, InvalidRequest, OutOfBlocks, PrefixCacheError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .identity import BlockHasher, BlockIdentity, fast_hash
-from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans, span_containing
+from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 from .namespace import Namespace
-from .request import Request, SeqId, check_seq_id, token_tuple
-from .results import Admission, CacheStats, LostReuse, Match
+from .protocol import PrefixCache
+from .request import Request, SeqId
+from .results import Admission, CacheStats, Match
 from .state import BlockView, CacheState, SeqView
 from .steps import StepCalls
 
-__all__ = [
-    "SpecCache",
-    "chain_hashes",
-    "check_count",
-    "check_growth",
-    "check_pool_shape",
-    "chunk_end",
-    "identity_chain",
-]
+__all__ = ["SpecCache", "chain_hashes", "identity_chain"]
 
 _T = TypeVar("_T")
-
-
-def check_count(value: object, what: str, *, minimum: int) -> int:
-    """Counts are plain ints (not bools) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{what} must be an int, got {value!r}")
-    if value < minimum:
-        raise InvalidRequest(f"{what} must be >= {minimum}, got {value}")
-    return value
-
-
-def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
-    """A pool shape: two ints >= 1. Malformed, it is a configuration error (raised before
-    anything is built), not a bad request."""
-    for value, what in ((num_blocks, "num_blocks"), (block_size, "block_size")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidConfig(f"{what} must be an int, got {value!r}")
-        if value < 1:
-            raise InvalidConfig(f"{what} must be >= 1, got {value}")
-    assert isinstance(num_blocks, int) and isinstance(block_size, int)
-    return num_blocks, block_size
 
 
 def identity_chain(
@@ -120,57 +98,6 @@ def chain_hashes(hasher: BlockHasher, chain: Sequence[BlockIdentity]) -> list[in
             )
         )
     return hashes
-
-
-def chunk_end(
-    start: int,
-    prompt_len: int,
-    budget: int | None,
-    limit: int | None,
-    spans: Sequence[MultimodalSpan],
-) -> int:
-    """Where a prefill chunk starting at ``start`` ends (choice 8).
-
-    At most ``budget`` (the step's token budget) and ``kv_token_limit`` tokens. A chunk never
-    splits a span: its end moves back to the span's start, or, when the chunk starts right at
-    the span, forward to the span's end (a span is never longer than the limit, so only the
-    step budget can be exceeded, by less than one span).
-    """
-    end = prompt_len
-    if budget is not None:
-        end = min(end, start + budget)
-    if limit is not None:
-        end = min(end, start + limit)
-    cut = span_containing(spans, end)
-    if cut is not None:
-        end = cut.start if cut.start > start else cut.end
-    return end
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_growth(
-    seq_id: SeqId,
-    reserved: int,
-    new_reserved: int,
-    computed: int,
-    prompt_len: int,
-    limit: int | None,
-    spans: Sequence[MultimodalSpan],
-) -> None:
-    """What ``append`` may not do while a prompt is still being prefilled."""
-    if reserved >= prompt_len:
-        return
-    if limit is not None and new_reserved - computed > limit:
-        raise InvalidOperation(
-            f"sequence {seq_id!r} would hold {new_reserved - computed} uncommitted prompt "
-            f"tokens, over its kv_token_limit of {limit}"
-        )
-    cut = span_containing(spans, new_reserved)
-    if cut is not None:
-        raise InvalidOperation(f"reserving up to {new_reserved} would split the span {cut!r}")
 
 
 @attrs.frozen
@@ -284,7 +211,7 @@ def _fresh_state(num_blocks: int) -> _State:
     )
 
 
-class SpecCache(StepCalls):
+class SpecCache(StepCalls, PrefixCache):
     """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
 
     def __init__(
@@ -343,10 +270,7 @@ class SpecCache(StepCalls):
     # -- queries ---------------------------------------------------------------------------
 
     def _seq(self, seq_id: object) -> _Seq:
-        seq = self._s.seqs.get(check_seq_id(seq_id))
-        if seq is None:
-            raise UnknownSequence(f"sequence {seq_id!r} is not live")
-        return seq
+        return live_seq(self._s.seqs, seq_id)
 
     def _parent_block(self, b: int) -> int | None:
         ident = self._s.blocks[b].identity
@@ -413,7 +337,7 @@ class SpecCache(StepCalls):
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         bs, tokens, n = self._block_size, req.token_ids, req.num_tokens
-        cap = (n - 1) // bs  # choice 4: at least one prompt token is computed
+        cap = full_prompt_cap(n, bs)  # choice 4: at least one prompt token is computed
         full = n // bs
         chain = self._chain(req.namespace.key(), tokens, full, req.spans)
         matched: list[int] = []
@@ -432,18 +356,11 @@ class SpecCache(StepCalls):
         attached = clamp_out_of_spans(k1 - window, req.spans, bs)
         evicted = 0
         if not capped and self._s.evicted:
-            for ident in chain[m : min(full, cap)]:
+            for ident in chain[m:cap]:
                 if ident not in self._s.evicted:
                     break
                 evicted += 1
-        lost_cap = bs if capped else 0
-        lost = LostReuse(
-            window=window * bs,
-            span=(m - window - attached) * bs,
-            cap=lost_cap,
-            evicted=evicted * bs,
-            never_cached=n - m * bs - lost_cap - evicted * bs,
-        )
+        lost = lost_reuse(n, bs, m, window, attached, capped, evicted)
         return Match(n, attached * bs, tuple(matched[:attached]), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
@@ -534,10 +451,7 @@ class SpecCache(StepCalls):
         short = count - len(self._s.free)
         evicted = self._evict(short) if short > 0 else 0
         if len(self._s.free) < count:
-            raise OutOfBlocks(
-                f"need {count} new blocks; only {len(self._s.free)} can be freed "
-                "(free + evictable), the rest are held by live sequences"
-            )
+            raise out_of_blocks(count, len(self._s.free))
         taken, self._s.free = self._s.free[:count], self._s.free[count:]
         for b in taken:
             self._set(b, refcount=1)
@@ -586,7 +500,7 @@ class SpecCache(StepCalls):
             for b in m.block_ids:  # pin the hit before evicting anything
                 self._set(b, refcount=self._s.blocks[b].refcount + 1)
                 seq.blocks.append(b)
-            need = _ceil_div(seq.num_reserved, self._block_size) - len(seq.blocks)
+            need = blocks_for(seq.num_reserved, self._block_size) - len(seq.blocks)
             new, evicted = self._allocate(need)
             seq.blocks.extend(new)
             self._s.seqs[req.seq_id] = seq
@@ -628,18 +542,12 @@ class SpecCache(StepCalls):
         """
         with self._transaction():
             seq = self._seq(seq_id)
-            if num_new_tokens is not None:
-                check_count(num_new_tokens, "num_new_tokens", minimum=1)
-            if seq.num_reserved >= seq.prompt_len:
-                raise InvalidOperation(f"sequence {seq_id!r} has no prompt tokens left to prefill")
-            if seq.num_computed != seq.num_reserved:
-                raise InvalidOperation(
-                    f"sequence {seq_id!r} has {seq.num_reserved - seq.num_computed} reserved "
-                    "tokens not yet committed; commit the current chunk first"
-                )
+            check_continue(
+                seq.seq_id, num_new_tokens, seq.num_computed, seq.num_reserved, seq.prompt_len
+            )
             start = seq.num_reserved
             end = chunk_end(start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans)
-            need = _ceil_div(end, self._block_size) - len(seq.blocks)
+            need = blocks_for(end, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = end
@@ -653,18 +561,16 @@ class SpecCache(StepCalls):
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_tokens, "num_tokens", minimum=1)
-            reserved = seq.num_reserved + num_tokens
-            check_growth(
+            reserved = check_append(
                 seq.seq_id,
+                num_tokens,
                 seq.num_reserved,
-                reserved,
                 seq.num_computed,
                 seq.prompt_len,
                 seq.kv_token_limit,
                 seq.spans,
             )
-            need = _ceil_div(reserved, self._block_size) - len(seq.blocks)
+            need = blocks_for(reserved, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = reserved
@@ -673,21 +579,16 @@ class SpecCache(StepCalls):
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_computed, "num_computed", minimum=0)
-            accepted = token_tuple(accepted_tokens, what="accepted_tokens")
-            new_computed = seq.num_computed + num_computed
-            if new_computed > seq.num_reserved:
-                raise InvalidOperation(
-                    f"cannot commit {new_computed} tokens of {seq_id!r}: "
-                    f"only {seq.num_reserved} slots are reserved"
-                )
-            if new_computed > len(seq.tokens) + len(accepted):
-                raise InvalidOperation(
-                    f"cannot commit KV for {new_computed} tokens of {seq_id!r}: "
-                    f"only {len(seq.tokens) + len(accepted)} tokens are known"
-                )
+            accepted, new_computed = check_commit(
+                seq.seq_id,
+                seq.num_computed,
+                seq.num_reserved,
+                len(seq.tokens),
+                num_computed,
+                accepted_tokens,
+            )
             first = seq.num_computed // self._block_size
-            seq.tokens += accepted
+            seq.tokens += tuple(accepted)
             seq.num_computed = new_computed
             self._publish(seq, first, new_computed // self._block_size)
 
@@ -734,17 +635,10 @@ class SpecCache(StepCalls):
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_tokens, "num_tokens", minimum=1)
-            if seq.num_reserved - num_tokens < seq.num_computed:
-                raise InvalidOperation(
-                    f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
-                    f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
-                )
-            cut = span_containing(seq.spans, seq.num_reserved - num_tokens)
-            if cut is not None:
-                raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
-            seq.num_reserved -= num_tokens
-            keep = _ceil_div(seq.num_reserved, self._block_size)
+            seq.num_reserved = check_rollback(
+                seq.seq_id, num_tokens, seq.num_reserved, seq.num_computed, seq.spans
+            )
+            keep = blocks_for(seq.num_reserved, self._block_size)
             dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
             self._release(seq, dropped)
 
@@ -752,18 +646,7 @@ class SpecCache(StepCalls):
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
         with self._transaction():
-            if isinstance(seq_ids, (str, bytes)):
-                raise InvalidRequest("free() takes an iterable of sequence ids, not one id")
-            try:
-                ids = list(seq_ids)
-            except TypeError:
-                raise InvalidRequest(f"free() takes an iterable of ids, got {seq_ids!r}") from None
-            seen: set[SeqId] = set()
-            for seq_id in ids:
-                self._seq(seq_id)
-                if seq_id in seen:
-                    raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one free()")
-                seen.add(seq_id)
+            ids = check_free_list(seq_ids, self._s.seqs)
             self._s.clock += 1
             for seq_id in ids:
                 seq = self._s.seqs.pop(seq_id)
@@ -776,17 +659,10 @@ class SpecCache(StepCalls):
 
     def reset(self, *, preserve_cache: bool) -> None:
         with self._transaction():
-            if not isinstance(preserve_cache, bool):
-                raise InvalidRequest("preserve_cache must be a bool")
-            if preserve_cache:
+            if check_reset(preserve_cache, len(self._s.seqs)):
                 if self._s.seqs:
                     self.free(list(self._s.seqs))
                 return
-            if self._s.seqs:
-                raise CacheBusy(
-                    f"full reset refused: {len(self._s.seqs)} sequences are live; "
-                    "free them or use reset(preserve_cache=True)"
-                )
             fresh = _fresh_state(self._num_blocks)
             fresh.counters = self._s.counters
             fresh.events = self._s.events

@@ -14,6 +14,7 @@ from prefixkv.proofs import spans as sp
 from prefixkv.proofs.drift import DriftError
 from prefixkv.spec import MultimodalSpan, Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
+from prefixkv.spec.multimodal import span_containing
 
 DRIFT_CHECKS = 1500
 
@@ -110,7 +111,7 @@ def test_a_drifted_spec_chunk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
             end = min(end, start + budget)
         if limit is not None:
             end = min(end, start + limit)
-        cut = spec_cache.span_containing(spans, end)  # type: ignore[arg-type]
+        cut = span_containing(spans, end)  # type: ignore[arg-type]
         return end if cut is None else cut.end
 
     monkeypatch.setattr(spec_cache, "chunk_end", forward)
