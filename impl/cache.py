@@ -82,7 +82,7 @@ from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
-from prefixkv.spec.state import BlockView, CacheState, SeqView
+from prefixkv.spec.state import BlockView, CacheState, seq_view
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, apply_batch, check_step_counts
 
 from ._index import HashIndex
@@ -991,22 +991,7 @@ class PrefixCacheManager(PrefixCache):
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )
             )
-        seqs = tuple(
-            SeqView(
-                seq_id=s.seq_id,
-                namespace=s.namespace,
-                token_ids=tuple(s.tokens),
-                block_ids=tuple(s.blocks),
-                num_computed=s.num_computed,
-                num_reserved=s.num_reserved,
-                num_prompt_tokens=s.prompt_len,
-                num_cached_tokens=s.num_cached,
-                num_window_blocks=s.window_blocks,
-                kv_token_limit=s.kv_token_limit,
-                spans=tuple((sp.start, sp.end) for sp in s.spans),
-            )
-            for s in self._seqs.values()
-        )
+        seqs = tuple(seq_view(s, s.namespace) for s in self._seqs.values())
         return CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,

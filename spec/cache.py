@@ -4,6 +4,10 @@ Plain data and obvious code; O(num_blocks) per operation is fine here. The optim
 :mod:`prefixkv.impl` must agree with this class step by step, and the Z3 encoding in
 :mod:`prefixkv.proofs` is cross-checked against it.
 
+What a call may ask for, and how much an allowed call reserves, is not written here: the
+spec and the managers share those rules (:mod:`prefixkv.spec.contract`). This module is the
+model: the pool, the index, the walk, eviction and publication.
+
 How the spec keeps its promises, in one place each:
 
 * INV-TXN: every public operation runs inside :meth:`SpecCache._transaction`, which restores
@@ -34,22 +38,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .contract import (
-    blocks_for,
-    check_append,
-    check_commit,
-    check_continue,
-    check_count,
-    check_free_list,
-    check_pool_shape,
-    check_reset,
-    check_rollback,
-    chunk_end,
-    full_prompt_cap,
-    live_seq,
-    lost_reuse,
-    out_of_blocks,
-)
+from . import contract
 from .errors import DuplicateSequence, InvalidRequest, OutOfBlocks, PrefixCacheError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .identity import BlockHasher, BlockIdentity, fast_hash
@@ -58,7 +47,7 @@ from .namespace import Namespace
 from .protocol import PrefixCache
 from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
-from .state import BlockView, CacheState, SeqView
+from .state import BlockView, CacheState, seq_view
 from .steps import StepCalls
 
 __all__ = ["SpecCache", "chain_hashes", "identity_chain"]
@@ -222,7 +211,7 @@ class SpecCache(StepCalls, PrefixCache):
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
     ) -> None:
-        self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
+        self._num_blocks, self._block_size = contract.check_pool_shape(num_blocks, block_size)
         self._hasher = hasher
         # Off by default: a queue that nobody drains would grow without bound.
         self._record_events = bool(record_events)
@@ -270,7 +259,7 @@ class SpecCache(StepCalls, PrefixCache):
     # -- queries ---------------------------------------------------------------------------
 
     def _seq(self, seq_id: object) -> _Seq:
-        return live_seq(self._s.seqs, seq_id)
+        return contract.live_seq(self._s.seqs, seq_id)
 
     def _parent_block(self, b: int) -> int | None:
         ident = self._s.blocks[b].identity
@@ -337,7 +326,7 @@ class SpecCache(StepCalls, PrefixCache):
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         bs, tokens, n = self._block_size, req.token_ids, req.num_tokens
-        cap = full_prompt_cap(n, bs)  # choice 4: at least one prompt token is computed
+        cap = contract.full_prompt_cap(n, bs)  # choice 4: at least one prompt token is computed
         full = n // bs
         chain = self._chain(req.namespace.key(), tokens, full, req.spans)
         matched: list[int] = []
@@ -360,7 +349,7 @@ class SpecCache(StepCalls, PrefixCache):
                 if ident not in self._s.evicted:
                     break
                 evicted += 1
-        lost = lost_reuse(n, bs, m, window, attached, capped, evicted)
+        lost = contract.lost_reuse(n, bs, m, window, attached, capped, evicted)
         return Match(n, attached * bs, tuple(matched[:attached]), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
@@ -451,7 +440,7 @@ class SpecCache(StepCalls, PrefixCache):
         short = count - len(self._s.free)
         evicted = self._evict(short) if short > 0 else 0
         if len(self._s.free) < count:
-            raise out_of_blocks(count, len(self._s.free))
+            raise contract.out_of_blocks(count, len(self._s.free))
         taken, self._s.free = self._s.free[:count], self._s.free[count:]
         for b in taken:
             self._set(b, refcount=1)
@@ -479,11 +468,13 @@ class SpecCache(StepCalls, PrefixCache):
         with self._transaction():
             m = self.match(req)
             if num_new_tokens is not None:
-                check_count(num_new_tokens, "num_new_tokens", minimum=1)
+                contract.check_count(num_new_tokens, "num_new_tokens", minimum=1)
             if req.seq_id in self._s.seqs:
                 raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
             cached = m.num_cached_tokens
-            end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
+            end = contract.chunk_end(
+                cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans
+            )
             seq = _Seq(
                 seq_id=req.seq_id,
                 namespace=req.namespace,
@@ -500,7 +491,7 @@ class SpecCache(StepCalls, PrefixCache):
             for b in m.block_ids:  # pin the hit before evicting anything
                 self._set(b, refcount=self._s.blocks[b].refcount + 1)
                 seq.blocks.append(b)
-            need = blocks_for(seq.num_reserved, self._block_size) - len(seq.blocks)
+            need = contract.blocks_for(seq.num_reserved, self._block_size) - len(seq.blocks)
             new, evicted = self._allocate(need)
             seq.blocks.extend(new)
             self._s.seqs[req.seq_id] = seq
@@ -542,12 +533,14 @@ class SpecCache(StepCalls, PrefixCache):
         """
         with self._transaction():
             seq = self._seq(seq_id)
-            check_continue(
+            contract.check_continue(
                 seq.seq_id, num_new_tokens, seq.num_computed, seq.num_reserved, seq.prompt_len
             )
             start = seq.num_reserved
-            end = chunk_end(start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans)
-            need = blocks_for(end, self._block_size) - len(seq.blocks)
+            end = contract.chunk_end(
+                start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
+            )
+            need = contract.blocks_for(end, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = end
@@ -561,7 +554,7 @@ class SpecCache(StepCalls, PrefixCache):
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         with self._transaction():
             seq = self._seq(seq_id)
-            reserved = check_append(
+            reserved = contract.check_append(
                 seq.seq_id,
                 num_tokens,
                 seq.num_reserved,
@@ -570,7 +563,7 @@ class SpecCache(StepCalls, PrefixCache):
                 seq.kv_token_limit,
                 seq.spans,
             )
-            need = blocks_for(reserved, self._block_size) - len(seq.blocks)
+            need = contract.blocks_for(reserved, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = reserved
@@ -579,7 +572,7 @@ class SpecCache(StepCalls, PrefixCache):
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            accepted, new_computed = check_commit(
+            accepted, new_computed = contract.check_commit(
                 seq.seq_id,
                 seq.num_computed,
                 seq.num_reserved,
@@ -635,10 +628,10 @@ class SpecCache(StepCalls, PrefixCache):
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            seq.num_reserved = check_rollback(
+            seq.num_reserved = contract.check_rollback(
                 seq.seq_id, num_tokens, seq.num_reserved, seq.num_computed, seq.spans
             )
-            keep = blocks_for(seq.num_reserved, self._block_size)
+            keep = contract.blocks_for(seq.num_reserved, self._block_size)
             dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
             self._release(seq, dropped)
 
@@ -646,7 +639,7 @@ class SpecCache(StepCalls, PrefixCache):
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
         with self._transaction():
-            ids = check_free_list(seq_ids, self._s.seqs)
+            ids = contract.check_free_list(seq_ids, self._s.seqs)
             self._s.clock += 1
             for seq_id in ids:
                 seq = self._s.seqs.pop(seq_id)
@@ -654,12 +647,12 @@ class SpecCache(StepCalls, PrefixCache):
 
     def evict(self, num_blocks: int) -> int:
         with self._transaction():
-            check_count(num_blocks, "num_blocks", minimum=0)
+            contract.check_count(num_blocks, "num_blocks", minimum=0)
             return self._evict(num_blocks)
 
     def reset(self, *, preserve_cache: bool) -> None:
         with self._transaction():
-            if check_reset(preserve_cache, len(self._s.seqs)):
+            if contract.check_reset(preserve_cache, len(self._s.seqs)):
                 if self._s.seqs:
                     self.free(list(self._s.seqs))
                 return
@@ -699,22 +692,7 @@ class SpecCache(StepCalls, PrefixCache):
             h = self._s.blocks[b].block_hash
             assert h is not None, f"index entry {ident!r} points at unpublished block {b}"
             index.append((h, b))
-        seqs = tuple(
-            SeqView(
-                seq_id=s.seq_id,
-                namespace=s.namespace.key(),
-                token_ids=tuple(s.tokens),
-                block_ids=tuple(s.blocks),
-                num_computed=s.num_computed,
-                num_reserved=s.num_reserved,
-                num_prompt_tokens=s.prompt_len,
-                num_cached_tokens=s.num_cached,
-                num_window_blocks=s.window_blocks,
-                kv_token_limit=s.kv_token_limit,
-                spans=tuple((sp.start, sp.end) for sp in s.spans),
-            )
-            for s in self._s.seqs.values()
-        )
+        seqs = tuple(seq_view(s, s.namespace.key()) for s in self._s.seqs.values())
         return CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,

@@ -235,7 +235,7 @@ def check_growth(
 
 def check_append(
     seq_id: SeqId,
-    num_tokens: object,
+    num_tokens: int,
     reserved: int,
     computed: int,
     prompt_len: int,
@@ -244,8 +244,9 @@ def check_append(
 ) -> int:
     """Decode growth (choice 10): ``num_tokens >= 1`` more slots at the tail, under
     :func:`check_growth`'s prefill rules. Returns the new reserved count."""
-    n = check_count(num_tokens, "num_tokens", minimum=1)
-    new_reserved = reserved + n
+    if type(num_tokens) is not int or num_tokens < 1:  # the common case skips the call
+        check_count(num_tokens, "num_tokens", minimum=1)
+    new_reserved = reserved + num_tokens
     check_growth(seq_id, reserved, new_reserved, computed, prompt_len, limit, spans)
     return new_reserved
 
@@ -306,21 +307,22 @@ def check_commit(
 
 
 def check_rollback(
-    seq_id: SeqId, num_tokens: object, reserved: int, computed: int, spans: Sequence[MultimodalSpan]
+    seq_id: SeqId, num_tokens: int, reserved: int, computed: int, spans: Sequence[MultimodalSpan]
 ) -> int:
     """``rollback`` gives back only reserved, unwritten slots (choice 2: only the tail
     shrinks, and never below what is written, INV-WRITE), and never cuts a multimodal span
     (choice 5). Returns the new reserved count."""
-    n = check_count(num_tokens, "num_tokens", minimum=1)
-    new_reserved = reserved - n
+    if type(num_tokens) is not int or num_tokens < 1:  # the common case skips the call
+        check_count(num_tokens, "num_tokens", minimum=1)
+    new_reserved = reserved - num_tokens
     if new_reserved < computed:
         raise InvalidOperation(
-            f"cannot roll back {n} slots of {seq_id!r}: only "
+            f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
             f"{reserved - computed} reserved slots are unwritten"
         )
     cut = span_containing(spans, new_reserved) if spans else None
     if cut is not None:
-        raise InvalidOperation(f"rolling back {n} slots would split {cut!r}")
+        raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
     return new_reserved
 
 

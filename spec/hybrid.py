@@ -21,7 +21,9 @@ The checkpoint lifecycle (see docs/checkpoints.md)::
 
 * A sequence reserves at most one checkpoint at a time, at its *save point*: the last
   complete block of its current prefill chunk, or in decode the deepest multiple of
-  ``decode_state_interval`` among its reserved tokens (0: no decode checkpoints).
+  ``decode_state_interval`` among its reserved tokens (0: no decode checkpoints):
+  :func:`prefixkv.spec.contract.save_point`, shared with the manager like every other
+  precondition of this module's calls.
 * It becomes Ready only when a commit covers its boundary: then every token before the
   boundary is computed and accepted, so no rejected draft token ever reaches a checkpoint.
   It hangs off the published block (the *node*) that ends at the boundary.
@@ -49,18 +51,9 @@ from contextlib import contextmanager
 
 import attrs
 
+from . import contract
 from .cache import SpecCache, identity_chain
 from .checkpoint import CheckpointStatus, SlotRole, StateRef
-from .contract import (
-    check_free_list,
-    check_hybrid_config,
-    check_keep_state,
-    check_restore_pending,
-    check_routed_experts,
-    check_runtime_slots,
-    no_state_slot,
-    save_point,
-)
 from .errors import OutOfBlocks, OutOfStateSlots, PrefixCacheError, WrongSlotRole
 from .events import CheckpointRemoved, CheckpointStored
 from .identity import BlockHasher, fast_hash
@@ -171,7 +164,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         record_events: bool = False,
     ) -> None:
         super().__init__(num_blocks, block_size, hasher=hasher, record_events=record_events)
-        self._runtime_slots, self._state_budget, self._interval = check_hybrid_config(
+        self._runtime_slots, self._state_budget, self._interval = contract.check_hybrid_config(
             self.block_size, max_num_seqs, state_budget, decode_state_interval
         )
         self._h = _Hybrid(StateSlotPool(self._runtime_slots + self._state_budget))
@@ -254,7 +247,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         sequence now reaches a deeper save point); a new one is best-effort.
         """
         seq = self._s.seqs[seq_id]
-        target = save_point(
+        target = contract.save_point(
             seq.num_computed, seq.num_reserved, seq.prompt_len, self.block_size, self._interval
         )
         current = self._ckpt_of(seq_id, RESERVED)
@@ -334,10 +327,10 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
             if m.restore_slot is not None:
                 ck = self._h.ckpts[m.restore_slot]
                 ck.status, ck.owner = PINNED, req.seq_id
-            check_runtime_slots(len(self._h.runtime), self._runtime_slots)
+            contract.check_runtime_slots(len(self._h.runtime), self._runtime_slots)
             slot = self._take_slot(RUNTIME)
             if slot is None:
-                raise no_state_slot()
+                raise contract.no_state_slot()
             self._h.runtime[req.seq_id] = slot
             # the initial state, or nothing until the restore is issued
             self._h.positions[req.seq_id] = None if m.restore_slot is not None else 0
@@ -383,7 +376,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
             super().commit(seq_id, num_computed, accepted_tokens)
             bs = self.block_size
             first, stop = before // bs, seq.num_computed // bs
-            experts = check_routed_experts(routed_experts, stop - first)
+            experts = contract.check_routed_experts(routed_experts, stop - first)
             chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop, seq.spans)
             if experts is not None:
                 for j, data in zip(range(first, stop), experts, strict=True):
@@ -411,7 +404,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         with self._transaction():
             self._seq(seq_id)
             ck = self._ckpt_of(seq_id, PINNED)
-            check_restore_pending(seq_id, ck is not None)
+            contract.check_restore_pending(seq_id, ck is not None)
             assert ck is not None
             ck.status, ck.owner = READY, None
             self._h.positions[seq_id] = ck.boundary
@@ -428,7 +421,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         """
         with self._transaction():
             seq = self._seq(seq_id)
-            self._h.positions[seq_id] = check_keep_state(
+            self._h.positions[seq_id] = contract.check_keep_state(
                 seq_id, position, self._h.positions[seq_id], seq.num_computed
             )
 
@@ -436,7 +429,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         """Release sequences; each gives back its runtime slot, drops its reservation and
         unpins the checkpoint of a restore it never issued (an aborted restore)."""
         with self._transaction():
-            ids = check_free_list(seq_ids, self._s.seqs)
+            ids = contract.check_free_list(seq_ids, self._s.seqs)
             super().free(ids)
             for seq_id in ids:
                 self._release_seq(seq_id)

@@ -14,6 +14,7 @@ from prefixkv.proofs import spans as sp
 from prefixkv.proofs.drift import DriftError
 from prefixkv.spec import MultimodalSpan, Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
+from prefixkv.spec import contract as spec_contract
 from prefixkv.spec.multimodal import span_containing
 
 DRIFT_CHECKS = 1500
@@ -114,7 +115,7 @@ def test_a_drifted_spec_chunk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
         cut = span_containing(spans, end)  # type: ignore[arg-type]
         return end if cut is None else cut.end
 
-    monkeypatch.setattr(spec_cache, "chunk_end", forward)
+    monkeypatch.setattr(spec_contract, "chunk_end", forward)  # the spec calls it by module
     with pytest.raises(DriftError):
         span_drift.run_span_drift(3000, seed=0)
 
