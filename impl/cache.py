@@ -14,6 +14,8 @@ its own fields (a test checks that no impl module reaches into another's private
 * :mod:`._index` (``HashIndex``): index key -> block, every candidate verified exactly.
 * this module: requests, the match walk, admission planning, publication, transactions,
   events and statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+* :mod:`prefixkv.spec.contract`: every precondition and sizing rule, shared with the spec
+  (so the two can only differ in their transitions, which the machines compare).
 
 How it stays cheap without giving anything up:
 
