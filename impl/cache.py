@@ -14,6 +14,8 @@ its own fields (a test checks that no impl module reaches into another's private
 * :mod:`._index` (``HashIndex``): index key -> block, every candidate verified exactly.
 * this module: requests, the match walk, admission planning, publication, transactions,
   events and statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+* :mod:`prefixkv.spec.contract`: every precondition and sizing rule, shared with the spec
+  (so the two can only differ in their transitions, which the machines compare).
 
 How it stays cheap without giving anything up:
 
@@ -50,23 +52,39 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from prefixkv.spec.cache import check_count, check_growth, check_pool_shape, chunk_end
+from prefixkv.spec.contract import (
+    blocks_for,
+    check_append,
+    check_commit,
+    check_continue,
+    check_count,
+    check_free_list,
+    check_growth,
+    check_pool_shape,
+    check_reset,
+    check_rollback,
+    chunk_end,
+    commit_error,
+    full_prompt_cap,
+    live_seq,
+    lost_reuse,
+    out_of_blocks,
+)
 from prefixkv.spec.errors import (
-    CacheBusy,
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
     OutOfBlocks,
     PrefixCacheError,
-    UnknownSequence,
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
 from prefixkv.spec.identity import NS_DIGEST_CACHE_SIZE, BlockHasher, fast_hash, ns_digest
-from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans, span_containing
+from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans
 from prefixkv.spec.namespace import Namespace
-from prefixkv.spec.request import Request, SeqId, check_seq_id, token_tuple
+from prefixkv.spec.protocol import PrefixCache
+from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
-from prefixkv.spec.state import BlockView, CacheState, SeqView
+from prefixkv.spec.state import BlockView, CacheState, seq_view
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, apply_batch, check_step_counts
 
 from ._index import HashIndex
@@ -117,7 +135,7 @@ class AdmitPlan(NamedTuple):
     lost: LostReuse
 
 
-class PrefixCacheManager:
+class PrefixCacheManager(PrefixCache):
     """A paged KV prefix cache with O(blocks touched) operations.
 
     >>> from prefixkv.spec import Namespace, Request
@@ -224,13 +242,10 @@ class PrefixCacheManager:
         return buf
 
     def _seq(self, seq_id: object) -> SeqState:
-        if type(seq_id) is int or type(seq_id) is str:
-            seq = self._seqs.get(seq_id)
-        else:
-            seq = self._seqs.get(check_seq_id(seq_id))
-        if seq is None:
-            raise UnknownSequence(f"sequence {seq_id!r} is not live")
-        return seq
+        # A plain int or str id skips check_seq_id (same verdicts, no call); any other
+        # object, and an id that is not live, gets the contract's check and error.
+        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        return seq if seq is not None else live_seq(self._seqs, seq_id)
 
     def _lookup(self, req: Request) -> Walk:
         """Walk the index along ``req``'s prompt.
@@ -382,15 +397,8 @@ class PrefixCacheManager:
             attached = clamp_out_of_spans(attached, spans, bs)
         evicted = 0
         if not capped and self._evicted:
-            evicted = self._evicted_run(req, blocks, min(n // bs, (n - 1) // bs))
-        lost_cap = bs if capped else 0
-        lost = LostReuse(
-            window=window * bs,
-            span=(m - window - attached) * bs,
-            cap=lost_cap,
-            evicted=evicted * bs,
-            never_cached=n - m * bs - lost_cap - evicted * bs,
-        )
+            evicted = self._evicted_run(req, blocks, full_prompt_cap(n, bs))
+        lost = lost_reuse(n, bs, m, window, attached, capped, evicted)
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
@@ -478,10 +486,7 @@ class PrefixCacheManager:
         return pool.allocate(count), evicted
 
     def _out_of_blocks(self, need: int, supply: int) -> OutOfBlocks:
-        return OutOfBlocks(
-            f"need {need} new blocks; only {supply} can be freed (free + evictable), "
-            "the rest are held by live sequences"
-        )
+        return out_of_blocks(need, supply)
 
     def _release(self, blocks: Sequence[int]) -> None:
         """Drop one hold on each of ``blocks`` (the pool ages them by the manager's clock)."""
@@ -570,19 +575,14 @@ class PrefixCacheManager:
         )
 
     def _chunk_plan(self, seq: SeqState, num_new_tokens: int | None) -> tuple[int, int]:
-        if num_new_tokens is not None:
-            check_count(num_new_tokens, "num_new_tokens", minimum=1)
-        if seq.num_reserved >= seq.prompt_len:
-            raise InvalidOperation(f"sequence {seq.seq_id!r} has no prompt tokens left to prefill")
-        if seq.num_computed != seq.num_reserved:
-            raise InvalidOperation(
-                f"sequence {seq.seq_id!r} has {seq.num_reserved - seq.num_computed} reserved "
-                "tokens not yet committed; commit the current chunk first"
-            )
+        """The checked next chunk: its end and the new blocks it needs (or the error)."""
+        check_continue(
+            seq.seq_id, num_new_tokens, seq.num_computed, seq.num_reserved, seq.prompt_len
+        )
         end = chunk_end(
             seq.num_reserved, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
         )
-        need = -(-end // self._block_size) - len(seq.blocks)
+        need = blocks_for(end, self._block_size) - len(seq.blocks)
         supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
@@ -609,20 +609,17 @@ class PrefixCacheManager:
     # -- growth, commit, rollback ----------------------------------------------------------
 
     def _append_need(self, seq: SeqState, num_tokens: int) -> int:
-        if type(num_tokens) is not int or num_tokens < 1:
-            check_count(num_tokens, "num_tokens", minimum=1)
-        reserved = seq.num_reserved + num_tokens
-        if seq.num_reserved < seq.prompt_len:
-            check_growth(
-                seq.seq_id,
-                seq.num_reserved,
-                reserved,
-                seq.num_computed,
-                seq.prompt_len,
-                seq.kv_token_limit,
-                seq.spans,
-            )
-        return -(-reserved // self._block_size) - len(seq.blocks)
+        """The new blocks ``append(num_tokens)`` needs (or the error it raises)."""
+        reserved = check_append(
+            seq.seq_id,
+            num_tokens,
+            seq.num_reserved,
+            seq.num_computed,
+            seq.prompt_len,
+            seq.kv_token_limit,
+            seq.spans,
+        )
+        return blocks_for(reserved, self._block_size) - len(seq.blocks)
 
     def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         need = self._append_need(self._seq(seq_id), num_tokens)
@@ -669,24 +666,16 @@ class PrefixCacheManager:
     def _check_commit_args(
         self, seq: SeqState, num_computed: object, accepted_tokens: Sequence[int]
     ) -> tuple[Sequence[int], int]:
-        """What ``commit`` raises, in the spec's order; returns the checked tokens and the
-        new computed count."""
-        if type(num_computed) is not int or num_computed < 0:
-            check_count(num_computed, "num_computed", minimum=0)
-        assert isinstance(num_computed, int)
-        accepted = accepted_tokens
-        if type(accepted) is list or type(accepted) is tuple:
-            for t in accepted:
-                if type(t) is not int or not 0 <= t <= 4294967295:  # MAX_TOKEN_ID, inlined
-                    accepted = token_tuple(accepted_tokens, what="accepted_tokens")
-                    break
-        else:
-            accepted = token_tuple(accepted_tokens, what="accepted_tokens")
-        new_computed = seq.num_computed + num_computed
-        known = len(seq.tokens) + len(accepted)
-        if new_computed > seq.num_reserved or new_computed > known:
-            raise self._commit_error(seq, new_computed, known)
-        return accepted, new_computed
+        """What ``commit`` raises (the contract's :func:`check_commit`); returns the checked
+        tokens and the new computed count."""
+        return check_commit(
+            seq.seq_id,
+            seq.num_computed,
+            seq.num_reserved,
+            len(seq.tokens),
+            num_computed,
+            accepted_tokens,
+        )
 
     def _apply_commit(self, seq: SeqState, accepted: Sequence[int], new_computed: int) -> None:
         computed = seq.num_computed
@@ -734,15 +723,7 @@ class PrefixCacheManager:
         bs = self._block_size
         reserved = seq.num_reserved
         if num_rejected:
-            reserved -= num_rejected
-            if reserved < new_computed:
-                raise InvalidOperation(
-                    f"cannot roll back {num_rejected} slots of {seq.seq_id!r}: only "
-                    f"{seq.num_reserved - new_computed} reserved slots are unwritten"
-                )
-            cut = span_containing(seq.spans, reserved) if seq.spans else None
-            if cut is not None:
-                raise InvalidOperation(f"rolling back {num_rejected} slots would split {cut!r}")
+            reserved = check_rollback(seq.seq_id, num_rejected, reserved, new_computed, seq.spans)
         kept = min(len(seq.blocks), -(-reserved // bs))
         need = 0
         if num_reserve:
@@ -811,15 +792,7 @@ class PrefixCacheManager:
 
     @staticmethod
     def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:
-        if new_computed > seq.num_reserved:
-            return InvalidOperation(
-                f"cannot commit {new_computed} tokens of {seq.seq_id!r}: "
-                f"only {seq.num_reserved} slots are reserved"
-            )
-        return InvalidOperation(
-            f"cannot commit KV for {new_computed} tokens of {seq.seq_id!r}: "
-            f"only {known} tokens are known"
-        )
+        return commit_error(seq.seq_id, new_computed, seq.num_reserved, known)
 
     def _canonical(self, seq: SeqState, i: int) -> int:
         """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
@@ -934,16 +907,9 @@ class PrefixCacheManager:
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)
-        check_count(num_tokens, "num_tokens", minimum=1)
-        if seq.num_reserved - num_tokens < seq.num_computed:
-            raise InvalidOperation(
-                f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
-                f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
-            )
-        cut = span_containing(seq.spans, seq.num_reserved - num_tokens) if seq.spans else None
-        if cut is not None:
-            raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
-        seq.num_reserved -= num_tokens
+        seq.num_reserved = check_rollback(
+            seq.seq_id, num_tokens, seq.num_reserved, seq.num_computed, seq.spans
+        )
         keep = -(-seq.num_reserved // self._block_size)
         dropped = seq.blocks[keep:]
         if dropped:
@@ -953,18 +919,7 @@ class PrefixCacheManager:
     # -- release ---------------------------------------------------------------------------
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
-        if isinstance(seq_ids, (str, bytes)):
-            raise InvalidRequest("free() takes an iterable of sequence ids, not one id")
-        try:
-            ids = list(seq_ids)
-        except TypeError:
-            raise InvalidRequest(f"free() takes an iterable of ids, got {seq_ids!r}") from None
-        seen: set[SeqId] = set()
-        for seq_id in ids:
-            self._seq(seq_id)
-            if seq_id in seen:
-                raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one free()")
-            seen.add(seq_id)
+        ids = check_free_list(seq_ids, self._seqs)
         self._clock += 1
         seqs = self._seqs
         for seq_id in ids:
@@ -978,17 +933,10 @@ class PrefixCacheManager:
         return evicted
 
     def reset(self, *, preserve_cache: bool) -> None:
-        if not isinstance(preserve_cache, bool):
-            raise InvalidRequest("preserve_cache must be a bool")
-        if preserve_cache:
+        if check_reset(preserve_cache, len(self._seqs)):
             if self._seqs:
                 self.free(list(self._seqs))
             return
-        if self._seqs:
-            raise CacheBusy(
-                f"full reset refused: {len(self._seqs)} sequences are live; "
-                "free them or use reset(preserve_cache=True)"
-            )
         self._pool.clear(self._index.blocks())
         self._index.clear()
         self._evicted.clear()
@@ -1045,22 +993,7 @@ class PrefixCacheManager:
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )
             )
-        seqs = tuple(
-            SeqView(
-                seq_id=s.seq_id,
-                namespace=s.namespace,
-                token_ids=tuple(s.tokens),
-                block_ids=tuple(s.blocks),
-                num_computed=s.num_computed,
-                num_reserved=s.num_reserved,
-                num_prompt_tokens=s.prompt_len,
-                num_cached_tokens=s.num_cached,
-                num_window_blocks=s.window_blocks,
-                kv_token_limit=s.kv_token_limit,
-                spans=tuple((sp.start, sp.end) for sp in s.spans),
-            )
-            for s in self._seqs.values()
-        )
+        seqs = tuple(seq_view(s, s.namespace) for s in self._seqs.values())
         return CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,

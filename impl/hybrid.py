@@ -17,15 +17,21 @@ evicted block.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import attrs
-from prefixkv.spec.cache import check_count
-from prefixkv.spec.errors import InvalidOperation, OutOfStateSlots
+from prefixkv.spec.contract import (
+    check_free_list,
+    check_hybrid_config,
+    check_keep_state,
+    check_restore_pending,
+    check_routed_experts,
+    check_runtime_slots,
+    no_state_slot,
+    save_point,
+)
 from prefixkv.spec.events import CheckpointRemoved, CheckpointStored
 from prefixkv.spec.hybrid import (
     CHECKPOINT,
@@ -36,13 +42,11 @@ from prefixkv.spec.hybrid import (
     CheckpointStatus,
     SlotRole,
     StateRef,
-    check_hybrid_config,
-    check_routed_experts,
-    save_point,
 )
 from prefixkv.spec.identity import BlockHasher, fast_hash
 from prefixkv.spec.multimodal import clamp_out_of_spans
-from prefixkv.spec.request import Request, SeqId, token_tuple
+from prefixkv.spec.protocol import HybridPrefixCache
+from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, Match
 from prefixkv.spec.state import CacheState, CheckpointView, StateSlotsView
 
@@ -65,7 +69,7 @@ class _Ckpt:
         self.block_hash = 0  # the node's, once Ready: its checkpoint events name it
 
 
-class HybridPrefixCacheManager(PrefixCacheManager):
+class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
     """A prefix cache manager with recurrent-state checkpoints; see the module doc."""
 
     # NOTE: commit, rollback and append move checkpoints too: ``advance`` runs them in turn.
@@ -244,12 +248,11 @@ class HybridPrefixCacheManager(PrefixCacheManager):
 
     def _plan(self, req: Request, num_new_tokens: int | None) -> AdmitPlan:
         plan = super()._plan(req, num_new_tokens)
-        if len(self._runtime) >= self._runtime_slots:
-            raise OutOfStateSlots(f"{self._runtime_slots} sequences are live (max_num_seqs)")
+        check_runtime_slots(len(self._runtime), self._runtime_slots)
         # A hit pins one Ready checkpoint; KV eviction only turns Ready ones into free slots.
         supply = len(self._free_slots) + self._num_ready_unpinned - (1 if plan.blocks else 0)
         if supply < 1:
-            raise OutOfStateSlots("every state slot is held by a runtime or a checkpoint")
+            raise no_state_slot()
         return plan
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
@@ -296,11 +299,7 @@ class HybridPrefixCacheManager(PrefixCacheManager):
     ) -> tuple[bytes, ...] | None:
         """Everything ``commit`` would raise, in the spec's order, before anything changes."""
         seq = self._seq(seq_id)
-        check_count(num_computed, "num_computed", minimum=0)
-        known = len(seq.tokens) + len(token_tuple(accepted_tokens, what="accepted_tokens"))
-        new = seq.num_computed + num_computed
-        if new > seq.num_reserved or new > known:
-            raise self._commit_error(seq, new, known)
+        _, new = self._check_commit_args(seq, num_computed, accepted_tokens)
         bs = self._block_size
         return check_routed_experts(experts, new // bs - seq.num_computed // bs)
 
@@ -346,8 +345,8 @@ class HybridPrefixCacheManager(PrefixCacheManager):
     def restore_issued(self, seq_id: SeqId) -> None:
         self._seq(seq_id)
         ck = self._pinned.pop(seq_id, None)
-        if ck is None:
-            raise InvalidOperation(f"sequence {seq_id!r} has no restore pending")
+        check_restore_pending(seq_id, ck is not None)
+        assert ck is not None
         ck.status, ck.owner = READY, None
         self._num_ready_unpinned += 1
         self._positions[seq_id] = ck.boundary
@@ -355,25 +354,14 @@ class HybridPrefixCacheManager(PrefixCacheManager):
 
     def keep_state(self, seq_id: SeqId, position: int) -> None:
         seq = self._seq(seq_id)
-        check_count(position, "position", minimum=0)
-        if self._positions[seq_id] is None:
-            raise InvalidOperation(
-                f"sequence {seq_id!r} has a restore pending: issue it before keeping a state"
-            )
-        if position != seq.num_computed:
-            raise InvalidOperation(
-                f"cannot keep the state after {position} tokens of {seq_id!r}: only the "
-                f"state after its {seq.num_computed} committed tokens is consistent"
-            )
-        self._positions[seq_id] = position
+        self._positions[seq_id] = check_keep_state(
+            seq_id, position, self._positions[seq_id], seq.num_computed
+        )
 
     # -- release ---------------------------------------------------------------------------
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
-        ids: Any = seq_ids
-        if not isinstance(seq_ids, (str, bytes)):
-            with contextlib.suppress(TypeError):  # PrefixCacheManager.free raises the error
-                ids = list(seq_ids)
+        ids = check_free_list(seq_ids, self._seqs)
         super().free(ids)
         for seq_id in ids:
             self._release_slot(self._runtime.pop(seq_id), RUNTIME)

@@ -30,7 +30,7 @@ from prefixkv.spec import (
     invariants,
 )
 from prefixkv.spec.cache import identity_chain
-from prefixkv.spec.hybrid import save_point
+from prefixkv.spec.contract import save_point
 
 from . import checkpoints as ck
 from .checkpoints import (

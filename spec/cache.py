@@ -4,6 +4,10 @@ Plain data and obvious code; O(num_blocks) per operation is fine here. The optim
 :mod:`prefixkv.impl` must agree with this class step by step, and the Z3 encoding in
 :mod:`prefixkv.proofs` is cross-checked against it.
 
+What a call may ask for, and how much an allowed call reserves, is not written here: the
+spec and the managers share those rules (:mod:`prefixkv.spec.contract`). This module is the
+model: the pool, the index, the walk, eviction and publication.
+
 How the spec keeps its promises, in one place each:
 
 * INV-TXN: every public operation runs inside :meth:`SpecCache._transaction`, which restores
@@ -34,58 +38,21 @@ from typing import Any, TypeVar
 
 import attrs
 
-from prefixkv.errors import InvalidConfig
-
-from .errors import (
-    CacheBusy,
-    DuplicateSequence,
-    InvalidOperation,
-    InvalidRequest,
-    OutOfBlocks,
-    PrefixCacheError,
-    UnknownSequence,
-)
+from . import contract
+from .errors import DuplicateSequence, InvalidRequest, OutOfBlocks, PrefixCacheError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .identity import BlockHasher, BlockIdentity, fast_hash
-from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans, span_containing
+from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 from .namespace import Namespace
-from .request import Request, SeqId, check_seq_id, token_tuple
-from .results import Admission, CacheStats, LostReuse, Match
-from .state import BlockView, CacheState, SeqView
+from .protocol import PrefixCache
+from .request import Request, SeqId
+from .results import Admission, CacheStats, Match
+from .state import BlockView, CacheState, seq_view
 from .steps import StepCalls
 
-__all__ = [
-    "SpecCache",
-    "chain_hashes",
-    "check_count",
-    "check_growth",
-    "check_pool_shape",
-    "chunk_end",
-    "identity_chain",
-]
+__all__ = ["SpecCache", "chain_hashes", "identity_chain"]
 
 _T = TypeVar("_T")
-
-
-def check_count(value: object, what: str, *, minimum: int) -> int:
-    """Counts are plain ints (not bools) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{what} must be an int, got {value!r}")
-    if value < minimum:
-        raise InvalidRequest(f"{what} must be >= {minimum}, got {value}")
-    return value
-
-
-def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
-    """A pool shape: two ints >= 1. Malformed, it is a configuration error (raised before
-    anything is built), not a bad request."""
-    for value, what in ((num_blocks, "num_blocks"), (block_size, "block_size")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidConfig(f"{what} must be an int, got {value!r}")
-        if value < 1:
-            raise InvalidConfig(f"{what} must be >= 1, got {value}")
-    assert isinstance(num_blocks, int) and isinstance(block_size, int)
-    return num_blocks, block_size
 
 
 def identity_chain(
@@ -120,57 +87,6 @@ def chain_hashes(hasher: BlockHasher, chain: Sequence[BlockIdentity]) -> list[in
             )
         )
     return hashes
-
-
-def chunk_end(
-    start: int,
-    prompt_len: int,
-    budget: int | None,
-    limit: int | None,
-    spans: Sequence[MultimodalSpan],
-) -> int:
-    """Where a prefill chunk starting at ``start`` ends (choice 8).
-
-    At most ``budget`` (the step's token budget) and ``kv_token_limit`` tokens. A chunk never
-    splits a span: its end moves back to the span's start, or, when the chunk starts right at
-    the span, forward to the span's end (a span is never longer than the limit, so only the
-    step budget can be exceeded, by less than one span).
-    """
-    end = prompt_len
-    if budget is not None:
-        end = min(end, start + budget)
-    if limit is not None:
-        end = min(end, start + limit)
-    cut = span_containing(spans, end)
-    if cut is not None:
-        end = cut.start if cut.start > start else cut.end
-    return end
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_growth(
-    seq_id: SeqId,
-    reserved: int,
-    new_reserved: int,
-    computed: int,
-    prompt_len: int,
-    limit: int | None,
-    spans: Sequence[MultimodalSpan],
-) -> None:
-    """What ``append`` may not do while a prompt is still being prefilled."""
-    if reserved >= prompt_len:
-        return
-    if limit is not None and new_reserved - computed > limit:
-        raise InvalidOperation(
-            f"sequence {seq_id!r} would hold {new_reserved - computed} uncommitted prompt "
-            f"tokens, over its kv_token_limit of {limit}"
-        )
-    cut = span_containing(spans, new_reserved)
-    if cut is not None:
-        raise InvalidOperation(f"reserving up to {new_reserved} would split the span {cut!r}")
 
 
 @attrs.frozen
@@ -284,7 +200,7 @@ def _fresh_state(num_blocks: int) -> _State:
     )
 
 
-class SpecCache(StepCalls):
+class SpecCache(StepCalls, PrefixCache):
     """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
 
     def __init__(
@@ -295,7 +211,7 @@ class SpecCache(StepCalls):
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
     ) -> None:
-        self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
+        self._num_blocks, self._block_size = contract.check_pool_shape(num_blocks, block_size)
         self._hasher = hasher
         # Off by default: a queue that nobody drains would grow without bound.
         self._record_events = bool(record_events)
@@ -343,10 +259,7 @@ class SpecCache(StepCalls):
     # -- queries ---------------------------------------------------------------------------
 
     def _seq(self, seq_id: object) -> _Seq:
-        seq = self._s.seqs.get(check_seq_id(seq_id))
-        if seq is None:
-            raise UnknownSequence(f"sequence {seq_id!r} is not live")
-        return seq
+        return contract.live_seq(self._s.seqs, seq_id)
 
     def _parent_block(self, b: int) -> int | None:
         ident = self._s.blocks[b].identity
@@ -413,7 +326,7 @@ class SpecCache(StepCalls):
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         bs, tokens, n = self._block_size, req.token_ids, req.num_tokens
-        cap = (n - 1) // bs  # choice 4: at least one prompt token is computed
+        cap = contract.full_prompt_cap(n, bs)  # choice 4: at least one prompt token is computed
         full = n // bs
         chain = self._chain(req.namespace.key(), tokens, full, req.spans)
         matched: list[int] = []
@@ -432,18 +345,11 @@ class SpecCache(StepCalls):
         attached = clamp_out_of_spans(k1 - window, req.spans, bs)
         evicted = 0
         if not capped and self._s.evicted:
-            for ident in chain[m : min(full, cap)]:
+            for ident in chain[m:cap]:
                 if ident not in self._s.evicted:
                     break
                 evicted += 1
-        lost_cap = bs if capped else 0
-        lost = LostReuse(
-            window=window * bs,
-            span=(m - window - attached) * bs,
-            cap=lost_cap,
-            evicted=evicted * bs,
-            never_cached=n - m * bs - lost_cap - evicted * bs,
-        )
+        lost = contract.lost_reuse(n, bs, m, window, attached, capped, evicted)
         return Match(n, attached * bs, tuple(matched[:attached]), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
@@ -534,10 +440,7 @@ class SpecCache(StepCalls):
         short = count - len(self._s.free)
         evicted = self._evict(short) if short > 0 else 0
         if len(self._s.free) < count:
-            raise OutOfBlocks(
-                f"need {count} new blocks; only {len(self._s.free)} can be freed "
-                "(free + evictable), the rest are held by live sequences"
-            )
+            raise contract.out_of_blocks(count, len(self._s.free))
         taken, self._s.free = self._s.free[:count], self._s.free[count:]
         for b in taken:
             self._set(b, refcount=1)
@@ -565,11 +468,13 @@ class SpecCache(StepCalls):
         with self._transaction():
             m = self.match(req)
             if num_new_tokens is not None:
-                check_count(num_new_tokens, "num_new_tokens", minimum=1)
+                contract.check_count(num_new_tokens, "num_new_tokens", minimum=1)
             if req.seq_id in self._s.seqs:
                 raise DuplicateSequence(f"sequence {req.seq_id!r} is already live")
             cached = m.num_cached_tokens
-            end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
+            end = contract.chunk_end(
+                cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans
+            )
             seq = _Seq(
                 seq_id=req.seq_id,
                 namespace=req.namespace,
@@ -586,7 +491,7 @@ class SpecCache(StepCalls):
             for b in m.block_ids:  # pin the hit before evicting anything
                 self._set(b, refcount=self._s.blocks[b].refcount + 1)
                 seq.blocks.append(b)
-            need = _ceil_div(seq.num_reserved, self._block_size) - len(seq.blocks)
+            need = contract.blocks_for(seq.num_reserved, self._block_size) - len(seq.blocks)
             new, evicted = self._allocate(need)
             seq.blocks.extend(new)
             self._s.seqs[req.seq_id] = seq
@@ -628,18 +533,14 @@ class SpecCache(StepCalls):
         """
         with self._transaction():
             seq = self._seq(seq_id)
-            if num_new_tokens is not None:
-                check_count(num_new_tokens, "num_new_tokens", minimum=1)
-            if seq.num_reserved >= seq.prompt_len:
-                raise InvalidOperation(f"sequence {seq_id!r} has no prompt tokens left to prefill")
-            if seq.num_computed != seq.num_reserved:
-                raise InvalidOperation(
-                    f"sequence {seq_id!r} has {seq.num_reserved - seq.num_computed} reserved "
-                    "tokens not yet committed; commit the current chunk first"
-                )
+            contract.check_continue(
+                seq.seq_id, num_new_tokens, seq.num_computed, seq.num_reserved, seq.prompt_len
+            )
             start = seq.num_reserved
-            end = chunk_end(start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans)
-            need = _ceil_div(end, self._block_size) - len(seq.blocks)
+            end = contract.chunk_end(
+                start, seq.prompt_len, num_new_tokens, seq.kv_token_limit, seq.spans
+            )
+            need = contract.blocks_for(end, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = end
@@ -653,18 +554,16 @@ class SpecCache(StepCalls):
     def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_tokens, "num_tokens", minimum=1)
-            reserved = seq.num_reserved + num_tokens
-            check_growth(
+            reserved = contract.check_append(
                 seq.seq_id,
+                num_tokens,
                 seq.num_reserved,
-                reserved,
                 seq.num_computed,
                 seq.prompt_len,
                 seq.kv_token_limit,
                 seq.spans,
             )
-            need = _ceil_div(reserved, self._block_size) - len(seq.blocks)
+            need = contract.blocks_for(reserved, self._block_size) - len(seq.blocks)
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = reserved
@@ -673,21 +572,16 @@ class SpecCache(StepCalls):
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_computed, "num_computed", minimum=0)
-            accepted = token_tuple(accepted_tokens, what="accepted_tokens")
-            new_computed = seq.num_computed + num_computed
-            if new_computed > seq.num_reserved:
-                raise InvalidOperation(
-                    f"cannot commit {new_computed} tokens of {seq_id!r}: "
-                    f"only {seq.num_reserved} slots are reserved"
-                )
-            if new_computed > len(seq.tokens) + len(accepted):
-                raise InvalidOperation(
-                    f"cannot commit KV for {new_computed} tokens of {seq_id!r}: "
-                    f"only {len(seq.tokens) + len(accepted)} tokens are known"
-                )
+            accepted, new_computed = contract.check_commit(
+                seq.seq_id,
+                seq.num_computed,
+                seq.num_reserved,
+                len(seq.tokens),
+                num_computed,
+                accepted_tokens,
+            )
             first = seq.num_computed // self._block_size
-            seq.tokens += accepted
+            seq.tokens += tuple(accepted)
             seq.num_computed = new_computed
             self._publish(seq, first, new_computed // self._block_size)
 
@@ -734,17 +628,10 @@ class SpecCache(StepCalls):
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(num_tokens, "num_tokens", minimum=1)
-            if seq.num_reserved - num_tokens < seq.num_computed:
-                raise InvalidOperation(
-                    f"cannot roll back {num_tokens} slots of {seq_id!r}: only "
-                    f"{seq.num_reserved - seq.num_computed} reserved slots are unwritten"
-                )
-            cut = span_containing(seq.spans, seq.num_reserved - num_tokens)
-            if cut is not None:
-                raise InvalidOperation(f"rolling back {num_tokens} slots would split {cut!r}")
-            seq.num_reserved -= num_tokens
-            keep = _ceil_div(seq.num_reserved, self._block_size)
+            seq.num_reserved = contract.check_rollback(
+                seq.seq_id, num_tokens, seq.num_reserved, seq.num_computed, seq.spans
+            )
+            keep = contract.blocks_for(seq.num_reserved, self._block_size)
             dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
             self._release(seq, dropped)
 
@@ -752,18 +639,7 @@ class SpecCache(StepCalls):
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
         with self._transaction():
-            if isinstance(seq_ids, (str, bytes)):
-                raise InvalidRequest("free() takes an iterable of sequence ids, not one id")
-            try:
-                ids = list(seq_ids)
-            except TypeError:
-                raise InvalidRequest(f"free() takes an iterable of ids, got {seq_ids!r}") from None
-            seen: set[SeqId] = set()
-            for seq_id in ids:
-                self._seq(seq_id)
-                if seq_id in seen:
-                    raise DuplicateSequence(f"sequence {seq_id!r} listed twice in one free()")
-                seen.add(seq_id)
+            ids = contract.check_free_list(seq_ids, self._s.seqs)
             self._s.clock += 1
             for seq_id in ids:
                 seq = self._s.seqs.pop(seq_id)
@@ -771,22 +647,15 @@ class SpecCache(StepCalls):
 
     def evict(self, num_blocks: int) -> int:
         with self._transaction():
-            check_count(num_blocks, "num_blocks", minimum=0)
+            contract.check_count(num_blocks, "num_blocks", minimum=0)
             return self._evict(num_blocks)
 
     def reset(self, *, preserve_cache: bool) -> None:
         with self._transaction():
-            if not isinstance(preserve_cache, bool):
-                raise InvalidRequest("preserve_cache must be a bool")
-            if preserve_cache:
+            if contract.check_reset(preserve_cache, len(self._s.seqs)):
                 if self._s.seqs:
                     self.free(list(self._s.seqs))
                 return
-            if self._s.seqs:
-                raise CacheBusy(
-                    f"full reset refused: {len(self._s.seqs)} sequences are live; "
-                    "free them or use reset(preserve_cache=True)"
-                )
             fresh = _fresh_state(self._num_blocks)
             fresh.counters = self._s.counters
             fresh.events = self._s.events
@@ -823,22 +692,7 @@ class SpecCache(StepCalls):
             h = self._s.blocks[b].block_hash
             assert h is not None, f"index entry {ident!r} points at unpublished block {b}"
             index.append((h, b))
-        seqs = tuple(
-            SeqView(
-                seq_id=s.seq_id,
-                namespace=s.namespace.key(),
-                token_ids=tuple(s.tokens),
-                block_ids=tuple(s.blocks),
-                num_computed=s.num_computed,
-                num_reserved=s.num_reserved,
-                num_prompt_tokens=s.prompt_len,
-                num_cached_tokens=s.num_cached,
-                num_window_blocks=s.window_blocks,
-                kv_token_limit=s.kv_token_limit,
-                spans=tuple((sp.start, sp.end) for sp in s.spans),
-            )
-            for s in self._s.seqs.values()
-        )
+        seqs = tuple(seq_view(s, s.namespace.key()) for s in self._s.seqs.values())
         return CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,

@@ -21,7 +21,9 @@ The checkpoint lifecycle (see docs/checkpoints.md)::
 
 * A sequence reserves at most one checkpoint at a time, at its *save point*: the last
   complete block of its current prefill chunk, or in decode the deepest multiple of
-  ``decode_state_interval`` among its reserved tokens (0: no decode checkpoints).
+  ``decode_state_interval`` among its reserved tokens (0: no decode checkpoints):
+  :func:`prefixkv.spec.contract.save_point`, shared with the manager like every other
+  precondition of this module's calls.
 * It becomes Ready only when a commit covers its boundary: then every token before the
   boundary is computed and accepted, so no rejected draft token ever reaches a checkpoint.
   It hangs off the published block (the *node*) that ends at the boundary.
@@ -43,27 +45,20 @@ replayed on a hit only when every hit block carries it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import attrs
 
-from .cache import SpecCache, check_count, identity_chain
+from . import contract
+from .cache import SpecCache, identity_chain
 from .checkpoint import CheckpointStatus, SlotRole, StateRef
-from .errors import (
-    InvalidOperation,
-    InvalidRequest,
-    OutOfBlocks,
-    OutOfStateSlots,
-    PrefixCacheError,
-    WrongSlotRole,
-)
+from .errors import OutOfBlocks, OutOfStateSlots, PrefixCacheError, WrongSlotRole
 from .events import CheckpointRemoved, CheckpointStored
 from .identity import BlockHasher, fast_hash
 from .multimodal import clamp_out_of_spans
+from .protocol import HybridPrefixCache
 from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
 from .state import CacheState, CheckpointView, StateSlotsView
@@ -79,9 +74,6 @@ __all__ = [
     "SlotRole",
     "StateRef",
     "StateSlotPool",
-    "check_hybrid_config",
-    "check_routed_experts",
-    "save_point",
 ]
 
 #: Slot roles and checkpoint statuses, by their short names.
@@ -91,58 +83,6 @@ RESERVED, READY, PINNED = (
     CheckpointStatus.READY,
     CheckpointStatus.PINNED,
 )
-
-
-def check_hybrid_config(
-    block_size: int, max_num_seqs: object, state_budget: object, decode_state_interval: object
-) -> tuple[int, int, int]:
-    """Validate the hybrid knobs; ``decode_state_interval`` is 0 or a multiple of blocks.
-
-    NOTE: a checkpoint hangs off a published block, so a decode save point must be a block
-    boundary; an interval that is not a whole number of blocks would never line up.
-    """
-    r = check_count(max_num_seqs, "max_num_seqs", minimum=1)
-    b = check_count(state_budget, "state_budget", minimum=0)
-    i = check_count(decode_state_interval, "decode_state_interval", minimum=0)
-    if i % block_size:
-        raise InvalidRequest(
-            f"decode_state_interval must be 0 or a multiple of block_size={block_size}, got {i}"
-        )
-    return r, b, i
-
-
-def save_point(computed: int, reserved: int, prompt_len: int, bs: int, interval: int) -> int:
-    """Where the state of a sequence must be saved among its unwritten reserved tokens.
-
-    ::
-
-        tokens   |<---- computed ---->|<------ reserved, unwritten ------>|
-        prefill                       ...[ last complete block of the chunk ]|  <- here
-        decode                        ...| k * interval |.................|  <- or here
-
-    The last complete block boundary of the reserved prompt part, or in decode the deepest
-    multiple of ``interval``; 0 when neither lies beyond ``computed`` (nothing to save).
-    """
-    prefill = min(reserved, prompt_len) // bs * bs
-    decode = reserved // interval * interval if interval else 0
-    point = max(prefill, decode)
-    return point if point > computed else 0
-
-
-def check_routed_experts(value: object, count: int) -> tuple[bytes, ...] | None:
-    """``None``, or one ``bytes`` per block that the commit completes."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise InvalidRequest(f"routed_experts must be a list of bytes per block, got {value!r}")
-    if len(value) != count:
-        raise InvalidRequest(
-            f"routed_experts has {len(value)} entries; this commit completes {count} blocks"
-        )
-    for item in value:
-        if not isinstance(item, bytes):
-            raise InvalidRequest(f"routed_experts entries must be bytes, got {item!r}")
-    return tuple(value)
 
 
 class StateSlotPool:
@@ -202,7 +142,7 @@ class _Hybrid:
     evicted: int = 0
 
 
-class HybridSpecCache(SpecCache):
+class HybridSpecCache(SpecCache, HybridPrefixCache):
     """The spec of a prefix cache for hybrid (attention + recurrent) models.
 
     Everything :class:`SpecCache` does, plus the state-slot pool and checkpoint lifecycle
@@ -224,7 +164,7 @@ class HybridSpecCache(SpecCache):
         record_events: bool = False,
     ) -> None:
         super().__init__(num_blocks, block_size, hasher=hasher, record_events=record_events)
-        self._runtime_slots, self._state_budget, self._interval = check_hybrid_config(
+        self._runtime_slots, self._state_budget, self._interval = contract.check_hybrid_config(
             self.block_size, max_num_seqs, state_budget, decode_state_interval
         )
         self._h = _Hybrid(StateSlotPool(self._runtime_slots + self._state_budget))
@@ -307,7 +247,7 @@ class HybridSpecCache(SpecCache):
         sequence now reaches a deeper save point); a new one is best-effort.
         """
         seq = self._s.seqs[seq_id]
-        target = save_point(
+        target = contract.save_point(
             seq.num_computed, seq.num_reserved, seq.prompt_len, self.block_size, self._interval
         )
         current = self._ckpt_of(seq_id, RESERVED)
@@ -387,11 +327,10 @@ class HybridSpecCache(SpecCache):
             if m.restore_slot is not None:
                 ck = self._h.ckpts[m.restore_slot]
                 ck.status, ck.owner = PINNED, req.seq_id
-            if len(self._h.runtime) >= self._runtime_slots:
-                raise OutOfStateSlots(f"{self._runtime_slots} sequences are live (max_num_seqs)")
+            contract.check_runtime_slots(len(self._h.runtime), self._runtime_slots)
             slot = self._take_slot(RUNTIME)
             if slot is None:
-                raise OutOfStateSlots("every state slot is held by a runtime or a checkpoint")
+                raise contract.no_state_slot()
             self._h.runtime[req.seq_id] = slot
             # the initial state, or nothing until the restore is issued
             self._h.positions[req.seq_id] = None if m.restore_slot is not None else 0
@@ -437,7 +376,7 @@ class HybridSpecCache(SpecCache):
             super().commit(seq_id, num_computed, accepted_tokens)
             bs = self.block_size
             first, stop = before // bs, seq.num_computed // bs
-            experts = check_routed_experts(routed_experts, stop - first)
+            experts = contract.check_routed_experts(routed_experts, stop - first)
             chain = identity_chain(seq.namespace.key(), seq.tokens, bs, stop, seq.spans)
             if experts is not None:
                 for j, data in zip(range(first, stop), experts, strict=True):
@@ -465,8 +404,8 @@ class HybridSpecCache(SpecCache):
         with self._transaction():
             self._seq(seq_id)
             ck = self._ckpt_of(seq_id, PINNED)
-            if ck is None:
-                raise InvalidOperation(f"sequence {seq_id!r} has no restore pending")
+            contract.check_restore_pending(seq_id, ck is not None)
+            assert ck is not None
             ck.status, ck.owner = READY, None
             self._h.positions[seq_id] = ck.boundary
             self._h.restored += 1
@@ -482,26 +421,15 @@ class HybridSpecCache(SpecCache):
         """
         with self._transaction():
             seq = self._seq(seq_id)
-            check_count(position, "position", minimum=0)
-            if self._h.positions[seq_id] is None:
-                raise InvalidOperation(
-                    f"sequence {seq_id!r} has a restore pending: issue it before keeping a state"
-                )
-            if position != seq.num_computed:
-                raise InvalidOperation(
-                    f"cannot keep the state after {position} tokens of {seq_id!r}: only the "
-                    f"state after its {seq.num_computed} committed tokens is consistent"
-                )
-            self._h.positions[seq_id] = position
+            self._h.positions[seq_id] = contract.check_keep_state(
+                seq_id, position, self._h.positions[seq_id], seq.num_computed
+            )
 
     def free(self, seq_ids: Iterable[SeqId]) -> None:
         """Release sequences; each gives back its runtime slot, drops its reservation and
         unpins the checkpoint of a restore it never issued (an aborted restore)."""
         with self._transaction():
-            ids: Any = seq_ids
-            if not isinstance(seq_ids, (str, bytes)):
-                with contextlib.suppress(TypeError):  # SpecCache.free raises the error
-                    ids = list(seq_ids)
+            ids = contract.check_free_list(seq_ids, self._s.seqs)
             super().free(ids)
             for seq_id in ids:
                 self._release_seq(seq_id)

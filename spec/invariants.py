@@ -15,8 +15,8 @@ import attrs
 
 from prefixkv.errors import InvalidConfig, PrefixKVError
 
+from .contract import save_point
 from .event_mirror import EventMirror, EventStreamError, published_blocks, published_checkpoints
-from .hybrid import save_point
 from .invariant_ids import InvariantId
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable

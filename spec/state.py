@@ -8,13 +8,25 @@ Snapshots are O(num_blocks): they are a testing tool, never on a hot path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import attrs
 
 from .events import KVEvent
+from .multimodal import MultimodalSpan
 from .request import SeqId
 from .results import CacheStats
 
-__all__ = ["BlockView", "CacheState", "CheckpointView", "SeqView", "StateSlotsView"]
+__all__ = [
+    "BlockView",
+    "CacheState",
+    "CheckpointView",
+    "SeqRecord",
+    "SeqView",
+    "StateSlotsView",
+    "seq_view",
+]
 
 
 @attrs.frozen
@@ -68,6 +80,50 @@ class SeqView:
     kv_token_limit: int | None = None
     spans: tuple[tuple[int, int], ...] = ()
     """``(start, end)`` of each multimodal span of the prompt."""
+
+
+class SeqRecord(Protocol):
+    """What every cache keeps per live sequence, under the same names (the spec's record
+    and the manager's ``SeqState`` both have them): all :func:`seq_view` reads."""
+
+    @property
+    def seq_id(self) -> SeqId: ...
+    @property
+    def tokens(self) -> Sequence[int]: ...
+    @property
+    def blocks(self) -> Sequence[int]: ...
+    @property
+    def num_computed(self) -> int: ...
+    @property
+    def num_reserved(self) -> int: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def num_cached(self) -> int: ...
+    @property
+    def window_blocks(self) -> int: ...
+    @property
+    def kv_token_limit(self) -> int | None: ...
+    @property
+    def spans(self) -> Sequence[MultimodalSpan]: ...
+
+
+def seq_view(seq: SeqRecord, namespace: bytes) -> SeqView:
+    """Render one live sequence; ``namespace`` is its namespace key (the spec keeps the
+    :class:`~prefixkv.spec.namespace.Namespace`, the manager its key)."""
+    return SeqView(
+        seq_id=seq.seq_id,
+        namespace=namespace,
+        token_ids=tuple(seq.tokens),
+        block_ids=tuple(seq.blocks),
+        num_computed=seq.num_computed,
+        num_reserved=seq.num_reserved,
+        num_prompt_tokens=seq.prompt_len,
+        num_cached_tokens=seq.num_cached,
+        num_window_blocks=seq.window_blocks,
+        kv_token_limit=seq.kv_token_limit,
+        spans=tuple((sp.start, sp.end) for sp in seq.spans),
+    )
 
 
 @attrs.frozen

@@ -258,11 +258,26 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        known = len(seq.tokens) + len(accepted)
-        if new_computed > seq.num_reserved or new_computed > known:""",
-                """        seq.tokens.extend(accepted)
-        known = len(seq.tokens)
-        if new_computed > seq.num_reserved or new_computed > known:""",
+                """        return check_commit(
+            seq.seq_id,
+            seq.num_computed,
+            seq.num_reserved,
+            len(seq.tokens),
+            num_computed,
+            accepted_tokens,
+        )""",
+                """        accepted, _ = check_commit(
+            seq.seq_id, seq.num_computed, seq.num_reserved, len(seq.tokens), 0, accepted_tokens
+        )
+        seq.tokens.extend(accepted)
+        return check_commit(
+            seq.seq_id,
+            seq.num_computed,
+            seq.num_reserved,
+            len(seq.tokens) - len(accepted),
+            num_computed,
+            accepted,
+        )""",
             ),
             (
                 "cache.py",
@@ -686,8 +701,10 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "hybrid.py",
-                "        if position != seq.num_computed:\n",
-                "        if position < seq.num_computed:\n",
+                "            seq_id, position, self._positions[seq_id], seq.num_computed\n",
+                "            seq_id, position, self._positions[seq_id], position\n"
+                "            if type(position) is int and position >= seq.num_computed\n"
+                "            else seq.num_computed\n",
             ),
         ),
         machine="hybrid",

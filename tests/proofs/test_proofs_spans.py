@@ -14,6 +14,8 @@ from prefixkv.proofs import spans as sp
 from prefixkv.proofs.drift import DriftError
 from prefixkv.spec import MultimodalSpan, Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
+from prefixkv.spec import contract as spec_contract
+from prefixkv.spec.multimodal import span_containing
 
 DRIFT_CHECKS = 1500
 
@@ -110,10 +112,10 @@ def test_a_drifted_spec_chunk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
             end = min(end, start + budget)
         if limit is not None:
             end = min(end, start + limit)
-        cut = spec_cache.span_containing(spans, end)  # type: ignore[arg-type]
+        cut = span_containing(spans, end)  # type: ignore[arg-type]
         return end if cut is None else cut.end
 
-    monkeypatch.setattr(spec_cache, "chunk_end", forward)
+    monkeypatch.setattr(spec_contract, "chunk_end", forward)  # the spec calls it by module
     with pytest.raises(DriftError):
         span_drift.run_span_drift(3000, seed=0)
 

@@ -26,7 +26,8 @@ from prefixkv.spec import (
     WrongSlotRole,
     check,
 )
-from prefixkv.spec.hybrid import CHECKPOINT, RUNTIME, save_point
+from prefixkv.spec.contract import save_point
+from prefixkv.spec.hybrid import CHECKPOINT, RUNTIME
 
 NS = Namespace("hybrid-llm@1")
 CLASSES = (HybridSpecCache, HybridPrefixCacheManager)
