@@ -2,7 +2,7 @@
 
 Used by :mod:`tests.mutation.run`, one subprocess per bug::
 
-    python -m tests.mutation.worker --impl DIR [--shrink] [--machine text|hybrid|all]
+    python -m tests.mutation.worker --impl DIR [--shrink] [--machine text|steps|hybrid|all]
 
 ``DIR`` is a copy of ``impl/`` (with a bug patched in). It is loaded as ``prefixkv.impl``
 before anything imports the real one. The machines then run stage by stage (each with a fixed seed,
@@ -75,11 +75,21 @@ HYBRID_STAGES: tuple[Stage, ...] = tuple(
     stage for r in range(3) for stage in (Stage("hybrid", r, 10), Stage("hybrid_weak", r, 5))
 )
 
+#: The text machines with the engine-shaped call rules (``advance``, ``advance_batch``)
+#: mixed in: config -> the CONFIGS entry it runs. For bugs in the fused and batched calls,
+#: which the plain text machines never make.
+STEP_CONFIGS: dict[str, str] = {"steps_fast": "fast", "steps_weak": "weak"}
+
+STEP_STAGES: tuple[Stage, ...] = tuple(
+    stage for r in range(4) for stage in (Stage("steps_fast", r, 15), Stage("steps_weak", r, 15))
+)
+
 #: ``--machine`` -> the stages a worker runs.
 MACHINES: dict[str, tuple[Stage, ...]] = {
     "text": STAGES,
+    "steps": STEP_STAGES,
     "hybrid": HYBRID_STAGES,
-    "all": STAGES + HYBRID_STAGES,
+    "all": STAGES + STEP_STAGES + HYBRID_STAGES,
 }
 
 
@@ -153,6 +163,7 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
         hybrid_spec_vs_impl,
         spec_vs_impl,
     )
+    from prefixkv.conformance.machines.step_calls import build_step_machine
 
     first: list[tuple[float, CheckFailed]] = []
     start = time.perf_counter()
@@ -170,11 +181,13 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
                 state_budgets=budgets,
             )
         else:
-            hasher, blocks, sizes, steps = CONFIGS[stage.config]
-            machine = build_machine(
+            config = STEP_CONFIGS.get(stage.config, stage.config)
+            hasher, blocks, sizes, steps = CONFIGS[config]
+            build = build_step_machine if stage.config in STEP_CONFIGS else build_machine
+            machine = build(
                 f"Mutant_{stage.config}",
                 # the long runs rebuild the eviction heap often (see spec_vs_impl)
-                spec_vs_impl(hasher, heap_slack=-8 if stage.config == "long" else None),
+                spec_vs_impl(hasher, heap_slack=-8 if config == "long" else None),
                 num_blocks=blocks,
                 block_sizes=sizes,
             )
