@@ -158,7 +158,8 @@ def test_decode_step_is_a_light_immutable_record() -> None:
 def test_check_batch_accepts_only_decode_steps() -> None:
     """A plain tuple of the same fields is not a step, nor is a step a batch."""
     step = DecodeStep("s", 1)
-    assert check_batch((step,)) == [step]
+    assert list(check_batch((step,))) == [step]
+    assert list(check_batch([step, DecodeStep("t", 0)])) == [step, DecodeStep("t", 0)]
     for bad in ([("s", 1, (), 0, 1)], step, "s", 7, [DecodeStep(True, 1)]):
         with pytest.raises(InvalidRequest):
             check_batch(bad)
