@@ -85,7 +85,7 @@ from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, seq_view
-from prefixkv.spec.steps import BatchOutcome, DecodeStep, apply_batch, check_step_counts
+from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from ._index import HashIndex
 from ._pool import NO_PARENT, BlockPool
@@ -95,6 +95,9 @@ from ._stats import Counters
 __all__ = ["PrefixCacheManager"]
 
 _MISSING = -2
+
+#: Builds a NamedTuple result from its fields without a Python frame.
+_new_outcome = tuple.__new__
 
 #: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly
 #: (the token ids as the pool stores them: native uint32 bytes).
@@ -660,6 +663,28 @@ class PrefixCacheManager(PrefixCache):
         seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
+        # The decode fast path: a commit that completes no block (nothing to publish) and
+        # passes every check of _check_commit_args, tested here in a few cheap predicates.
+        # Anything else, bad input included, takes the general path below, which raises the
+        # same typed errors as before.
+        if type(num_computed) is int and (
+            type(accepted_tokens) is tuple or type(accepted_tokens) is list
+        ):
+            held = seq.num_computed
+            now = held + num_computed
+            bs = self._block_size
+            if (
+                held <= now <= seq.num_reserved
+                and now // bs == held // bs
+                and now <= len(seq.tokens) + len(accepted_tokens)
+            ):
+                for t in accepted_tokens:
+                    if type(t) is not int or not 0 <= t <= 4294967295:  # MAX_TOKEN_ID
+                        break
+                else:
+                    seq.tokens.extend(accepted_tokens)
+                    seq.num_computed = now
+                    return
         accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
         self._apply_commit(seq, accepted, new_computed)
 
@@ -702,11 +727,70 @@ class PrefixCacheManager(PrefixCache):
     ) -> list[int]:
         """``commit``, ``rollback(num_rejected)``, ``append(num_reserve)``: one transaction.
 
-        Everything the three calls could raise is checked before anything changes, except
-        one case: the reservation needs eviction and the supply is within reach of what the
-        commit's publication can anchor (publishing under a canonical twin anchors it and
-        its unanchored ancestors, at most one chain per commit, so at most ``stop - 1``
-        blocks). Only then the calls run under a saved copy of the state.
+        A fast path for the common decode step, then :meth:`_advance_general`. The fast
+        path: no rollback, the commit completes no block (nothing to publish), the
+        reservation fits the blocks the sequence holds (nothing to allocate), the sequence
+        is past its prompt (no chunk rule applies), and every argument passes its check.
+        Then no part can raise, and the step is two counter updates and a token append.
+        The predicates are exactly those conditions, so an input that fails any check
+        falls through to the general path, which raises the same typed error as always.
+        """
+        # NOTE: the same fast path is written out in advance_batch's loop (a call per step
+        # is a fifth of a decode step); a change to one must be made to both.
+        seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+        if (
+            seq is not None
+            and type(num_computed) is int
+            and type(num_reserve) is int
+            and type(num_rejected) is int
+            and not num_rejected
+            and (type(accepted_tokens) is tuple or type(accepted_tokens) is list)
+            and self._fused_inline
+        ):
+            done = seq.num_computed
+            now = done + num_computed
+            reserved = seq.num_reserved
+            bs = self._block_size
+            grown = reserved + num_reserve
+            if (
+                done <= now <= reserved
+                and now // bs == done // bs
+                and now <= len(seq.tokens) + len(accepted_tokens)
+                and reserved <= grown <= len(seq.blocks) * bs  # blocks: ceil(reserved / bs)
+                and (reserved >= seq.prompt_len or grown == reserved)
+            ):
+                for t in accepted_tokens:
+                    if type(t) is not int or not 0 <= t <= 4294967295:  # MAX_TOKEN_ID
+                        break
+                else:
+                    seq.tokens.extend(accepted_tokens)
+                    seq.num_computed = now
+                    seq.num_reserved = grown
+                    return []
+        return self._advance_general(
+            seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+        )
+
+    def _advance_general(
+        self,
+        seq_id: SeqId,
+        num_computed: int,
+        accepted_tokens: Sequence[int],
+        num_rejected: int,
+        num_reserve: int,
+    ) -> list[int]:
+        """Every ``advance``, checked in the spec's order before anything changes.
+
+        Everything the three calls could raise is checked first, except one case: the
+        reservation needs eviction and the supply is within reach of what the commit's
+        publication can anchor. Publishing a block under a *canonical twin* (when the
+        sequence's own parent block is a private duplicate) anchors the twin and its
+        unanchored ancestors, which takes them out of the eviction supply. The twins form
+        one chain, so a commit that publishes blocks ``first..stop-1`` anchors at most
+        ``stop - 1`` blocks; at most ``stop - 1 - first`` when the sequence's own block
+        ``first - 1`` is published (it is held, so it and every ancestor are anchored
+        already: only twins found by this commit can be new). Only when the supply is
+        within that bound do the calls run under a saved copy of the state.
         """
         if (type(num_rejected) is not int or num_rejected < 0) or (
             type(num_reserve) is not int or num_reserve < 0
@@ -745,10 +829,14 @@ class PrefixCacheManager(PrefixCache):
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
-                if stop > first and need > supply - (stop - 1):
-                    return self._advance_saved(
-                        seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
-                    )
+                if stop > first:
+                    anchorable = stop - 1
+                    if first == 0 or self._pool.depth[seq.blocks[first - 1]]:
+                        anchorable -= first
+                    if need > supply - anchorable:
+                        return self._advance_saved(
+                            seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+                        )
         # Nothing below can raise.
         self._apply_commit(seq, accepted, new_computed)
         if num_rejected:
@@ -787,8 +875,56 @@ class PrefixCacheManager(PrefixCache):
             raise
 
     def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
-        """``advance`` per step, in order, each atomic, up to the first that raises."""
-        return apply_batch(self.advance, steps)
+        """``advance`` per step, in order, each atomic, up to the first that raises.
+
+        :func:`prefixkv.spec.steps.apply_batch` is the definition (the spec runs it); this
+        is the same loop with :meth:`advance`'s fast path written out per step, so that a
+        step of a batch costs less than a call of ``advance``. The differential machines
+        hold the two to the same outcomes.
+        """
+        batch = check_batch(steps)
+        done: list[tuple[int, ...]] = []
+        seqs, bs, inline = self._seqs, self._block_size, self._fused_inline
+        for seq_id, num_computed, accepted_tokens, num_rejected, num_reserve in batch:
+            # advance's fast path (see there), per step.
+            seq = seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
+            if (
+                seq is not None
+                and type(num_computed) is int
+                and type(num_reserve) is int
+                and type(num_rejected) is int
+                and not num_rejected
+                and (type(accepted_tokens) is tuple or type(accepted_tokens) is list)
+                and inline
+            ):
+                held = seq.num_computed
+                upto = held + num_computed
+                reserved = seq.num_reserved
+                grown = reserved + num_reserve
+                if (
+                    held <= upto <= reserved
+                    and upto // bs == held // bs
+                    and upto <= len(seq.tokens) + len(accepted_tokens)
+                    and reserved <= grown <= len(seq.blocks) * bs
+                    and (reserved >= seq.prompt_len or grown == reserved)
+                ):
+                    for t in accepted_tokens:
+                        if type(t) is not int or not 0 <= t <= 4294967295:  # MAX_TOKEN_ID
+                            break
+                    else:
+                        seq.tokens.extend(accepted_tokens)
+                        seq.num_computed = upto
+                        seq.num_reserved = grown
+                        done.append(())
+                        continue
+            try:
+                new = self._advance_general(
+                    seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+                )
+            except PrefixCacheError as exc:
+                return _new_outcome(BatchOutcome, (tuple(done), exc, seq_id))
+            done.append(tuple(new))
+        return _new_outcome(BatchOutcome, (tuple(done), None, None))
 
     @staticmethod
     def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:

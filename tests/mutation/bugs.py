@@ -23,8 +23,9 @@ class Bug:
     name: str
     description: str
     patches: tuple[Patch, ...]
-    #: Which machines hunt it: ``"text"`` (the differential stages) or ``"hybrid"`` (the
-    #: hybrid-model stages; for bugs in the checkpoint and routed-expert code).
+    #: Which machines hunt it: ``"text"`` (the differential stages), ``"steps"`` (the same
+    #: with the fused and batched call rules; for bugs in ``advance`` and ``advance_batch``)
+    #: or ``"hybrid"`` (the hybrid-model stages; for the checkpoint and routed-expert code).
     machine: str = "text"
 
 
@@ -554,6 +555,47 @@ BUGS: tuple[Bug, ...] = (
                 "cache.py",
                 "        return need <= self._pool.supply\n",
                 "        return need < self._pool.supply\n",
+            ),
+        ),
+    ),
+    # -- the decode fast paths and the fused and batched calls (machine="steps") -------------
+    Bug(
+        "fused_fast_path_skips_publish",
+        "the fused decode fast path takes a commit that completes a block, so the block is "
+        "never published (choice 1: publish after compute)",
+        (
+            (
+                "cache.py",
+                "                and now // bs == done // bs\n",
+                "",
+            ),
+        ),
+        machine="steps",
+    ),
+    Bug(
+        "batched_fast_path_skips_allocate",
+        "the batched decode fast path reserves past the blocks the sequence holds without "
+        "allocating one (INV-LIMIT)",
+        (
+            (
+                "cache.py",
+                "                    and reserved <= grown <= len(seq.blocks) * bs\n",
+                "                    and reserved <= grown\n",
+            ),
+        ),
+        machine="steps",
+    ),
+    Bug(
+        "commit_fast_path_unknown_tokens",
+        "the per-call commit fast path records KV for tokens it was never given",
+        (
+            (
+                "cache.py",
+                """                and now // bs == held // bs
+                and now <= len(seq.tokens) + len(accepted_tokens)
+""",
+                """                and now // bs == held // bs
+""",
             ),
         ),
     ),

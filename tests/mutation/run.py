@@ -53,9 +53,14 @@ IMPL = ROOT / "impl"
 CONTROL = "(control: no bug)"
 #: The hybrid machines' control: a separate run (and time limit) from the text one.
 CONTROL_HYBRID = "(control: no bug, hybrid)"
-CONTROLS = (CONTROL, CONTROL_HYBRID)
+#: The step machines' control (the text machines with advance and advance_batch rules).
+CONTROL_STEPS = "(control: no bug, steps)"
+CONTROLS = (CONTROL, CONTROL_HYBRID, CONTROL_STEPS)
 _HYBRID_CONTROL = Bug(
     CONTROL_HYBRID, "the unpatched impl must pass every hybrid stage", (), machine="hybrid"
+)
+_STEPS_CONTROL = Bug(
+    CONTROL_STEPS, "the unpatched impl must pass every step-call stage", (), machine="steps"
 )
 
 
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown bug(s): {', '.join(unknown)}; see --list")
     bugs: list[Bug | None] = [known[name] for name in args.bug] if args.bug else list(BUGS)
     if not args.no_control and not args.bug:
-        bugs[:0] = [None, _HYBRID_CONTROL]
+        bugs[:0] = [None, _HYBRID_CONTROL, _STEPS_CONTROL]
 
     terminate_on_sigterm()
     load_start = os.getloadavg()[0]

@@ -2,7 +2,7 @@
 
 Used by :mod:`tests.mutation.run`, one subprocess per bug::
 
-    python -m tests.mutation.worker --impl DIR [--shrink] [--machine text|hybrid|all]
+    python -m tests.mutation.worker --impl DIR [--shrink] [--machine text|steps|hybrid|all]
 
 ``DIR`` is a copy of ``impl/`` (with a bug patched in). It is loaded as ``prefixkv.impl``
 before anything imports the real one. The machines then run stage by stage (each with a fixed seed,
@@ -127,11 +127,21 @@ HYBRID_STAGES: tuple[Stage, ...] = (
     Stage("hybrid_weak", 2, 5),
 )
 
+#: The text machines with the engine-shaped call rules (``advance``, ``advance_batch``)
+#: mixed in: config -> the CONFIGS entry it runs. For bugs in the fused and batched calls,
+#: which the plain text machines never make.
+STEP_CONFIGS: dict[str, str] = {"steps_fast": "fast", "steps_weak": "weak"}
+
+STEP_STAGES: tuple[Stage, ...] = tuple(
+    stage for r in range(4) for stage in (Stage("steps_fast", r, 15), Stage("steps_weak", r, 15))
+)
+
 #: ``--machine`` -> the stages a worker runs.
 MACHINES: dict[str, tuple[Stage, ...]] = {
     "text": STAGES,
+    "steps": STEP_STAGES,
     "hybrid": HYBRID_STAGES,
-    "all": STAGES + HYBRID_STAGES,
+    "all": STAGES + STEP_STAGES + HYBRID_STAGES,
 }
 
 
@@ -195,6 +205,7 @@ def build_stage_machine(config: str) -> tuple[Any, int]:
         spec_vs_impl,
     )
     from prefixkv.conformance.machines.differential import all_rule_names, skip
+    from prefixkv.conformance.machines.step_calls import build_step_machine
 
     machine: Any
     if config in HYBRID_CONFIGS:
@@ -206,11 +217,14 @@ def build_stage_machine(config: str) -> tuple[Any, int]:
             state_budgets=budgets,
         )
     else:
-        hasher, blocks, sizes, steps = CONFIGS[config]
-        machine = build_machine(
+        # a step configuration runs its CONFIGS entry with the engine-shaped call rules
+        base = STEP_CONFIGS.get(config, config)
+        hasher, blocks, sizes, steps = CONFIGS[base]
+        build = build_step_machine if config in STEP_CONFIGS else build_machine
+        machine = build(
             f"Mutant_{config}",
             # these runs rebuild the eviction heap often (see spec_vs_impl)
-            spec_vs_impl(hasher, heap_slack=-8 if config in ("long", "churn") else None),
+            spec_vs_impl(hasher, heap_slack=-8 if base in ("long", "churn") else None),
             num_blocks=blocks,
             block_sizes=sizes,
         )
