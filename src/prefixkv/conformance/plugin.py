@@ -30,6 +30,7 @@ settings of the project's own Hypothesis tests.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -118,6 +119,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if _in_hypofuzz_run():
+        # HypoFuzz collects its targets through pytest, in every worker: this is where its
+        # replays of state machine inputs get their forced draws aligned (see fuzz_replay).
+        from .fuzz_replay import align_forced_choices
+
+        align_forced_choices()
     steps = config.getoption("--prefixkv-steps")
     examples = config.getoption("--prefixkv-examples")
     if steps < 1 or (examples is not None and examples < 1):
@@ -126,6 +133,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--prefixkv-max-failures must be at least 1")
     if config.getoption("--prefixkv-adapter"):
         config.stash[_DATABASE] = _database(config)
+
+
+def _in_hypofuzz_run() -> bool:
+    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``). HypoFuzz is
+    imported by then; without it nothing is imported here."""
+    detection = sys.modules.get("hypofuzz.detection")
+    return detection is not None and bool(detection.in_hypofuzz_run())
 
 
 #: The parsed ``--prefixkv-database`` (``None``: the profile's own database).
