@@ -87,8 +87,47 @@ def test_the_plugin_aligns_hypofuzz_workers_only() -> None:
 def test_a_release_newer_than_the_known_ones_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from prefixkv.conformance import fuzz_hub
+
     monkeypatch.setattr(fuzz_replay, "hypofuzz_version", lambda: (99, 1, 1))
+    monkeypatch.setattr(fuzz_hub, "hypofuzz_version", lambda: (99, 1, 1))
     assert fuzz_replay.align_forced_choices() is False
     assert not fuzz_replay.installed()
+    assert fuzz_hub.report_targets_early() is False
     monkeypatch.setattr(fuzz_replay, "hypofuzz_version", lambda: None)
     assert fuzz_replay.align_forced_choices(force=True) is False  # not installed at all
+
+
+_WORKER_REPORT = """
+import json, sys
+from hypofuzz import detection
+from hypofuzz.collection import collect_tests
+from hypofuzz.hypofuzz import FuzzWorker
+
+detection._in_hypofuzz_run = sys.argv[1] == "plugin"  # the plugin mends only HypoFuzz runs
+collected = collect_tests(["tests/conformance/test_campaign_targets.py"])
+nodeids = [t.nodeid for t in collected.fuzz_targets]
+state = {"hub_state": {"nodeids": nodeids}, "worker_state": {"nodeids": {}, "valid_nodeids": []}}
+worker = FuzzWorker(pytest_args=[], shared_state=state)
+worker.collected_targets = {t.nodeid: t for t in collected.fuzz_targets}
+worker._update_targets(nodeids)  # what a worker does first, before its first batch
+print(json.dumps([len(nodeids), state["worker_state"]["valid_nodeids"]]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["plugin", "plain"])
+def test_a_worker_reports_its_tests_before_fuzzing_them(mode: str) -> None:
+    """The hub stops when no worker reports a test it may fuzz. As released, a worker given
+    its tests reports none until its first batch of 100 inputs ends; mended, at once."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFIXKV_DATABASE", "CI")}
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKER_REPORT, mode],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    collected, reported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert collected == 2
+    assert len(reported) == (2 if mode == "plugin" else 0), out.stdout
