@@ -1,13 +1,16 @@
 """Fuzz one state machine with HypoFuzz's own fuzz target, and report its re-executions.
 
 ``python fuzz_replay_worker.py MODE INPUTS MACHINE`` runs ``INPUTS`` inputs of ``MACHINE``
-(``toy``: :class:`Toy` below; ``impl``: the conformance kit against ``prefixkv.impl``)
+(``toy``: :class:`Toy` below; ``failing``: :class:`FailingToy`, which stops at its first
+failure; ``impl``: the conformance kit against ``prefixkv.impl``)
 through ``hypofuzz.hypofuzz.FuzzTarget``, the object a ``hypothesis fuzz`` worker drives,
-with ``MODE`` ``aligned`` (after :func:`~prefixkv.conformance.fuzz_replay.align_forced_choices`)
-or ``plain`` (HypoFuzz as released). It prints one JSON object: how many inputs HypoFuzz
+with ``MODE`` ``aligned`` (after :func:`~prefixkv.conformance.fuzz_replay.align_forced_choices`),
+``mended`` (and :func:`~prefixkv.conformance.fuzz_shrink.keep_shrunk_failures`) or ``plain``
+(HypoFuzz as released). It prints one JSON object: how many inputs HypoFuzz
 re-executed to check their coverage, how many of those replayed the recorded choices
 exactly, how many gave the same coverage again (stable), and the behaviours and corpus
-entries HypoFuzz recorded.
+entries HypoFuzz recorded, and the shrunk failures it saved (``crashed``: it raised while
+saving one).
 
 A fresh process per mode: the alignment, once installed, stays for the process.
 """
@@ -20,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 from hypofuzz import provider as hypofuzz_provider
-from hypofuzz.database import HypofuzzDatabase
+from hypofuzz.database import FailureState, HypofuzzDatabase
 from hypofuzz.hypofuzz import FuzzTarget
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -33,6 +36,7 @@ from hypothesis.stateful import (
 )
 
 from prefixkv.conformance.fuzz_replay import align_forced_choices
+from prefixkv.conformance.fuzz_shrink import keep_shrunk_failures
 
 
 class Toy(RuleBasedStateMachine):
@@ -59,9 +63,19 @@ class Toy(RuleBasedStateMachine):
             self.items.clear()
 
 
+class FailingToy(Toy):
+    """The toy, with a property that fails once three items are held."""
+
+    @rule()
+    def holds_few(self) -> None:
+        assert len(self.items) < 3
+
+
 def _machine(name: str) -> Any:
     if name == "toy":
         return Toy
+    if name == "failing":
+        return FailingToy
     from prefixkv.conformance import conformance_machine
     from prefixkv.conformance.reference_adapters import impl_adapter
 
@@ -71,6 +85,8 @@ def _machine(name: str) -> Any:
 def main(mode: str, inputs: int, machine: str) -> dict[str, int]:
     if mode == "aligned":
         assert align_forced_choices()
+    if mode == "mended":
+        assert align_forced_choices() and keep_shrunk_failures()
     db = InMemoryExampleDatabase()
     # HypoFuzz reads the database (and nothing else) from the active settings.
     settings.register_profile("fuzz-replay", database=db, stateful_step_count=10)
@@ -95,7 +111,16 @@ def main(mode: str, inputs: int, machine: str) -> dict[str, int]:
     target = FuzzTarget.from_hypothesis_test(test, database=HypofuzzDatabase(db))
     target._enter_fixtures()
     for _ in range(inputs):
-        target.run_one()
+        try:
+            target.run_one()
+        except AttributeError as exc:  # HypoFuzz saving a shrunk failure, unmended
+            counts["crashed"] += 1
+            print(repr(exc), file=sys.stderr)
+            break
+        if target.has_found_failure:
+            break
+    shrunk = list(target.database.failures(state=FailureState.SHRUNK).fetch(target.database_key))
+    counts["shrunk_failures"] = len(shrunk)
     corpus = target.provider.corpus
     assert corpus is not None
     counts["behaviors"] = len(corpus.behavior_counts)

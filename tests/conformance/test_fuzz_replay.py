@@ -87,10 +87,11 @@ def test_the_plugin_aligns_hypofuzz_workers_only() -> None:
 def test_a_release_newer_than_the_known_ones_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from prefixkv.conformance import fuzz_hub
+    from prefixkv.conformance import fuzz_hub, fuzz_shrink
 
-    monkeypatch.setattr(fuzz_replay, "hypofuzz_version", lambda: (99, 1, 1))
-    monkeypatch.setattr(fuzz_hub, "hypofuzz_version", lambda: (99, 1, 1))
+    for module in (fuzz_replay, fuzz_hub, fuzz_shrink):
+        monkeypatch.setattr(module, "hypofuzz_version", lambda: (99, 1, 1))
+    assert fuzz_shrink.keep_shrunk_failures() is False
     assert fuzz_replay.align_forced_choices() is False
     assert not fuzz_replay.installed()
     assert fuzz_hub.report_targets_early() is False
@@ -131,3 +132,12 @@ def test_a_worker_reports_its_tests_before_fuzzing_them(mode: str) -> None:
     collected, reported = json.loads(out.stdout.strip().splitlines()[-1])
     assert collected == 2
     assert len(reported) == (2 if mode == "plugin" else 0), out.stdout
+
+
+def test_a_shrunk_failure_is_saved_only_when_mended() -> None:
+    """HypoFuzz 25.11.1 reads ``slice_comments``, which newer Hypothesis calls
+    ``span_comments``: unmended it raises after shrinking and saves no shrunk failure."""
+    unmended = _fuzz("aligned", 200, "failing")
+    assert unmended.get("crashed") == 1 and unmended["shrunk_failures"] == 0, unmended
+    mended = _fuzz("mended", 200, "failing")
+    assert "crashed" not in mended and mended["shrunk_failures"] == 1, mended

@@ -121,13 +121,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if _in_hypofuzz_run():
         # HypoFuzz collects its targets through pytest, in every worker: this is where its
-        # replays of state machine inputs get their forced draws aligned (fuzz_replay), and
-        # its workers report their tests before the hub's first check (fuzz_hub).
+        # replays of state machine inputs get their forced draws aligned (fuzz_replay), its
+        # workers report their tests before the hub's first check (fuzz_hub), and a shrunk
+        # failure is saved under newer Hypothesis (fuzz_shrink).
         from .fuzz_hub import report_targets_early
         from .fuzz_replay import align_forced_choices
+        from .fuzz_shrink import keep_shrunk_failures
 
         align_forced_choices()
         report_targets_early()
+        keep_shrunk_failures()
     steps = config.getoption("--prefixkv-steps")
     examples = config.getoption("--prefixkv-examples")
     if steps < 1 or (examples is not None and examples < 1):
