@@ -17,6 +17,11 @@ translation.
   has scheduled of its prompt, or in decode the last multiple of ``save_every``), saves
   into it during the forward, and the checkpoint becomes Ready when the tokens before it
   are written and accepted and the tree holds their pages.
+* **Where to save is a choice.** ``save_align_pages=k`` saves the prompt's state only at
+  multiples of ``k`` pages, the deepest one the scheduled prompt reaches, as a cache whose
+  recurrent kernel works in chunks of ``k`` pages does (SGLang aligns its Mamba state
+  tracking to the kernel's chunk size and to ``mamba_track_interval``). ``k = 1`` is the
+  last full page. Fewer saves mean fewer hits, never a wrong one.
 * **A hit ends at a checkpoint.** ``match`` walks the tree, then cuts the prefix back to
   the deepest page boundary with a Ready checkpoint. The admitted request pins it until the
   engine has copied it (``restore_issued``); an aborted request unpins it.
@@ -83,12 +88,21 @@ class HybridRadixManager(RadixKVManager):
     """The radix-tree KV manager plus the state slots and checkpoints of the module doc."""
 
     def __init__(
-        self, num_pages: int, page_size: int, max_running: int, extra_slots: int, save_every: int
+        self,
+        num_pages: int,
+        page_size: int,
+        max_running: int,
+        extra_slots: int,
+        save_every: int,
+        save_align_pages: int = 1,
     ) -> None:
         super().__init__(num_pages, page_size)
         if max_running < 1 or extra_slots < 0 or save_every < 0 or save_every % page_size:
             raise ValueError("bad state-slot configuration")
+        if save_align_pages < 1:
+            raise ValueError("save_align_pages must be at least 1")
         self.max_running, self.extra_slots, self.save_every = max_running, extra_slots, save_every
+        self.save_align = save_align_pages * page_size  # prompt saves at multiples of this
         self.mamba = MambaPool(max_running + extra_slots)
         self.ckpts: dict[tuple[Hashable, tuple[int, ...]], Checkpoint] = {}  # ready, pinned
         self._order = itertools.count()
@@ -112,8 +126,8 @@ class HybridRadixManager(RadixKVManager):
         self.mamba.free(ck.slot)
 
     def save_point(self, req: HybridReq) -> int:
-        ps, done, end = self.page_size, req.kv_committed_len, req.kv_allocated_len
-        point = min(end, len(req.origin_input_ids)) // ps * ps
+        align, done, end = self.save_align, req.kv_committed_len, req.kv_allocated_len
+        point = min(end, len(req.origin_input_ids)) // align * align
         if self.save_every:
             point = max(point, end // self.save_every * self.save_every)
         return point if point > done else 0
@@ -294,6 +308,19 @@ class SaveMidPage(HybridRadixManager):
         return point if point > req.kv_committed_len else 0
 
 
+class SavePastSchedule(HybridRadixManager):
+    """The prompt's save point is rounded up to the alignment instead of down: the state is
+    to be saved after tokens that no forward of this step computes (the engine saves the
+    state at the end of its chunk, under a later position)."""
+
+    def save_point(self, req: HybridReq) -> int:
+        align, done, end = self.save_align, req.kv_committed_len, req.kv_allocated_len
+        point = -(-min(end, len(req.origin_input_ids)) // align) * align
+        if self.save_every:
+            point = max(point, end // self.save_every * self.save_every)
+        return point if point > done else 0
+
+
 class RestoreSkipsTail(HybridRadixManager):
     """The hit keeps the whole KV match and restores the deepest checkpoint inside it: the
     tokens between the checkpoint and the end of the hit never reach the running state."""
@@ -326,6 +353,7 @@ BUGS: dict[str, type[HybridRadixManager]] = {
     "checkpoint_outlives_its_pages": CheckpointOutlivesItsPages,
     "slot_reused_under_checkpoint": SlotReusedUnderCheckpoint,
     "save_mid_page": SaveMidPage,
+    "save_past_schedule": SavePastSchedule,
     "restore_skips_tail": RestoreSkipsTail,
     "draft_state_kept": DraftStateKept,
 }

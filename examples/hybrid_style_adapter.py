@@ -21,7 +21,14 @@ from .hybrid_style import BUGS, Checkpoint, HybridRadixManager, HybridReq
 from .radix_style_adapter import CAPABILITIES as RADIX_CAPABILITIES
 from .radix_style_adapter import RadixStyleAdapter
 
-__all__ = ["BUG_FACTORIES", "CAPABILITIES", "HybridStyleAdapter", "make_manager"]
+__all__ = [
+    "ALIGNED_BUG_FACTORIES",
+    "BUG_FACTORIES",
+    "CAPABILITIES",
+    "HybridStyleAdapter",
+    "make_aligned_manager",
+    "make_manager",
+]
 
 CAPABILITIES = attrs.evolve(RADIX_CAPABILITIES, checkpoints=True)
 
@@ -85,15 +92,18 @@ class HybridStyleAdapter(RadixStyleAdapter):  # the radix adapter, plus the stat
         return attrs.evolve(snap, state_slots=slots, stats=stats)
 
 
-def factory_for(cls: type[HybridRadixManager] = HybridRadixManager) -> Any:
+def factory_for(
+    cls: type[HybridRadixManager] = HybridRadixManager, save_align_pages: int = 1
+) -> Any:
     """An adapter factory for ``cls(num_pages, page_size, max_running, extra_slots,
-    save_every)``."""
+    save_every, save_align_pages)``."""
 
     def make(
         num_blocks: int, block_size: int, *, record_events: bool, max_num_seqs: int,
         state_budget: int, decode_state_interval: int,
     ) -> HybridStyleAdapter:  # fmt: skip
-        manager = cls(num_blocks, block_size, max_num_seqs, state_budget, decode_state_interval)
+        manager = cls(num_blocks, block_size, max_num_seqs, state_budget, decode_state_interval,
+                      save_align_pages)  # fmt: skip
         return HybridStyleAdapter(manager)
 
     make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
@@ -101,5 +111,9 @@ def factory_for(cls: type[HybridRadixManager] = HybridRadixManager) -> Any:
 
 
 make_manager = factory_for()
-#: name -> factory of each bug.
+#: The same manager saving prompt states only every 2 pages: not prefixkv's save point, a
+#: legitimate one (the safety mode accepts it; the exact one would not).
+make_aligned_manager = factory_for(save_align_pages=2)
+#: name -> factory of each bug, with each save alignment.
 BUG_FACTORIES = {name: factory_for(cls) for name, cls in BUGS.items()}
+ALIGNED_BUG_FACTORIES = {name: factory_for(cls, 2) for name, cls in BUGS.items()}

@@ -35,6 +35,7 @@ __all__ = [
     "check_events",
     "check_match",
     "check_unchanged",
+    "checkpoint_violations",
     "event_violations",
     "violations",
 ]
@@ -129,6 +130,17 @@ def check_unchanged(before: CacheState, after: CacheState, what: str) -> None:
         raise InvariantViolation(
             Violation(InvariantId.TXN, f"{what} failed but changed: {', '.join(diffs)}")
         )
+
+
+def checkpoint_violations(
+    obj: CacheState | Inspectable, *, at_save_point: bool = True
+) -> list[Violation]:
+    """INV-CKPT alone. ``at_save_point=False`` keeps only its safety part for reservations:
+    a Reserved checkpoint may sit at any block boundary among its owner's unwritten reserved
+    tokens, not only at prefixkv's save point (the conformance kit's safety mode)."""
+    return [
+        Violation(InvariantId.CKPT, m) for m in _inv_ckpt(_state(obj), at_save_point=at_save_point)
+    ]
 
 
 def event_violations(drained: EventMirror, obj: CacheState | Inspectable) -> list[Violation]:
@@ -406,13 +418,16 @@ def _inv_stats(s: CacheState) -> Iterator[str]:
         yield f"the lost-reuse split adds up to {lost}, not {st.prefill_tokens_computed}"
 
 
-def _inv_ckpt(s: CacheState) -> Iterator[str]:
+def _inv_ckpt(s: CacheState, *, at_save_point: bool = True) -> Iterator[str]:
     """Checkpoints follow the lifecycle; slots, nodes and owners are one to one.
 
     * the free slots, the runtime slots and the checkpoint slots partition the pool, and
       each live sequence holds exactly one runtime slot (at most ``num_runtime_slots``);
     * a Reserved checkpoint belongs to one live sequence, at most one per sequence, and
-      sits at that sequence's save point (never past its reserved tokens);
+      sits at that sequence's save point (never past its reserved tokens); its safety part
+      (``at_save_point=False``): at a block boundary among the sequence's unwritten
+      reserved tokens, whose state the coming forward computes over a KV prefix the
+      sequence holds;
     * a Ready or Pinned checkpoint hangs off a published node whose boundary it is at, and
       each node has at most one;
     * a Pinned checkpoint is the restore source of a live sequence: that sequence's hit
@@ -454,6 +469,13 @@ def _inv_ckpt(s: CacheState) -> Iterator[str]:
                 yield f"reserved checkpoint {ck.slot} has owner {ck.owner!r} and node {ck.node}"
                 continue
             owned[(ck.owner, ck.status)] += 1
+            if not at_save_point:
+                if not seq.num_computed < ck.boundary <= seq.num_reserved:
+                    yield (
+                        f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, "
+                        f"outside its unwritten tokens ({seq.num_computed}, {seq.num_reserved}]"
+                    )
+                continue
             want = save_point(
                 seq.num_computed,
                 seq.num_reserved,

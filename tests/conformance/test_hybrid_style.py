@@ -13,7 +13,13 @@ import pytest
 from kit_runs import FIND_ONLY, STEPS, first_failure, passes, shortest_failure
 
 from examples.hybrid_style import BUGS, HybridRadixManager, HybridReq
-from examples.hybrid_style_adapter import BUG_FACTORIES, CAPABILITIES, make_manager
+from examples.hybrid_style_adapter import (
+    ALIGNED_BUG_FACTORIES,
+    BUG_FACTORIES,
+    CAPABILITIES,
+    make_aligned_manager,
+    make_manager,
+)
 from prefixkv.conformance import Capabilities, ConformanceFailure, run_conformance
 from prefixkv.conformance.reference_adapters import hybrid_impl_adapter
 from prefixkv.conformance.runner import required_operations
@@ -69,6 +75,15 @@ def test_evicting_the_pages_drops_the_checkpoint() -> None:
     assert not m.ckpts and m.released_stale == 1 and len(m.mamba.free_slots) == 4
 
 
+def test_an_aligned_manager_saves_at_multiples_of_its_alignment() -> None:
+    m = _manager(save_align_pages=2)  # page_size 2: prompt saves at multiples of 4 tokens
+    a = HybridReq("a", list(range(1, 8)), b"m")  # 7 tokens: last full page ends at 6
+    assert m.admit(a) and a.save is not None and a.save.length == 4
+    assert _manager().save_point(a) == 6  # prefixkv's save point: the last full page
+    with pytest.raises(ValueError):
+        _manager(save_align_pages=0)
+
+
 def test_only_the_committed_state_is_kept() -> None:
     m = _manager()
     a = _run(m, "a", [1, 2, 3])  # committed 3, known 4
@@ -89,13 +104,14 @@ EXPECTED = {
     "checkpoint_outlives_its_pages": {"INV-CKPT"},
     "slot_reused_under_checkpoint": {"INV-CKPT"},
     "save_mid_page": {"INV-CKPT"},
+    "save_past_schedule": {"INV-CKPT"},
     "restore_skips_tail": {"HYBRID-HIT", "INV-CKPT"},
     "draft_state_kept": {"INV-CKPT", "MUST-RAISE(keep_state)"},
 }
 
 
 def test_every_bug_has_an_expected_check() -> None:
-    assert set(EXPECTED) == set(BUGS) == set(BUG_FACTORIES)
+    assert set(EXPECTED) == set(BUGS) == set(BUG_FACTORIES) == set(ALIGNED_BUG_FACTORIES)
 
 
 def test_the_capability_asks_for_the_hybrid_operations() -> None:
@@ -121,6 +137,26 @@ def test_an_adapter_without_the_hybrid_operations_is_refused() -> None:
 def test_the_correct_manager_passes_the_kit() -> None:
     assert make_manager.capabilities == CAPABILITIES
     passes(make_manager, examples=60)
+
+
+def test_the_aligned_manager_passes_in_safety_mode() -> None:
+    """Saving the prompt's state every 2 pages is not prefixkv's save point, but safe."""
+    passes(make_aligned_manager, examples=60)
+
+
+def test_the_aligned_manager_fails_at_prefixkv_save_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the safety mode's relaxation the same manager fails INV-CKPT: the relaxed
+    reservation check is what lets it pass."""
+    from prefixkv.conformance import safety
+
+    exact = safety.inv.checkpoint_violations
+    monkeypatch.setattr(
+        safety.inv,
+        "checkpoint_violations",
+        lambda state, *, at_save_point=True: exact(state, at_save_point=True),
+    )
+    failure = first_failure(make_aligned_manager)
+    assert failure.check == "INV-CKPT" and "save point" in str(failure), str(failure)
 
 
 def test_prefixkv_hybrid_manager_passes_in_exact_mode() -> None:
@@ -173,10 +209,13 @@ def test_a_query_that_disagrees_with_the_snapshot_fails_hybrid_ref() -> None:
     assert first_failure(make).check == "HYBRID-REF"
 
 
+@pytest.mark.parametrize("aligned", [False, True], ids=["last-page", "every-2-pages"])
 @pytest.mark.parametrize("bug", sorted(EXPECTED))
-def test_each_bug_is_caught(bug: str) -> None:
-    """Found without shrinking (the shortest replays are in docs/conformance.md)."""
-    failure = first_failure(BUG_FACTORIES[bug])
+def test_each_bug_is_caught(bug: str, aligned: bool) -> None:
+    """Found without shrinking (the shortest replays are in docs/conformance.md), whichever
+    save points the manager chose."""
+    factories = ALIGNED_BUG_FACTORIES if aligned else BUG_FACTORIES
+    failure = first_failure(factories[bug])
     assert failure.check in EXPECTED[bug], str(failure)
 
 

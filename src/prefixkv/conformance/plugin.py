@@ -30,6 +30,7 @@ settings of the project's own Hypothesis tests.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -118,6 +119,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if _in_hypofuzz_run():
+        # HypoFuzz collects its targets through pytest, in every worker: this is where its
+        # replays of state machine inputs get their forced draws aligned (fuzz_replay), its
+        # workers report their tests before the hub's first check (fuzz_hub), and a shrunk
+        # failure is saved under newer Hypothesis (fuzz_shrink).
+        from .fuzz_hub import report_targets_early
+        from .fuzz_replay import align_forced_choices
+        from .fuzz_shrink import keep_shrunk_failures
+
+        align_forced_choices()
+        report_targets_early()
+        keep_shrunk_failures()
     steps = config.getoption("--prefixkv-steps")
     examples = config.getoption("--prefixkv-examples")
     if steps < 1 or (examples is not None and examples < 1):
@@ -126,6 +139,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--prefixkv-max-failures must be at least 1")
     if config.getoption("--prefixkv-adapter"):
         config.stash[_DATABASE] = _database(config)
+
+
+def _in_hypofuzz_run() -> bool:
+    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``). HypoFuzz is
+    imported by then; without it nothing is imported here."""
+    detection = sys.modules.get("hypofuzz.detection")
+    return detection is not None and bool(detection.in_hypofuzz_run())
 
 
 #: The parsed ``--prefixkv-database`` (``None``: the profile's own database).

@@ -16,6 +16,13 @@ policy check for the weakest safety property that still catches real bugs:
   is indexed and verified.
 * ``duplicates=last-wins``: as ``shared``, and older copies may leave the index while they
   stay published and read-only.
+* ``checkpoints`` in the safety mode: a reservation may sit at any *safe* save point, not
+  only at prefixkv's (the last full block of the scheduled prompt, or a multiple of
+  ``decode_state_interval``): a block boundary among its owner's unwritten reserved tokens,
+  so that the coming forward computes the state there, over a KV prefix the sequence holds.
+  A save past the scheduled tokens (a state no forward of this step reaches) or at or
+  before the committed ones (a state already gone) is INV-CKPT. The rest of INV-CKPT is
+  safety and stays.
 
 What a block's KV holds is not in a :class:`~prefixkv.spec.CacheState`, so
 :class:`KVLedger` follows it from consecutive snapshots: a block allocated fresh to a
@@ -244,6 +251,12 @@ def safety_violations(
     if caps.duplicates != "private":
         relaxed.add(InvariantId.INDEX)
         extra += [Violation(InvariantId.INDEX, m) for m in _index(state, caps)]
+    if caps.checkpoints and not caps.exact:
+        # Where a sequence saves its state is the engine's choice (every chunk's last full
+        # block, every k blocks, only a block-aligned chunk end...); that it saves a state
+        # the coming forward computes, at a block boundary of KV it holds, is not.
+        relaxed.add(InvariantId.CKPT)
+        extra += inv.checkpoint_violations(state, at_save_point=False)
     found = [v for v in inv.violations(state) if v.invariant not in relaxed]
     return root_cause_first(found + extra)
 
