@@ -19,8 +19,8 @@
 Importing this package imports z3 and the spec, never torch.
 """
 
-from .encoding import OPS, Bounds, Encoding
-from .obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
+from .kv.model import OPS, Bounds, Encoding
+from .kv.obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
 
 __all__ = [
     "INVARIANT_IDS",

@@ -14,8 +14,10 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
-from prefixkv.proofs import joint as jt
-from prefixkv.proofs import joint_drift, small, spans
+from prefixkv.proofs import small
+from prefixkv.proofs.joint import drift as joint_drift
+from prefixkv.proofs.joint import model as jt
+from prefixkv.proofs.kv import spans
 from prefixkv.spec import HybridSpecCache, Namespace, Request
 
 DRIFT_STEPS = 1500

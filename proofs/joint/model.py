@@ -50,7 +50,7 @@ from typing import Any
 
 import z3
 
-from .small import Obligation, Variant, Witness, all_of, any_of
+from ..small import Obligation, Variant, Witness, all_of, any_of
 
 __all__ = [
     "JOINT_IDS",

@@ -23,9 +23,10 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
-from prefixkv.proofs import broken, cli, drift, kernel_index, obligations
-from prefixkv.proofs.concrete import AbsState, Labels, abstract, bind, concretize
-from prefixkv.proofs.encoding import TXN_ERRORS, Bounds, Encoding
+from prefixkv.proofs import cli, kernel_index
+from prefixkv.proofs.kv import broken, drift, obligations
+from prefixkv.proofs.kv.concrete import AbsState, Labels, abstract, bind, concretize
+from prefixkv.proofs.kv.model import TXN_ERRORS, Bounds, Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 
@@ -424,7 +425,7 @@ def test_cli_rejects_bad_arguments() -> None:
 def test_proofs_import_no_torch_and_spec_imports_no_proofs() -> None:
     code = (
         "import sys; import prefixkv.proofs, prefixkv.proofs.kernel_index, "
-        "prefixkv.proofs.drift; heavy = [m for m in ('torch', 'triton') if m in sys.modules]; "
+        "prefixkv.proofs.kv.drift; heavy = [m for m in ('torch', 'triton') if m in sys.modules]; "
         "sys.exit(1 if heavy else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=120).returncode == 0

@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
-from prefixkv.proofs import small, span_drift
-from prefixkv.proofs import spans as sp
-from prefixkv.proofs.drift import DriftError
+from prefixkv.proofs import small
+from prefixkv.proofs.kv import span_drift
+from prefixkv.proofs.kv import spans as sp
+from prefixkv.proofs.kv.drift import DriftError
 from prefixkv.spec import MultimodalSpan, Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 

@@ -32,8 +32,9 @@ from prefixkv.spec import (
 from prefixkv.spec.cache import identity_chain
 from prefixkv.spec.hybrid import save_point
 
-from . import checkpoints as ck
-from .checkpoints import (
+from ..kv.drift import DriftError, _Substituter
+from . import model as ck
+from .model import (
     COUNTERS,
     FREE,
     PINNED,
@@ -44,7 +45,6 @@ from .checkpoints import (
     CkptModel,
     CState,
 )
-from .drift import DriftError, _Substituter
 
 __all__ = [
     "SEEDED_CKPT_DRIFTS",

@@ -21,7 +21,7 @@ from typing import Any
 
 import z3
 
-from .encoding import Bounds, Domain, Encoding, SeqState, State, Step, Term, cstore
+from .model import Bounds, Domain, Encoding, SeqState, State, Step, Term, cstore
 from .obligations import Counterexample, find_counterexample
 
 __all__ = ["VARIANTS", "Variant", "VariantResult", "check_variant"]

@@ -36,8 +36,8 @@ import z3
 from prefixkv.spec import Admission, HybridSpecCache, Match, Namespace, PrefixCacheError, Request
 from prefixkv.spec.state import CacheState
 
-from . import joint as jt
-from .drift import DriftError, _Substituter
+from ..kv.drift import DriftError, _Substituter
+from . import model as jt
 
 __all__ = [
     "SEEDED_EXPERT_DRIFTS",

@@ -56,7 +56,7 @@ from .concrete import (
     model_reader,
     read,
 )
-from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State
+from .model import TXN_ERRORS, Bounds, Domain, Encoding, State
 
 __all__ = [
     "DriftChecker",
