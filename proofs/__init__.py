@@ -19,8 +19,9 @@
 Importing this package imports z3 and the spec, never torch.
 """
 
-from .kv.model import OPS, Bounds, Encoding
+from .kv.model import OPS, Bounds
 from .kv.obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
+from .kv.transitions import Encoding
 
 __all__ = [
     "INVARIANT_IDS",

@@ -22,13 +22,14 @@ from typing import Any, TextIO
 
 from prefixkv.spec.invariant_ids import InvariantId
 
+from . import ckpt as checkpoints
 from . import kernel_index, small
 from .ckpt import drift as ckpt_drift
-from .ckpt import model as checkpoints
 from .joint import drift as joint_drift
 from .joint import model as joint
 from .kv import broken, drift, obligations, span_drift, spans
-from .kv.model import Bounds, Encoding
+from .kv.model import Bounds
+from .kv.transitions import Encoding
 
 __all__ = ["PROVED", "add_arguments", "main", "run", "setup"]
 

@@ -32,8 +32,8 @@ from prefixkv.spec import (
 from prefixkv.spec.cache import identity_chain
 from prefixkv.spec.hybrid import save_point
 
+from .. import ckpt as ck
 from ..kv.drift import DriftError, _Substituter
-from . import model as ck
 from .model import (
     COUNTERS,
     FREE,
@@ -42,9 +42,9 @@ from .model import (
     RESERVED,
     RUNTIME,
     CkptBounds,
-    CkptModel,
     CState,
 )
+from .transitions import CkptModel
 
 __all__ = [
     "SEEDED_CKPT_DRIFTS",
@@ -121,7 +121,7 @@ def abstract(cache: HybridSpecCache, S: int) -> dict[str, Any]:
 
 
 def _flat(c: dict[str, Any]) -> list[int | bool]:
-    out = [x for f in ck._LIST_FIELDS for x in c[f]]
+    out = [x for f in ck.LIST_FIELDS for x in c[f]]
     return [*out, c["clock"], *(c["ctr"][k] for k in COUNTERS)]
 
 

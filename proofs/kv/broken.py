@@ -21,8 +21,9 @@ from typing import Any
 
 import z3
 
-from .model import Bounds, Domain, Encoding, SeqState, State, Step, Term, cstore
+from .model import Bounds, Domain, SeqState, State, Step, Term, cstore
 from .obligations import Counterexample, find_counterexample
+from .transitions import Encoding
 
 __all__ = ["VARIANTS", "Variant", "VariantResult", "check_variant"]
 

@@ -56,7 +56,8 @@ from .concrete import (
     model_reader,
     read,
 )
-from .model import TXN_ERRORS, Bounds, Domain, Encoding, State
+from .model import TXN_ERRORS, Bounds, Domain, State
+from .transitions import Encoding
 
 __all__ = [
     "DriftChecker",

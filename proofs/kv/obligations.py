@@ -37,7 +37,8 @@ import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
 from .concrete import format_state, model_reader, read
-from .model import TXN_ERRORS, Bounds, Domain, Encoding, State, Step
+from .model import TXN_ERRORS, Bounds, Domain, State, Step
+from .transitions import Encoding
 
 __all__ = [
     "DEFAULT_RLIMIT",

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
+from prefixkv.proofs import ckpt as ck
 from prefixkv.proofs.ckpt import drift as ckpt_drift
-from prefixkv.proofs.ckpt import model as ck
 from prefixkv.proofs.kv.drift import DriftError
 from prefixkv.spec import HybridSpecCache, Namespace, Request
 from prefixkv.spec import hybrid as spec_hybrid

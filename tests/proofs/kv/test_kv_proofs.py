@@ -26,7 +26,8 @@ import z3
 from prefixkv.proofs import cli, kernel_index
 from prefixkv.proofs.kv import broken, drift, obligations
 from prefixkv.proofs.kv.concrete import AbsState, Labels, abstract, bind, concretize
-from prefixkv.proofs.kv.model import TXN_ERRORS, Bounds, Encoding
+from prefixkv.proofs.kv.model import TXN_ERRORS, Bounds
+from prefixkv.proofs.kv.transitions import Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 
