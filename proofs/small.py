@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import z3
 
+from .terms import Evaluator, Term
+
 __all__ = [
     "DEFAULT_RLIMIT",
     "Obligation",
@@ -44,17 +46,17 @@ __all__ = [
 DEFAULT_RLIMIT = 20_000_000
 
 
-def all_of(xs: Sequence[Any]) -> Any:
+def all_of(xs: Sequence[Term]) -> Term:
     """The conjunction of ``xs``; true when there are none."""
     return z3.And(*xs) if xs else z3.BoolVal(True)
 
 
-def any_of(xs: Sequence[Any]) -> Any:
+def any_of(xs: Sequence[Term]) -> Term:
     """The disjunction of ``xs``; false when there are none."""
     return z3.Or(*xs) if xs else z3.BoolVal(False)
 
 
-Show = Callable[[Callable[[Any], Any]], str]
+Show = Callable[[Evaluator], str]
 """Renders a counterexample or a witness, given the model's evaluation function."""
 
 
@@ -65,8 +67,8 @@ class Obligation:
     prop: str
     operation: str
     kind: str  # "state" (an invariant of the successor), "step" (a fact of the step), ...
-    hyp: Any
-    concl: Any
+    hyp: Term
+    concl: Term
     show: Show
 
 
@@ -76,7 +78,7 @@ class Witness:
 
     operation: str
     scenario: str
-    formula: Any
+    formula: Term
     show: Show
 
 

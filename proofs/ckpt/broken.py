@@ -13,6 +13,7 @@ from typing import Any
 
 import z3
 
+from ..terms import Term
 from .model import (
     DEFAULT_RLIMIT,
     PINNED,
@@ -35,14 +36,14 @@ class FreeReleasesPinned(CkptModel):
 
 
 class RestoreReserved(CkptModel):
-    def pin_guard(self, st: CState, r: Any, h: Any) -> Any:
+    def pin_guard(self, st: CState, r: Term, h: Term) -> Term:
         return self.at_slot(
             r, lambda s: z3.And(z3.Or(st.kind[s] == READY, st.kind[s] == RESERVED), st.node[s] == h)
         )
 
 
 class PressureEvictsPinned(CkptModel):
-    def pressure_victim(self, st: CState, s: int) -> Any:
+    def pressure_victim(self, st: CState, s: int) -> Term:
         return z3.And(
             self.restorable(st, s),
             *[
@@ -57,41 +58,41 @@ class PressureEvictsPinned(CkptModel):
 
 
 class EvictHeldNode(CkptModel):
-    def evictable(self, st: CState, n: int) -> Any:
+    def evictable(self, st: CState, n: int) -> Term:
         return st.pub[n]
 
 
 class RuntimeBeforePin(CkptModel):
-    def pin_then_take(self, st: CState, q: int, r: Any) -> tuple[Any, Any, CState, Any]:
+    def pin_then_take(self, st: CState, q: int, r: Term) -> tuple[Term, Term, CState, Any]:
         can, slot, out, room = self.runtime_slot(st, q)
         return can, slot, self.pin(out, q, r), room
 
 
 class ReadyUncovered(CkptModel):
-    def covers(self, st: CState, s: int, comp: Any) -> Any:
+    def covers(self, st: CState, s: int, comp: Term) -> Term:
         return z3.BoolVal(True)
 
 
 class OrderNotAdvanced(CkptModel):
-    def make_ready(self, st: CState, conds: Sequence[Any], t: Any) -> CState:
+    def make_ready(self, st: CState, conds: Sequence[Term], t: Term) -> CState:
         out = super().make_ready(st, conds, t)
         out.clock = st.clock
         return out
 
 
 class NoLiveLimit(CkptModel):
-    def runtime_slot(self, st: CState, q: int) -> tuple[Any, Any, CState, Any]:
+    def runtime_slot(self, st: CState, q: int) -> tuple[Term, Term, CState, Any]:
         can, slot, out, _ = super().runtime_slot(st, q)
         return can, slot, out, z3.BoolVal(True)
 
 
 class RetargetKeepsOld(CkptModel):
-    def drop(self, st: CState, conds: Sequence[Any], counter: str) -> CState:
+    def drop(self, st: CState, conds: Sequence[Term], counter: str) -> CState:
         return st if counter == "discarded" else super().drop(st, conds, counter)
 
 
 class UnpinKeepsOwner(CkptModel):
-    def unpin(self, st: CState, conds: Sequence[Any]) -> CState:
+    def unpin(self, st: CState, conds: Sequence[Term]) -> CState:
         out = st.copy()
         for s, c in enumerate(conds):
             out.kind[s] = z3.If(c, READY, st.kind[s])
@@ -99,21 +100,21 @@ class UnpinKeepsOwner(CkptModel):
 
 
 class SavePointAtComputed(CkptModel):
-    def save_guard(self, sp: Any, comp: Any) -> Any:
+    def save_guard(self, sp: Term, comp: Term) -> Term:
         return z3.Or(sp == 0, sp >= comp)
 
 
 class HitDepthOffByOne(CkptModel):
-    def hit_depth(self, st: CState, n: int, c: Any) -> Any:
+    def hit_depth(self, st: CState, n: int, c: Term) -> Term:
         return st.depth[n] == c + 1
 
 
 class RepublishNode(CkptModel):
-    def node_taken(self, st: CState, t: Any) -> Any:
+    def node_taken(self, st: CState, t: Term) -> Term:
         """``_ckpt_at(node)``: the node already carries a checkpoint (an equal one)."""
         return z3.Or([z3.And(self.restorable(st, s), st.node[s] == t) for s in range(self.K)])
 
-    def fresh_block(self, st: CState, n: int) -> Any:
+    def fresh_block(self, st: CState, n: int) -> Term:
         return z3.BoolVal(True)
 
 

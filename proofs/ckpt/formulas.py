@@ -10,6 +10,7 @@ from typing import Any
 
 import z3
 
+from ..terms import Term
 from .model import (
     COUNTERS,
     FREE,
@@ -165,10 +166,10 @@ class CkptFormulas(SpecDecisions):
             "AUX-ORDER": z3.And(order),
         }
 
-    def inv(self, st: CState) -> Any:
+    def inv(self, st: CState) -> Term:
         return z3.And(list(self.invariants(st).values()))
 
-    def pin_keep(self, pre: CState, post: CState) -> Any:
+    def pin_keep(self, pre: CState, post: CState) -> Term:
         """A pinned checkpoint stays put: pinned, or unpinned (Ready) on the same node."""
         return z3.And(
             [
@@ -184,7 +185,7 @@ class CkptFormulas(SpecDecisions):
             ]
         )
 
-    def same(self, a: CState, b: CState) -> Any:
+    def same(self, a: CState, b: CState) -> Term:
         """Equal on what the spec observes: fields that matter for each slot's kind."""
         out = [a.clock == b.clock, *[a.ctr[k] == b.ctr[k] for k in COUNTERS]]
         for s in range(self.K):

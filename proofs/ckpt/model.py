@@ -28,17 +28,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import z3
+
+from ..terms import BoolTerm, IntTerm, Term
 
 __all__ = [
     "CKPT_IDS",
     "CKPT_OPERATIONS",
     "COUNTERS",
+    "AdmitArgs",
     "CState",
+    "CkptArgs",
     "CkptBase",
     "CkptBounds",
+    "CommitArgs",
+    "EvictArgs",
+    "GrowArgs",
+    "NoArgs",
+    "RollbackArgs",
     "SpecDecisions",
     "Step",
     "count_true",
@@ -120,24 +129,24 @@ class CkptBounds:
 class CState:
     """One state of the model, as Z3 terms (lists are indexed by slot, sequence, node)."""
 
-    kind: list[Any]
-    owner: list[Any]
-    node: list[Any]
-    bnd: list[Any]
-    order: list[Any]
-    live: list[Any]
-    rt: list[Any]
-    cached: list[Any]
-    hit: list[Any]
-    comp: list[Any]
-    sp: list[Any]
-    pub: list[Any]
-    depth: list[Any]
-    clock: Any
+    kind: list[Term]
+    owner: list[Term]
+    node: list[Term]
+    bnd: list[Term]
+    order: list[Term]
+    live: list[Term]
+    rt: list[Term]
+    cached: list[Term]
+    hit: list[Term]
+    comp: list[Term]
+    sp: list[Term]
+    pub: list[Term]
+    depth: list[Term]
+    clock: Term
     ctr: dict[str, Any]
 
     @classmethod
-    def of(cls, lists: Sequence[list[Any]], clock: Any, ctr: dict[str, Any]) -> CState:
+    def of(cls, lists: Sequence[list[Term]], clock: Term, ctr: dict[str, Any]) -> CState:
         """The state whose list fields are ``lists``, in ``LIST_FIELDS`` order."""
         fields: dict[str, Any] = dict(zip(LIST_FIELDS, lists, strict=True))
         return cls(**fields, clock=clock, ctr=ctr)
@@ -145,7 +154,7 @@ class CState:
     def copy(self) -> CState:
         return CState.of([list(getattr(self, f)) for f in LIST_FIELDS], self.clock, dict(self.ctr))
 
-    def leaves(self) -> list[Any]:
+    def leaves(self) -> list[Term]:
         out = [x for f in LIST_FIELDS for x in getattr(self, f)]
         return [*out, self.clock, *(self.ctr[k] for k in COUNTERS)]
 
@@ -168,7 +177,7 @@ LIST_FIELDS = (
 BOOL_FIELDS = frozenset({"live", "pub"})
 
 
-def merge(c: Any, a: CState, b: CState) -> CState:
+def merge(c: Term, a: CState, b: CState) -> CState:
     """``If(c, a, b)`` field by field."""
     out = a.copy()
     for f in LIST_FIELDS:
@@ -178,14 +187,66 @@ def merge(c: Any, a: CState, b: CState) -> CState:
     return out
 
 
-def count_true(conds: Sequence[Any]) -> Any:
+def count_true(conds: Sequence[Term]) -> Term:
     """How many of ``conds`` hold, as a term."""
     return z3.Sum([z3.If(c, 1, 0) for c in conds]) if conds else z3.IntVal(0)
 
 
+# -- the arguments of a transition: what the KV side decides --------------------------------
+
+
+class AdmitArgs(NamedTuple):
+    """admit: the hit (``c`` blocks ending at node ``h``), the restore slot ``r`` (-1 for
+    none), which nodes the admission evicts, and the save point ``sp``."""
+
+    c: IntTerm
+    h: IntTerm
+    r: IntTerm
+    victim: list[BoolTerm]
+    sp: IntTerm
+
+
+class GrowArgs(NamedTuple):
+    """append and continue_prefill: the nodes the growth evicts and the new save point."""
+
+    victim: list[BoolTerm]
+    sp: IntTerm
+
+
+class RollbackArgs(NamedTuple):
+    """rollback: the save point after the tail shrinks."""
+
+    sp: IntTerm
+
+
+class CommitArgs(NamedTuple):
+    """commit: computed blocks ``comp``, the node ``t`` the index returns for the reservation,
+    the new save point, and which nodes the commit publishes, at which depths."""
+
+    comp: IntTerm
+    t: IntTerm
+    sp: IntTerm
+    newpub: list[BoolTerm]
+    ndepth: list[IntTerm]
+
+
+class EvictArgs(NamedTuple):
+    """evict: which nodes go."""
+
+    victim: list[BoolTerm]
+
+
+class NoArgs(NamedTuple):
+    """An operation the environment does not steer (restore_issued, free, reset)."""
+
+
+CkptArgs = AdmitArgs | GrowArgs | RollbackArgs | CommitArgs | EvictArgs | NoArgs
+"""The arguments of any transition (:meth:`CkptBase.fresh_args`)."""
+
+
 @dataclass
 class Step:
-    guard: Any
+    guard: Term
     post: CState
     facts: dict[str, Any] = field(default_factory=dict)
     """Transition properties of this step (RESTORE-EXACT, ACCEPTED), as formulas."""
@@ -227,44 +288,45 @@ class CkptBase:
             lists, z3.Int(prefix + "clock"), {k: z3.Int(f"{prefix}{k}") for k in COUNTERS}
         )
 
-    def fresh_args(self, op: str, prefix: str = "a.") -> dict[str, Any]:
+    def fresh_args(self, op: str, prefix: str = "a.") -> CkptArgs:
+        """Fresh variables for the environment of ``op`` (what the KV side decides)."""
         M = self.M
         victims = [z3.Bool(f"{prefix}victim[{n}]") for n in range(M)]
         if op == "admit":
-            return {
-                "c": z3.Int(prefix + "c"),
-                "h": z3.Int(prefix + "h"),
-                "r": z3.Int(prefix + "r"),
-                "victim": victims,
-                "sp": z3.Int(prefix + "sp"),
-            }
+            return AdmitArgs(
+                z3.Int(prefix + "c"),
+                z3.Int(prefix + "h"),
+                z3.Int(prefix + "r"),
+                victims,
+                z3.Int(prefix + "sp"),
+            )
         if op in ("append", "continue_prefill"):
-            return {"victim": victims, "sp": z3.Int(prefix + "sp")}
+            return GrowArgs(victims, z3.Int(prefix + "sp"))
         if op == "rollback":
-            return {"sp": z3.Int(prefix + "sp")}
+            return RollbackArgs(z3.Int(prefix + "sp"))
         if op == "commit":
-            return {
-                "comp": z3.Int(prefix + "comp"),
-                "t": z3.Int(prefix + "t"),
-                "sp": z3.Int(prefix + "sp"),
-                "newpub": [z3.Bool(f"{prefix}newpub[{n}]") for n in range(M)],
-                "ndepth": [z3.Int(f"{prefix}ndepth[{n}]") for n in range(M)],
-            }
+            return CommitArgs(
+                z3.Int(prefix + "comp"),
+                z3.Int(prefix + "t"),
+                z3.Int(prefix + "sp"),
+                [z3.Bool(f"{prefix}newpub[{n}]") for n in range(M)],
+                [z3.Int(f"{prefix}ndepth[{n}]") for n in range(M)],
+            )
         if op == "evict":
-            return {"victim": victims}
-        return {}
+            return EvictArgs(victims)
+        return NoArgs()
 
-    def at_seq(self, idx: Any, f: Callable[..., Any]) -> Any:
+    def at_seq(self, idx: Term, f: Callable[..., Term]) -> Term:
         return z3.Or([z3.And(idx == q, f(q)) for q in range(self.S)])
 
-    def at_node(self, idx: Any, f: Callable[..., Any]) -> Any:
+    def at_node(self, idx: Term, f: Callable[..., Term]) -> Term:
         return z3.Or([z3.And(idx == n, f(n)) for n in range(self.M)])
 
-    def at_slot(self, idx: Any, f: Callable[..., Any]) -> Any:
+    def at_slot(self, idx: Term, f: Callable[..., Term]) -> Term:
         return z3.Or([z3.And(idx == s, f(s)) for s in range(self.K)])
 
     @staticmethod
-    def restorable(st: CState, s: int) -> Any:
+    def restorable(st: CState, s: int) -> Term:
         return z3.Or(st.kind[s] == READY, st.kind[s] == PINNED)
 
     def seq_range(self, op: str) -> range:
@@ -283,22 +345,22 @@ class SpecDecisions(CkptBase):
     ``restore_issued``).
     """
 
-    def save_guard(self, sp: Any, comp: Any) -> Any:
+    def save_guard(self, sp: Term, comp: Term) -> Term:
         """``save_point`` returns 0 or a point beyond the computed tokens."""
         return z3.Or(sp == 0, sp > comp)
 
-    def hit_depth(self, st: CState, n: int, c: Any) -> Any:
+    def hit_depth(self, st: CState, n: int, c: Term) -> Term:
         """The hit's last node ends the hit: it sits at depth ``c``."""
         return st.depth[n] == c
 
-    def pin_guard(self, st: CState, r: Any, h: Any) -> Any:
+    def pin_guard(self, st: CState, r: Term, h: Term) -> Term:
         """A hybrid hit restores the Ready checkpoint on the hit's last node (``match``)."""
         return self.at_slot(r, lambda s: z3.And(st.kind[s] == READY, st.node[s] == h))
 
-    def lowest_free(self, st: CState, s: int) -> Any:
+    def lowest_free(self, st: CState, s: int) -> Term:
         return z3.And(st.kind[s] == FREE, *[st.kind[t] != FREE for t in range(s)])
 
-    def pressure_victim(self, st: CState, s: int) -> Any:
+    def pressure_victim(self, st: CState, s: int) -> Term:
         """Slot ``s`` holds the oldest unpinned Ready checkpoint (``_evict_checkpoint``)."""
         return z3.And(
             st.kind[s] == READY,
@@ -313,13 +375,13 @@ class SpecDecisions(CkptBase):
             ],
         )
 
-    def evictable(self, st: CState, n: int) -> Any:
+    def evictable(self, st: CState, n: int) -> Term:
         """KV eviction needs a published block with refcount 0 (INV-REF): no live hit holds it."""
         return z3.And(
             st.pub[n], *[z3.Not(z3.And(st.live[q], st.hit[q] == n)) for q in range(self.S)]
         )
 
-    def evict_node(self, st: CState, n: int, c: Any) -> CState:
+    def evict_node(self, st: CState, n: int, c: Term) -> CState:
         """``_on_evicted(n)`` when ``c``: the node goes, its checkpoint is released (stale)."""
         out = self.drop(
             st, [z3.And(c, self.restorable(st, s), st.node[s] == n) for s in range(self.K)], "stale"
@@ -327,7 +389,7 @@ class SpecDecisions(CkptBase):
         out.pub[n] = z3.If(c, False, st.pub[n])
         return out
 
-    def drop(self, st: CState, conds: Sequence[Any], counter: str) -> CState:
+    def drop(self, st: CState, conds: Sequence[Term], counter: str) -> CState:
         """``_drop`` of every slot whose condition holds, counted under ``counter``."""
         out = st.copy()
         for s, c in enumerate(conds):
@@ -337,19 +399,19 @@ class SpecDecisions(CkptBase):
         out.ctr[counter] = st.ctr[counter] + count_true(conds)
         return out
 
-    def node_taken(self, st: CState, t: Any) -> Any:
+    def node_taken(self, st: CState, t: Term) -> Term:
         """``_ckpt_at(node)``: the node already carries a checkpoint (an equal one)."""
         return z3.Or([z3.And(self.restorable(st, s), st.node[s] == t) for s in range(self.K)])
 
-    def fresh_block(self, st: CState, n: int) -> Any:
+    def fresh_block(self, st: CState, n: int) -> Term:
         """A commit publishes only blocks that were unpublished (INV-WRITE)."""
         return z3.Not(st.pub[n])
 
-    def covers(self, st: CState, s: int, comp: Any) -> Any:
+    def covers(self, st: CState, s: int, comp: Term) -> Term:
         """A commit covers a reservation whose boundary it reaches."""
         return st.bnd[s] <= comp
 
-    def make_ready(self, st: CState, conds: Sequence[Any], t: Any) -> CState:
+    def make_ready(self, st: CState, conds: Sequence[Term], t: Term) -> CState:
         out = st.copy()
         any_ready = z3.Or(list(conds))
         for s, c in enumerate(conds):
@@ -361,7 +423,7 @@ class SpecDecisions(CkptBase):
         out.ctr["saved"] = st.ctr["saved"] + count_true(conds)
         return out
 
-    def unpin(self, st: CState, conds: Sequence[Any]) -> CState:
+    def unpin(self, st: CState, conds: Sequence[Term]) -> CState:
         out = st.copy()
         for s, c in enumerate(conds):
             out.kind[s] = z3.If(c, READY, st.kind[s])

@@ -14,6 +14,7 @@ from typing import Any
 
 import z3
 
+from ..terms import BoolTerm, Evaluator
 from .model import (
     CKPT_IDS,
     CKPT_OPERATIONS,
@@ -29,7 +30,12 @@ from .model import (
     SEQ_OPS,
     STATE_IDS,
     TRANSITION_IDS,
+    AdmitArgs,
+    CkptArgs,
     CState,
+    EvictArgs,
+    GrowArgs,
+    NoArgs,
     Step,
 )
 from .transitions import CkptModel
@@ -81,9 +87,9 @@ def format_cstate(c: dict[str, Any], indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-def _format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
+def _format_args(args: CkptArgs, ev: Evaluator) -> str:
     parts = []
-    for k, v in args.items():
+    for k, v in args._asdict().items():
         if isinstance(v, list):
             vals = [ev(x) for x in v]
             picked = [
@@ -162,9 +168,13 @@ class CkptProver:
     ) -> None:
         self.model = model or CkptModel()
         self.rlimit, self.seed = rlimit, seed
-        self._steps: dict[tuple[str, int], tuple[CState, dict[str, Any], Step, Any, Any]] = {}
+        self._steps: dict[
+            tuple[str, int], tuple[CState, CkptArgs, Step, BoolTerm, dict[str, BoolTerm]]
+        ] = {}
 
-    def _built(self, op: str, q: int) -> tuple[CState, dict[str, Any], Step, Any, Any]:
+    def _built(
+        self, op: str, q: int
+    ) -> tuple[CState, CkptArgs, Step, BoolTerm, dict[str, BoolTerm]]:
         """The step's formulas, built once per (operation, sequence slot)."""
         key = (op, q)
         if key not in self._steps:
@@ -175,7 +185,7 @@ class CkptProver:
             self._steps[key] = (pre, args, st, z3.And(m.inv(pre), st.guard), m.invariants(st.post))
         return self._steps[key]
 
-    def goal(self, prop: str, op: str, q: int) -> tuple[Any, Any, CState, Step, dict[str, Any]]:
+    def goal(self, prop: str, op: str, q: int) -> tuple[BoolTerm, BoolTerm, CState, Step, CkptArgs]:
         """(hypothesis, conclusion, pre, step, args) of one obligation for sequence slot q."""
         m = self.model
         if op == "init":
@@ -185,7 +195,7 @@ class CkptProver:
                 m.invariants(init)[prop],
                 init,
                 Step(z3.BoolVal(True), init),
-                {},
+                NoArgs(),
             )
         pre, args, st, hyp, post_inv = self._built(op, q)
         if prop in STATE_IDS:
@@ -244,19 +254,21 @@ class CkptProver:
 
     # -- non-vacuity ------------------------------------------------------------------------
 
-    def scenario(self, op: str, pre: CState, st: Step, args: dict[str, Any]) -> tuple[str, Any]:
+    def scenario(self, op: str, pre: CState, st: Step, args: CkptArgs) -> tuple[str, BoolTerm]:
         """Each operation's interesting case: the part of the guard that exercises INV-CKPT."""
         K, M = self.model.K, self.model.M
         stale = z3.Or([z3.And(st.post.kind[s] == FREE, pre.kind[s] == READY) for s in range(K)])
         if op == "admit":
+            assert isinstance(args, AdmitArgs)
             return (
                 "a hit restores a Ready checkpoint and the runtime slot evicts another",
-                z3.And(args["r"] >= 0, st.post.ctr["evicted"] > pre.ctr["evicted"]),
+                z3.And(args.r >= 0, st.post.ctr["evicted"] > pre.ctr["evicted"]),
             )
         if op in ("append", "continue_prefill", "evict"):
+            assert isinstance(args, GrowArgs | EvictArgs)
             return (
                 "the growth evicts a node whose checkpoint goes stale",
-                z3.And(z3.Or(args["victim"]), stale),
+                z3.And(z3.Or(args.victim), stale),
             )
         if op == "commit":
             return (

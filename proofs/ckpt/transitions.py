@@ -13,6 +13,7 @@ from typing import Any
 
 import z3
 
+from ..terms import Term
 from .formulas import CkptFormulas
 from .model import (
     COUNTERS,
@@ -22,7 +23,14 @@ from .model import (
     RESERVED,
     RUNTIME,
     SEQ_OPS,
+    AdmitArgs,
+    CkptArgs,
+    CommitArgs,
     CState,
+    EvictArgs,
+    GrowArgs,
+    NoArgs,
+    RollbackArgs,
     Step,
     count_true,
     merge,
@@ -56,13 +64,13 @@ class CkptModel(CkptFormulas):
             dict.fromkeys(COUNTERS, z),
         )
 
-    def evict_nodes(self, st: CState, victim: Sequence[Any]) -> tuple[Any, CState]:
+    def evict_nodes(self, st: CState, victim: Sequence[Term]) -> tuple[Term, CState]:
         guard = z3.And([z3.Implies(v, self.evictable(st, n)) for n, v in enumerate(victim)])
         for n, v in enumerate(victim):
             st = self.evict_node(st, n, v)
         return guard, st
 
-    def take_slot(self, st: CState, kind: int, owner: Any, bnd: Any) -> tuple[Any, Any, CState]:
+    def take_slot(self, st: CState, kind: int, owner: Term, bnd: Term) -> tuple[Term, Term, CState]:
         """``_take_slot``: (taken?, slot, state). Evicts a Ready checkpoint when all are held."""
         full = z3.And([st.kind[s] != FREE for s in range(self.K)])
         vic = [z3.And(full, self.pressure_victim(st, s)) for s in range(self.K)]
@@ -77,7 +85,7 @@ class CkptModel(CkptFormulas):
         slot = z3.Sum([z3.If(c, s, 0) for s, c in enumerate(first)])
         return can, slot, merge(can, out, st)
 
-    def retarget(self, st: CState, q: int, target: Any) -> CState:
+    def retarget(self, st: CState, q: int, target: Term) -> CState:
         """``_retarget``: keep the reservation at the save point; a new one is best-effort."""
         cur = [z3.And(st.kind[s] == RESERVED, st.owner[s] == q) for s in range(self.K)]
         keep = z3.Or([z3.And(c, st.bnd[s] == target) for s, c in enumerate(cur)])
@@ -85,8 +93,8 @@ class CkptModel(CkptFormulas):
         _, _, taken = self.take_slot(dropped, RESERVED, z3.IntVal(q), target)
         return merge(keep, st, merge(target != 0, taken, dropped))
 
-    def admit(self, st: CState, q: int, a: dict[str, Any]) -> Step:
-        c, h, r, sp = a["c"], a["h"], a["r"], a["sp"]
+    def admit(self, st: CState, q: int, a: AdmitArgs) -> Step:
+        c, h, r, sp = a.c, a.h, a.r, a.sp
         hit_ok = z3.Or(
             z3.And(c == 0, h == -1, r == -1),
             z3.And(
@@ -95,7 +103,7 @@ class CkptModel(CkptFormulas):
                 self.pin_guard(st, r, h),
             ),
         )
-        vguard, st1 = self.evict_nodes(st, [z3.And(v, h != n) for n, v in enumerate(a["victim"])])
+        vguard, st1 = self.evict_nodes(st, [z3.And(v, h != n) for n, v in enumerate(a.victim)])
         can, slot, st3, room = self.pin_then_take(st1, q, r)
         out = st3.copy()
         out.live[q], out.rt[q], out.cached[q], out.hit[q] = True, slot, c, h
@@ -116,40 +124,40 @@ class CkptModel(CkptFormulas):
         )
         return Step(guard, post, {"RESTORE-EXACT": exact})
 
-    def pin_then_take(self, st: CState, q: int, r: Any) -> tuple[Any, Any, CState, Any]:
+    def pin_then_take(self, st: CState, q: int, r: Term) -> tuple[Term, Term, CState, Any]:
         """NOTE: the spec pins before it takes the runtime slot, so slot pressure cannot
         evict the very checkpoint this admission restores (variant 'runtime-before-pin')."""
         return self.runtime_slot(self.pin(st, q, r), q)
 
-    def pin(self, st: CState, q: int, r: Any) -> CState:
+    def pin(self, st: CState, q: int, r: Term) -> CState:
         out = st.copy()
         for s in range(self.K):
             out.kind[s] = z3.If(r == s, PINNED, st.kind[s])
             out.owner[s] = z3.If(r == s, q, st.owner[s])
         return out
 
-    def runtime_slot(self, st: CState, q: int) -> tuple[Any, Any, CState, Any]:
+    def runtime_slot(self, st: CState, q: int) -> tuple[Term, Term, CState, Any]:
         """(taken?, slot, state, room): room is ``len(runtime) < max_num_seqs``."""
         room = count_true(st.live) < self.b.runtime
         can, slot, out = self.take_slot(st, RUNTIME, z3.IntVal(q), z3.IntVal(0))
         return can, slot, out, room
 
-    def grow(self, st: CState, q: int, a: dict[str, Any]) -> Step:
+    def grow(self, st: CState, q: int, a: GrowArgs) -> Step:
         """``append`` / ``continue_prefill``: the KV growth may evict nodes; then retarget."""
-        vguard, st1 = self.evict_nodes(st, a["victim"])
-        st1.sp[q] = a["sp"]
-        guard = z3.And(st.live[q], vguard, self.save_guard(a["sp"], st.comp[q]))
-        return Step(guard, self.retarget(st1, q, a["sp"]))
+        vguard, st1 = self.evict_nodes(st, a.victim)
+        st1.sp[q] = a.sp
+        guard = z3.And(st.live[q], vguard, self.save_guard(a.sp, st.comp[q]))
+        return Step(guard, self.retarget(st1, q, a.sp))
 
-    def rollback(self, st: CState, q: int, a: dict[str, Any]) -> Step:
+    def rollback(self, st: CState, q: int, a: RollbackArgs) -> Step:
         out = st.copy()
-        out.sp[q] = a["sp"]
-        guard = z3.And(st.live[q], self.save_guard(a["sp"], st.comp[q]))
-        return Step(guard, self.retarget(out, q, a["sp"]))
+        out.sp[q] = a.sp
+        guard = z3.And(st.live[q], self.save_guard(a.sp, st.comp[q]))
+        return Step(guard, self.retarget(out, q, a.sp))
 
-    def commit(self, st: CState, q: int, a: dict[str, Any]) -> Step:
-        comp, t, sp = a["comp"], a["t"], a["sp"]
-        newpub, ndepth = a["newpub"], a["ndepth"]
+    def commit(self, st: CState, q: int, a: CommitArgs) -> Step:
+        comp, t, sp = a.comp, a.t, a.sp
+        newpub, ndepth = a.newpub, a.ndepth
         pguard = z3.And(
             [
                 z3.Implies(p, z3.And(self.fresh_block(st, n), ndepth[n] >= 1))
@@ -196,34 +204,35 @@ class CkptModel(CkptFormulas):
         )
         return Step(guard, post, {"ACCEPTED": accepted})
 
-    def restore_issued(self, st: CState, q: int, a: dict[str, Any]) -> Step:
+    def restore_issued(self, st: CState, q: int, a: NoArgs) -> Step:
         pinned = [z3.And(st.kind[s] == PINNED, st.owner[s] == q) for s in range(self.K)]
         out = self.unpin(st, pinned)
         out.ctr["restored"] = st.ctr["restored"] + count_true(pinned)
         return Step(z3.And(st.live[q], z3.Or(pinned)), out)
 
-    def free(self, st: CState, q: int, a: dict[str, Any]) -> Step:
+    def free(self, st: CState, q: int, a: NoArgs) -> Step:
         return Step(st.live[q], self.release_seq(st, q))
 
-    def evict(self, st: CState, a: dict[str, Any]) -> Step:
-        guard, out = self.evict_nodes(st, a["victim"])
+    def evict(self, st: CState, a: EvictArgs) -> Step:
+        guard, out = self.evict_nodes(st, a.victim)
         return Step(guard, out)
 
-    def reset_keep(self, st: CState, a: dict[str, Any]) -> Step:
+    def reset_keep(self, st: CState, a: NoArgs) -> Step:
         out = st
         for q in range(self.S):
             out = merge(st.live[q], self.release_seq(out, q), out)
         return Step(z3.BoolVal(True), out)
 
-    def reset_full(self, st: CState, a: dict[str, Any]) -> Step:
+    def reset_full(self, st: CState, a: NoArgs) -> Step:
         """Every node goes, so does every (Ready) checkpoint, counted stale."""
         out = self.drop(st, [st.kind[s] != FREE for s in range(self.K)], "stale")
         for n in range(self.M):
             out.pub[n] = z3.BoolVal(False)
         return Step(z3.Not(z3.Or(st.live)), out)
 
-    def step(self, op: str, st: CState, q: int, a: dict[str, Any]) -> Step:
+    def step(self, op: str, st: CState, q: int, a: CkptArgs) -> Step:
         if op in ("append", "continue_prefill"):
+            assert isinstance(a, GrowArgs)
             return self.grow(st, q, a)
         fn = getattr(self, op)
         return fn(st, q, a) if op in SEQ_OPS else fn(st, a)  # type: ignore[no-any-return]

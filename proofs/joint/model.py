@@ -46,11 +46,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import z3
 
 from ..small import Obligation, Variant, Witness, all_of, any_of
+from ..terms import Evaluator, Term
 
 __all__ = [
     "JOINT_IDS",
@@ -61,7 +61,6 @@ __all__ = [
     "JointModel",
 ]
 
-Term = Any
 
 FREE, READY, PINNED = 0, 1, 2
 JOINT_OPERATIONS = (
@@ -814,8 +813,8 @@ class JointModel:
 
     def shower(
         self, x: JState, op: str | None, a: Args, post: JState | None, label: str = "post"
-    ) -> Callable[[Callable[[Any], Any]], str]:
-        def show(ev: Callable[[Any], Any]) -> str:
+    ) -> Callable[[Evaluator], str]:
+        def show(ev: Evaluator) -> str:
             lines = [f"  pre:  {self.format(x, ev)}"]
             if op is not None:
                 lines.append(f"  step: {op}({self.format_args(a, ev)})")
@@ -825,7 +824,7 @@ class JointModel:
 
         return show
 
-    def format(self, x: JState, ev: Callable[[Any], Any]) -> str:
+    def format(self, x: JState, ev: Evaluator) -> str:
         nodes = []
         for n in range(self.N):
             if z3.is_true(ev(x.pub[n])):
@@ -857,7 +856,7 @@ class JointModel:
             f"checkpoints {', '.join(cks) or '-'}"
         )
 
-    def format_args(self, a: Args, ev: Callable[[Any], Any]) -> str:
+    def format_args(self, a: Args, ev: Evaluator) -> str:
         if a is None:
             return ""
         fields = []

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import z3
+from prefixkv.spec.invariant_ids import InvariantId
 
-from .model import Bounds, Domain, SeqState, State, Step, Term, cstore
+from ..terms import Term
+from .model import Bounds, Domain, SeqState, State, Step, cstore
 from .obligations import Counterexample, find_counterexample
 from .transitions import Encoding
 
@@ -429,7 +431,7 @@ class FullResetWhileBusy(Encoding):
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free-once-per-block",
-        "INV-REF",
+        InvariantId.REF,
         "free",
         "transition",
         "a batched free that lists a block in two tables decrements it once",
@@ -437,7 +439,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "rollback-releases-one-more",
-        "INV-REF",
+        InvariantId.REF,
         "rollback",
         "off-by-one",
         "rollback releases from block keep-1 but the table keeps it",
@@ -445,7 +447,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "admit-live-sequence",
-        "INV-REF",
+        InvariantId.REF,
         "attach",
         "dropped conjunct",
         "admit without 'sequence not live': a re-admission overwrites a held table",
@@ -453,7 +455,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "allocate-one-more",
-        "INV-REF",
+        InvariantId.REF,
         "grow",
         "off-by-one",
         "allocation marks need+1 blocks as held but installs need",
@@ -461,7 +463,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-leaks-victim",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "evict",
         "transition",
         "an evicted block never joins the free queue",
@@ -469,7 +471,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "queue-head-one-too-far",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "grow",
         "off-by-one",
         "allocation moves the queue head one past the blocks it takes",
@@ -477,7 +479,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "release-frees-published",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "free",
         "dropped conjunct",
         "release queues a published block at refcount 0 (drops 'private')",
@@ -485,7 +487,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "queue-without-ghost",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "grow",
         "dropped conjunct",
         "INV-PARTITION without the queue's position map: a block queued twice",
@@ -493,7 +495,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-keeps-index-entry",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "evict",
         "transition",
         "eviction leaves a stale index entry behind",
@@ -501,7 +503,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-duplicate",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "commit",
         "dropped conjunct",
         "commit publishes an identity that is already published",
@@ -509,7 +511,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "reset-keeps-index",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "reset_full",
         "transition",
         "a full reset keeps the index",
@@ -517,7 +519,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-non-leaf",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "evict",
         "dropped conjunct",
         "eviction of a block with published children",
@@ -525,7 +527,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "depth-off-by-one",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "commit",
         "off-by-one",
         "published block j gets depth j instead of j+1",
@@ -533,7 +535,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-without-parent",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "commit",
         "dropped conjunct",
         "commit publishes a block whose parent identity is not published",
@@ -541,7 +543,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-at-schedule",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "commit",
         "transition",
         "publish before commit: every full reserved block is published",
@@ -549,7 +551,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-one-slot-early",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "commit",
         "off-by-one",
         "a block with one unwritten slot is published",
@@ -557,7 +559,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "attach-computes-one-block-less",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "attach",
         "off-by-one",
         "admission marks one hit block too few as computed (a shared block to write)",
@@ -565,7 +567,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "without-aux-chain",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "dropped conjunct",
         "the strengthening AUX-CHAIN is dropped: INV-PUBLISH is not inductive alone",
@@ -573,7 +575,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-accepted-unwritten",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "transition",
         "blocks of accepted tokens are published before their KV is computed",
@@ -581,7 +583,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-stale-tokens",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "transition",
         "blocks are published with the tokens known before the accepted ones",
@@ -589,7 +591,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "window-attached-shared",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "attach",
         "transition",
         "the window's matched blocks are attached shared, not fresh private blocks",
@@ -597,7 +599,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "cached-counts-window-block",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "attach",
         "off-by-one",
         "num_cached counts the first window block as cached (not yet computed)",
@@ -605,7 +607,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "window-without-computed-exemption",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "commit",
         "dropped conjunct",
         "INV-WINDOW without 'not yet fully computed': a committed window block whose twin "
@@ -614,7 +616,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "table-floor",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "off-by-one",
         "a table holds floor(reserved / block size) blocks",
@@ -622,7 +624,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "rollback-keeps-table",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "rollback",
         "transition",
         "rollback shrinks the reservation but not the table",
@@ -630,7 +632,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-beyond-reserved",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "commit",
         "dropped conjunct",
         "commit without 'computed <= reserved'",
@@ -638,7 +640,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-unknown-tokens",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "commit",
         "off-by-one",
         "commit allows KV for one token beyond the known ones",
@@ -646,7 +648,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "grow-ignores-limit",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "dropped conjunct",
         "growth without 'within kv_token_limit': a chunk larger than the limit",
@@ -654,7 +656,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "grow-limit-off-by-one",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "off-by-one",
         "a chunk may hold kv_token_limit + 1 uncommitted prompt tokens",
@@ -662,7 +664,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "without-aux-chunk",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "rollback",
         "dropped conjunct",
         "the strengthening AUX-CHUNK is dropped: INV-LIMIT's chunk form is not inductive "
@@ -671,7 +673,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "full-prompt-hit",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "off-by-one",
         "the match is not capped: nothing is left to compute",
@@ -679,7 +681,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-stops-after-one-block",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "transition",
         "the match is not the longest cached prefix",
@@ -687,7 +689,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-ignores-prefix",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "transition",
         "a block hits on its own tokens, whatever its prefix",
@@ -695,7 +697,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "hits-count-whole-prompt",
-        "INV-STATS",
+        InvariantId.STATS,
         "attach",
         "transition",
         "a hit counts every prompt token as a hit",
@@ -703,7 +705,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "computed-off-by-one",
-        "INV-STATS",
+        InvariantId.STATS,
         "attach",
         "off-by-one",
         "admission counts one computed prompt token too few",
@@ -711,7 +713,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "reset-clears-skipped",
-        "INV-STATS",
+        InvariantId.STATS,
         "reset_full",
         "transition",
         "a full reset zeroes the skipped-token counter only",
@@ -719,7 +721,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "lookup-trusts-hash",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "reset_keep",
         "transition",
         "a lookup trusts a hash match without comparing the stored identity",
@@ -727,7 +729,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "lookup-checks-own-tokens",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "evict",
         "dropped conjunct",
         "a lookup verifies the block's own tokens but not its parent",
@@ -735,7 +737,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-ends-inside-span",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "reset_keep",
         "dropped conjunct",
         "the match is not clamped out of a multimodal span",
@@ -743,7 +745,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "admit-counts-before-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "admit",
         "transition",
         "a refused admission has already counted its query",
@@ -751,7 +753,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "append-allocates-before-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "append",
         "transition",
         "a refused append keeps the blocks it took from the free queue",
@@ -759,7 +761,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "out-of-blocks-not-refused",
-        "INV-TXN",
+        InvariantId.TXN,
         "append",
         "dropped conjunct",
         "making room never fails, so an append with no leaf left to evict goes ahead",
@@ -767,7 +769,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-without-reserved-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "commit",
         "dropped conjunct",
         "a commit past the reserved slots is not refused",
@@ -775,7 +777,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "full-reset-while-busy",
-        "INV-TXN",
+        InvariantId.TXN,
         "reset_full",
         "dropped conjunct",
         "a full reset is not refused while sequences are live",

@@ -14,7 +14,8 @@ from typing import Any
 import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
-from .model import NONE, ROOT, Domain, SeqState, SpecDecisions, State, Step, Term, ceil_blocks
+from ..terms import Term
+from .model import NONE, ROOT, Domain, SeqState, SpecDecisions, State, Step, ceil_blocks
 
 __all__ = ["Formulas"]
 

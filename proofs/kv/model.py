@@ -54,6 +54,8 @@ from typing import Any
 
 import z3
 
+from ..terms import Term
+
 __all__ = [
     "NONE",
     "OPS",
@@ -106,7 +108,6 @@ OPS = (
 
 Int = z3.IntSort()
 Bool = z3.BoolSort()
-Term = Any  # z3.ExprRef; z3's stubs are too loose to be worth narrowing here.
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import z3
 
+from ..terms import Term
 from .formulas import Formulas
 from .model import (
     NONE,
@@ -22,7 +23,6 @@ from .model import (
     SeqState,
     State,
     Step,
-    Term,
     ceil_blocks,
     cstore,
     empty_index,
