@@ -358,6 +358,7 @@ class SpecDecisions(CkptBase):
         return self.at_slot(r, lambda s: z3.And(st.kind[s] == READY, st.node[s] == h))
 
     def lowest_free(self, st: CState, s: int) -> Term:
+        """``_take_slot`` takes the lowest free slot: ``s`` is free and no lower one is."""
         return z3.And(st.kind[s] == FREE, *[st.kind[t] != FREE for t in range(s)])
 
     def pressure_victim(self, st: CState, s: int) -> Term:
@@ -412,6 +413,8 @@ class SpecDecisions(CkptBase):
         return st.bnd[s] <= comp
 
     def make_ready(self, st: CState, conds: Sequence[Term], t: Term) -> CState:
+        """A covered reservation becomes Ready on node ``t``, ordered by the clock (oldest
+        first, for slot pressure), and counts as saved."""
         out = st.copy()
         any_ready = z3.Or(list(conds))
         for s, c in enumerate(conds):
@@ -424,6 +427,8 @@ class SpecDecisions(CkptBase):
         return out
 
     def unpin(self, st: CState, conds: Sequence[Term]) -> CState:
+        """A restore issued (or abandoned) turns the pinned checkpoint back to Ready, with no
+        owner."""
         out = st.copy()
         for s, c in enumerate(conds):
             out.kind[s] = z3.If(c, READY, st.kind[s])

@@ -17,13 +17,25 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
 from ..terms import Term
-from .model import Bounds, Domain, SeqState, State, Step, cstore
+from .model import (
+    AdmitArgs,
+    AppendArgs,
+    Bounds,
+    CountArgs,
+    Domain,
+    NoArgs,
+    OpArgs,
+    Query,
+    SeqState,
+    State,
+    Step,
+    cstore,
+)
 from .obligations import Counterexample, find_counterexample
 from .transitions import Encoding
 
@@ -73,8 +85,8 @@ class FreeOncePerBlock(Encoding):
 
 
 class RollbackReleasesOneMore(Encoding):
-    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
-        M, sq, n = self.bounds.table, st.seqs[s], a["n"]
+    def op_rollback(self, d: Domain, st: State, a: CountArgs, s: int) -> Step:
+        M, sq, n = self.bounds.table, st.seqs[s], a.n
         nr = sq.nr - n
         keep = self.table_length(nr, st.BS)
         enabled = z3.And(sq.live, n >= 1, nr >= sq.nc)
@@ -87,9 +99,9 @@ class RollbackReleasesOneMore(Encoding):
 
 
 class AdmitLiveSequence(Encoding):
-    def attach_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+    def attach_guard(self, sq: SeqState, a: AdmitArgs) -> Term:
         # BUG: the "not already live" conjunct is dropped: re-admission overwrites a table
-        return z3.And(a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1))
+        return z3.And(a.ntok >= 1, z3.Or(a.whole, a.num_new >= 1))
 
 
 class AllocateOneMore(Encoding):
@@ -159,7 +171,7 @@ class PublishDuplicate(Encoding):
 
 
 class ResetKeepsIndex(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset forgets the blocks but not the index
         return Step(
@@ -203,7 +215,7 @@ class PublishOneSlotEarly(Encoding):
 
 
 class AttachComputesOneBlockLess(Encoding):
-    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+    def attach(self, d: Domain, st: State, a: AdmitArgs, s: int) -> tuple[Step, Term]:
         step, scheduled = super().attach(d, st, a, s)
         sq = step.post.seqs[s]
         # BUG: off by one block: the last hit block is still "to be written"
@@ -239,10 +251,10 @@ class PublishStaleTokens(Encoding):
 
 
 class WindowAttachedShared(Encoding):
-    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+    def attach(self, d: Domain, st: State, a: AdmitArgs, s: int) -> tuple[Step, Term]:
         step, scheduled = super().attach(d, st, a, s)
         chain, matched, m = self.match_blocks(st, a)
-        w = self.window_size(a["recompute_blocks"], m)
+        w = self.window_size(a.recompute_blocks, m)
         post, sq, M = step.post, step.post.seqs[s], self.bounds.table
         # BUG: the window's matched blocks are pinned and attached (shared) instead of fresh
         # private blocks; the sequence recomputes their KV in place, into published blocks
@@ -279,7 +291,7 @@ class TableFloor(Encoding):
 
 
 class RollbackKeepsTable(Encoding):
-    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_rollback(self, d: Domain, st: State, a: CountArgs, s: int) -> Step:
         step = super().op_rollback(d, st, a, s)
         # BUG: the reservation shrinks but the table keeps its blocks
         post = step.post.seq(s, len=st.seqs[s].len).replace(
@@ -342,7 +354,7 @@ class ComputedOffByOne(Encoding):
 
 
 class ResetClearsSkipped(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset zeroes one counter of a sum that must stay balanced
         post = step.post.replace(ctr={**step.post.ctr, "skipped": z3.IntVal(0)})
@@ -384,7 +396,7 @@ class LookupChecksOwnTokens(Encoding):
 
 
 class MatchEndsInsideSpan(Encoding):
-    def span_clamp(self, BS: Term, raw: list[Term], q: dict[str, Any]) -> list[Term]:
+    def span_clamp(self, BS: Term, raw: list[Term], q: Query) -> list[Term]:
         return raw  # BUG: no clamp: a match may end in the middle of an image
 
 
@@ -392,17 +404,17 @@ class MatchEndsInsideSpan(Encoding):
 
 
 class AdmitCountsBeforeCheck(Encoding):
-    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+    def refused(self, st: State, op: str, a: OpArgs, s: int) -> State:
         # BUG: the query is counted before the admission's checks, outside the transaction
-        return st.count("queries", a["ntok"]) if op == "admit" else st
+        return st.count("queries", a.ntok) if isinstance(a, AdmitArgs) else st
 
 
 class AppendAllocatesBeforeCheck(Encoding):
-    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
-        if op != "append":
+    def refused(self, st: State, op: str, a: OpArgs, s: int) -> State:
+        if not isinstance(a, AppendArgs):
             return st
         # BUG: the new blocks are taken from the free queue before the checks, and kept
-        need = self.need(st, s, a["n"])
+        need = self.need(st, s, a.n)
         return self.allocate(st, z3.If(need > 0, need, 0))[0]
 
 
@@ -422,7 +434,7 @@ class CommitWithoutReservedCheck(Encoding):
 
 
 class FullResetWhileBusy(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset goes ahead while sequences are live
         return Step(step.op, z3.BoolVal(True), step.bounded, step.choice, step.post, a)

@@ -43,6 +43,7 @@ from prefixkv.spec import (
 from prefixkv.spec.request import SeqId
 
 from ..driver import DriftError, SeededResult, Substituter, seeded
+from ..terms import Term
 from .concrete import (
     DONT_CARE,
     AbsState,
@@ -56,7 +57,7 @@ from .concrete import (
     model_reader,
     read,
 )
-from .model import TXN_ERRORS, Bounds, Domain, State
+from .model import TXN_ERRORS, Bounds, ContinueArgs, Domain, OpArgs, SeqState, State
 from .transitions import Encoding
 
 __all__ = [
@@ -132,7 +133,7 @@ class _Compiled:
     ok: Any  # enabled & bounded & choice & post == spec_post
     fail: Any  # enabled & bounded (victims open)
     parts: dict[str, Any]  # for diagnosis only
-    args: dict[str, Any]
+    args: OpArgs
     names: list[str]  # "p:<leaf>", "q:<leaf>", "a:<arg>" or "a:<arg>[i]", in subst order
     subst: Substituter
     fail_subst: Substituter  # every variable but the victims
@@ -272,13 +273,13 @@ class DriftChecker:
             )
         return self._compiled[key]
 
-    def _variables(self, args: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    def _variables(self, args: OpArgs) -> tuple[list[str], list[Term]]:
         names, variables = [], []
         for prefix, st in (("p:", self.pre), ("q:", self.spost)):
             for name, v in st.leaves.items():
                 names.append(prefix + name)
                 variables.append(v)
-        for name, var in args.items():
+        for name, var in args._asdict().items():
             if isinstance(var, tuple):
                 for i, v in enumerate(var):
                     names.append(f"a:{name}[{i}]")
@@ -1007,14 +1008,12 @@ class _ChunkIgnoresLimit(Encoding):
 
 
 class _ContinueBeforeCommit(Encoding):
-    def continue_guard(self, sq: Any, a: dict[str, Any]) -> Any:
-        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np)
+    def continue_guard(self, sq: SeqState, a: ContinueArgs) -> Term:
+        return z3.And(sq.live, z3.Or(a.whole, a.num_new >= 1), sq.nr < sq.np)
 
 
 class _ErrorClassSwapped(Encoding):
-    def refusals(
-        self, d: Domain, st: State, op: str, a: dict[str, Any], s: int
-    ) -> list[tuple[str, Any]]:
+    def refusals(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> list[tuple[str, Term]]:
         out = super().refusals(d, st, op, a, s)
         if op != "rollback":
             return out

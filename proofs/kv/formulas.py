@@ -9,13 +9,23 @@ lookup of any prompt, in any state.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
 from ..terms import Term
-from .model import NONE, ROOT, Domain, SeqState, SpecDecisions, State, Step, ceil_blocks
+from .model import (
+    NONE,
+    ROOT,
+    AdmitArgs,
+    Domain,
+    Query,
+    SeqState,
+    SpecDecisions,
+    State,
+    Step,
+    ceil_blocks,
+)
 
 __all__ = ["Formulas"]
 
@@ -242,21 +252,22 @@ class Formulas(SpecDecisions):
         such prefix (up to the cap), the window being ``min(recompute_blocks, matched)``
         blocks of it."""
         M, post, a = self.bounds.table, step.post, step.args
+        assert isinstance(a, AdmitArgs), step.op
         sq, BS = post.seqs[s], post.BS
         out = [
             sq.nc == z3.Sum([z3.If(j < sq.len, BS, 0) for j in range(M)]),  # block aligned
             sq.nca == sq.nc,
-            sq.nc <= a["ntok"] - 1,  # at least one token to compute
+            sq.nc <= a.ntok - 1,  # at least one token to compute
             sq.win >= 0,
-            sq.win <= a["recompute_blocks"],
-            z3.Or(sq.win == a["recompute_blocks"], sq.len == 0),  # min(rb, matched blocks)
+            sq.win <= a.recompute_blocks,
+            z3.Or(sq.win == a.recompute_blocks, sq.len == 0),  # min(rb, matched blocks)
         ]
         for j in range(M):
             b = sq.tab[j]
             ident = [
                 post.pub[b],
-                post.btok[b] == a["labels"][j],
-                post.bns[b] == a["ns"],
+                post.btok[b] == a.labels[j],
+                post.bns[b] == a.ns,
                 post.par[b] == (ROOT if j == 0 else sq.tab[j - 1]),
             ]
             out.append(z3.Implies(j < sq.len, z3.And(ident)))
@@ -266,9 +277,9 @@ class Formulas(SpecDecisions):
         raw = sq.len + sq.win
         ident_ok, parent = z3.BoolVal(True), z3.IntVal(ROOT)
         for j in range(M):
-            look = pre.idx.get((a["ns"], parent, a["labels"][j]))
+            look = pre.idx.get((a.ns, parent, a.labels[j]))
             published = z3.And(ident_ok, look != NONE)
-            capped = (j + 1) * BS > a["ntok"] - 1
+            capped = (j + 1) * BS > a.ntok - 1
             out.append(z3.Implies(j < raw, z3.And(z3.Not(capped), published)))
             out.append(z3.Implies(raw == j, z3.Or(capped, z3.Not(published))))
             ident_ok, parent = published, look
@@ -291,42 +302,42 @@ class Formulas(SpecDecisions):
             "AUX-CHUNK": self.aux_chunk(d, st),
         }
 
-    def fresh_query(self, prefix: str) -> dict[str, Any]:
+    def fresh_query(self, prefix: str) -> Query:
         """A prompt to look up: namespace, length, one label per block, one multimodal span
         (``[span_start, span_end)``; none when empty) and the *candidates*: for each block
         position, whatever block a hash bucket may return. The candidates are free, so a
         proof over them holds for every hash function, colliding ones included."""
         M = self.bounds.table
-        return {
-            "ns": z3.Int(f"{prefix}ns"),
-            "ntok": z3.Int(f"{prefix}ntok"),
-            "labels": tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
-            "cands": tuple(z3.Int(f"{prefix}cand{j}") for j in range(M)),
-            "span_start": z3.Int(f"{prefix}span_start"),
-            "span_end": z3.Int(f"{prefix}span_end"),
-        }
+        return Query(
+            ns=z3.Int(f"{prefix}ns"),
+            ntok=z3.Int(f"{prefix}ntok"),
+            labels=tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
+            cands=tuple(z3.Int(f"{prefix}cand{j}") for j in range(M)),
+            span_start=z3.Int(f"{prefix}span_start"),
+            span_end=z3.Int(f"{prefix}span_end"),
+        )
 
-    def lookup(self, st: State, q: dict[str, Any]) -> list[Term]:
+    def lookup(self, st: State, q: Query) -> list[Term]:
         """``spec``'s match over the hash index: ``hits[j]`` says block position ``j`` is
-        matched (by candidate ``q["cands"][j]``). Consecutive verified hits, capped so that
+        matched (by candidate ``q.cands[j]``). Consecutive verified hits, capped so that
         one prompt token stays to compute (choice 4), then clamped back to the block
         boundary at or before the span's start when the match would end inside the span
         (choice 5, ``clamp_out_of_spans`` for one span)."""
         M, BS = self.bounds.table, st.BS
         ok, parent, raw = z3.BoolVal(True), z3.IntVal(ROOT), []
         for j in range(M):
-            c = q["cands"][j]
+            c = q.cands[j]
             ok = z3.And(
                 ok,
-                self.within_cap(BS, j, q["ntok"]),
+                self.within_cap(BS, j, q.ntok),
                 st.inb(c),
-                self.verify(st, c, (q["ns"], parent, q["labels"][j])),
+                self.verify(st, c, (q.ns, parent, q.labels[j])),
             )
             raw.append(ok)
             parent = c
         return self.span_clamp(BS, raw, q)
 
-    def lookup_ok(self, d: Domain, st: State, q: dict[str, Any]) -> Term:
+    def lookup_ok(self, d: Domain, st: State, q: Query) -> Term:
         """INV-MATCH of a lookup in state ``st``: the match is a prefix of block positions,
         leaves at least one prompt token to compute, does not end strictly inside the span,
         and every matched block is published with exactly the prompt's identity chain
@@ -335,30 +346,28 @@ class Formulas(SpecDecisions):
         M, BS = self.bounds.table, st.BS
         hits = self.lookup(st, q)
         m = z3.Sum([z3.If(h, 1, 0) for h in hits])
-        chain = self.chain(st, q["ns"], q["labels"])
+        chain = self.chain(st, q.ns, q.labels)
         out = [
             z3.And(
                 [
-                    z3.Implies(
-                        m == k, z3.Not(z3.And(q["span_start"] < k * BS, k * BS < q["span_end"]))
-                    )
+                    z3.Implies(m == k, z3.Not(z3.And(q.span_start < k * BS, k * BS < q.span_end)))
                     for k in range(1, M + 1)
                 ]
             )
         ]
         for j in range(M):
-            c = q["cands"][j]
-            parent = z3.IntVal(ROOT) if j == 0 else q["cands"][j - 1]
+            c = q.cands[j]
+            parent = z3.IntVal(ROOT) if j == 0 else q.cands[j - 1]
             out.append(
                 z3.Implies(
                     hits[j],
                     z3.And(
-                        (j + 1) * BS <= q["ntok"] - 1,
+                        (j + 1) * BS <= q.ntok - 1,
                         st.inb(c),
                         st.pub[c],
-                        st.bns[c] == q["ns"],
+                        st.bns[c] == q.ns,
                         st.par[c] == parent,
-                        st.btok[c] == q["labels"][j],
+                        st.btok[c] == q.labels[j],
                         c == chain[j],
                         *([hits[j - 1]] if j else []),
                     ),

@@ -50,21 +50,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import z3
 
-from ..terms import Term
+from ..terms import BoolTerm, IntTerm, Term
 
 __all__ = [
     "NONE",
     "OPS",
     "ROOT",
     "TXN_ERRORS",
+    "AdmitArgs",
+    "AppendArgs",
     "Bounds",
+    "CommitArgs",
+    "ContinueArgs",
+    "CountArgs",
     "Domain",
+    "EvictArgs",
+    "EvictManyArgs",
+    "FreeArgs",
     "IndexMap",
     "ModelBase",
+    "NoArgs",
+    "OpArgs",
+    "Query",
     "SeqState",
     "SpecDecisions",
     "State",
@@ -331,6 +342,101 @@ class State:
         return State(**kw)
 
 
+# -- the arguments of a transition, as typed records -----------------------------------------
+
+
+class AdmitArgs(NamedTuple):
+    """admit (and its proof step ``attach``, which has no victims): the request's namespace,
+    length and block labels, ``num_new_tokens`` (``whole``: None), ``recompute_blocks``,
+    ``kv_token_limit`` (0: None) and the eviction victims the spec may pick."""
+
+    ns: IntTerm
+    ntok: IntTerm
+    labels: tuple[IntTerm, ...]
+    num_new: IntTerm
+    whole: BoolTerm
+    recompute_blocks: IntTerm
+    limit: IntTerm
+    victims: tuple[IntTerm, ...]
+
+
+class AppendArgs(NamedTuple):
+    """append: the tokens to add and the eviction victims."""
+
+    n: IntTerm
+    victims: tuple[IntTerm, ...]
+
+
+class ContinueArgs(NamedTuple):
+    """continue_prefill: ``num_new_tokens`` (``whole``: None) and the eviction victims."""
+
+    num_new: IntTerm
+    whole: BoolTerm
+    victims: tuple[IntTerm, ...]
+
+
+class CountArgs(NamedTuple):
+    """rollback, and the proof step ``grow``: a number of tokens."""
+
+    n: IntTerm
+
+
+class CommitArgs(NamedTuple):
+    """commit: computed tokens, accepted tokens, and the labels of the blocks they fill."""
+
+    n: IntTerm
+    accepted: IntTerm
+    labels: tuple[IntTerm, ...]
+
+
+class FreeArgs(NamedTuple):
+    """free: which sequence slots the batch frees."""
+
+    freed: tuple[BoolTerm, ...]
+
+
+class EvictArgs(NamedTuple):
+    """The proof step ``evict``: one victim."""
+
+    victim: IntTerm
+
+
+class EvictManyArgs(NamedTuple):
+    """evict (``evict*k``): ``k`` victims in order."""
+
+    victims: tuple[IntTerm, ...]
+
+
+class NoArgs(NamedTuple):
+    """reset: no arguments."""
+
+
+OpArgs = (
+    AdmitArgs
+    | AppendArgs
+    | ContinueArgs
+    | CountArgs
+    | CommitArgs
+    | FreeArgs
+    | EvictArgs
+    | EvictManyArgs
+    | NoArgs
+)
+"""The arguments of any transition (:meth:`~.transitions.Encoding.fresh_args`)."""
+
+
+class Query(NamedTuple):
+    """A prompt to look up (INV-MATCH after any operation): namespace, length, one label per
+    block, one multimodal span ``[span_start, span_end)`` and the hash candidates."""
+
+    ns: IntTerm
+    ntok: IntTerm
+    labels: tuple[IntTerm, ...]
+    cands: tuple[IntTerm, ...]
+    span_start: IntTerm
+    span_end: IntTerm
+
+
 @dataclass(frozen=True)
 class Step:
     """A transition: ``pre --op(args)--> post`` when ``enabled and bounded and choice``."""
@@ -340,7 +446,7 @@ class Step:
     bounded: Term
     choice: Term
     post: State
-    args: dict[str, Any]
+    args: OpArgs
 
 
 def ceil_blocks(n: Term, bs: Term, m: int) -> Term:
@@ -480,19 +586,16 @@ class SpecDecisions(ModelBase):
         ns, parent, label = key
         return z3.And(st.pub[c], st.bns[c] == ns, st.par[c] == parent, st.btok[c] == label)
 
-    def span_clamp(self, BS: Term, raw: list[Term], q: dict[str, Any]) -> list[Term]:
+    def span_clamp(self, BS: Term, raw: list[Term], q: Query) -> list[Term]:
         """Choice 5: a match of ``m`` blocks whose end ``m * BS`` lies strictly inside the
         span is cut back to ``span_start // BS`` blocks (unrolled: linear in ``BS``)."""
         M = len(raw)
         m = z3.Sum([z3.If(h, 1, 0) for h in raw])
         inside = z3.Or(
-            [
-                z3.And(m == k, q["span_start"] < k * BS, k * BS < q["span_end"])
-                for k in range(1, M + 1)
-            ]
+            [z3.And(m == k, q.span_start < k * BS, k * BS < q.span_end) for k in range(1, M + 1)]
         )
         return [
-            z3.And(raw[j], z3.Or(z3.Not(inside), (j + 1) * BS <= q["span_start"])) for j in range(M)
+            z3.And(raw[j], z3.Or(z3.Not(inside), (j + 1) * BS <= q.span_start)) for j in range(M)
         ]
 
     def chain(self, st: State, ns: Term, labels: Sequence[Term]) -> list[Term]:
@@ -536,16 +639,16 @@ class SpecDecisions(ModelBase):
         """``num_cached`` recorded for the sequence: the attached tokens only."""
         return cached
 
-    def attach_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+    def attach_guard(self, sq: SeqState, a: AdmitArgs) -> Term:
         """admit succeeds only for a new sequence id, a non-empty prompt, a positive
         ``num_new_tokens`` when one is given, ``recompute_blocks >= 0`` and a
         ``kv_token_limit`` that is None (0) or positive."""
         return z3.And(
             z3.Not(sq.live),
-            a["ntok"] >= 1,
-            z3.Or(a["whole"], a["num_new"] >= 1),
-            a["recompute_blocks"] >= 0,
-            a["limit"] >= 0,
+            a.ntok >= 1,
+            z3.Or(a.whole, a.num_new >= 1),
+            a.recompute_blocks >= 0,
+            a.limit >= 0,
         )
 
     def count_admission(self, st: State, ntok: Term, cached: Term, remaining: Term) -> State:
@@ -558,10 +661,10 @@ class SpecDecisions(ModelBase):
         """Blocks a table holds for ``nr`` reserved slots: ``ceil(nr / BS)``."""
         return ceil_blocks(nr, BS, self.bounds.table)
 
-    def continue_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+    def continue_guard(self, sq: SeqState, a: ContinueArgs) -> Term:
         """continue_prefill succeeds for a live sequence with prompt tokens left to reserve,
         whose reserved tokens are all committed, and a positive ``num_new_tokens`` if any."""
-        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np, sq.nc == sq.nr)
+        return z3.And(sq.live, z3.Or(a.whole, a.num_new >= 1), sq.nr < sq.np, sq.nc == sq.nr)
 
     def commit_guard(self, sq: SeqState, n: Term, acc: Term) -> Term:
         """commit succeeds for a live sequence when the written slots stay within the

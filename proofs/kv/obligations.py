@@ -29,15 +29,16 @@ one with ``N`` fixed).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
+from ..terms import BoolTerm, Evaluator, Term
 from .concrete import format_state, model_reader, read
-from .model import TXN_ERRORS, Bounds, Domain, State, Step
+from .model import TXN_ERRORS, Bounds, Domain, EvictManyArgs, FreeArgs, OpArgs, Query, State, Step
 from .transitions import Encoding
 
 __all__ = [
@@ -226,7 +227,7 @@ def goal(
     st: Step | None,
     slot: int,
     invariant: str,
-    query: dict[str, Any] | None = None,
+    query: Query | None = None,
 ) -> Any:
     """What the obligation (invariant, step) requires after the step (``st`` None: init).
     INV-MATCH looks up ``query`` (fresh when None) in the successor."""
@@ -249,7 +250,7 @@ def txn_slots(enc: Encoding, op: str) -> range:
 
 def txn_formula(
     enc: Encoding, d: Domain, pre: State, op: str, error: str, slot: int, prefix: str = "a."
-) -> tuple[Any, Any, State, dict[str, Any]]:
+) -> tuple[BoolTerm, BoolTerm, State, OpArgs]:
     """INV-TXN for (op, error class): ``(failing precondition, outcome == pre, outcome,
     args)``."""
     args = enc.fresh_args(op, prefix)
@@ -258,9 +259,11 @@ def txn_formula(
     return fail, enc.same_state(out, pre), out, args
 
 
-def format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
+def format_args(args: OpArgs | Query | Mapping[str, Term], ev: Evaluator) -> str:
+    """``name=value, ...`` of an operation's (or a query's) arguments in a solver model."""
+    items = args.items() if isinstance(args, Mapping) else args._asdict().items()
     parts = []
-    for name, v in args.items():
+    for name, v in items:
         if isinstance(v, str):
             parts.append(f"{name}={v}")
         elif isinstance(v, tuple):
@@ -290,13 +293,15 @@ def find_counterexample(
         d = Domain(n)
         pre = enc.fresh_state(d, "")
         hyp = hypothesis(enc, d, pre)
-        cases: list[tuple[int, Any, Any, State, dict[str, Any]]] = []
+        cases: list[tuple[int, BoolTerm, BoolTerm, State, Mapping[str, Term]]] = []
         query = enc.fresh_query("q.") if invariant == MATCH else None
         for slot in slot_list:
             if invariant == TXN:
                 for error in TXN_ERRORS[step]:
                     fail, g, post, args = txn_formula(enc, d, pre, step, error, slot)
-                    cases.append((slot, z3.And(hyp, fail), g, post, {"error": error, **args}))
+                    cases.append(
+                        (slot, z3.And(hyp, fail), g, post, {"error": error, **args._asdict()})
+                    )
             elif step == "init":
                 cases.append(
                     (
@@ -311,9 +316,15 @@ def find_counterexample(
                 st = step_formula(enc, d, pre, step, slot)
                 guard = z3.And(hyp, st.enabled, st.bounded)
                 cases.append(
-                    (slot, guard, goal(enc, d, pre, st, slot, invariant, query), st.post, st.args)
+                    (
+                        slot,
+                        guard,
+                        goal(enc, d, pre, st, slot, invariant, query),
+                        st.post,
+                        st.args._asdict(),
+                    )
                 )
-        for slot, guard, g, post, args in cases:
+        for slot, guard, g, post, shown in cases:
             s = z3.Solver()
             s.set("random_seed", seed)
             s.add(enc.shape(pre), guard, z3.Not(g))
@@ -328,7 +339,7 @@ def find_counterexample(
                 step=step,
                 slot=slot,
                 pre=format_state(read(pre, ev, n, M)),
-                args=format_args(args, ev)
+                args=format_args(shown, ev)
                 + ("" if query is None else f") then lookup({format_args(query, ev)}"),
                 post=format_state(read(post, ev, n, M)),
                 pool=n,
@@ -441,10 +452,12 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
         shared = z3.Or(
             [z3.And(j < a.len, i < b.len, a.tab[j] == b.tab[i]) for j in range(M) for i in range(M)]
         )
-        return z3.And(st.args["freed"][0], st.args["freed"][1], shared)
+        assert isinstance(st.args, FreeArgs)
+        return z3.And(st.args.freed[0], st.args.freed[1], shared)
 
     def evict(pre: State, st: Step) -> Any:
-        v = st.args["victims"][0]
+        assert isinstance(st.args, EvictManyArgs)
+        v = st.args.victims[0]
         return z3.And(st.post.ctr["evictions"] > pre.ctr["evictions"], pre.par[v] >= 0)
 
     def reset_keep(pre: State, st: Step) -> Any:
@@ -578,12 +591,12 @@ class Prover:
         BS = pre.BS
         raw = [
             z3.And(
-                (j + 1) * BS <= q["ntok"] - 1,
-                pre.inb(q["cands"][j]),
+                (j + 1) * BS <= q.ntok - 1,
+                pre.inb(q.cands[j]),
                 self.enc.verify(
                     pre,
-                    q["cands"][j],
-                    (q["ns"], z3.IntVal(-1) if j == 0 else q["cands"][j - 1], q["labels"][j]),
+                    q.cands[j],
+                    (q.ns, z3.IntVal(-1) if j == 0 else q.cands[j - 1], q.labels[j]),
                 ),
             )
             for j in range(2)

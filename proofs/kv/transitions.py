@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import z3
 
@@ -18,8 +17,18 @@ from .formulas import Formulas
 from .model import (
     NONE,
     ROOT,
+    AdmitArgs,
+    AppendArgs,
+    CommitArgs,
+    ContinueArgs,
+    CountArgs,
     Domain,
+    EvictArgs,
+    EvictManyArgs,
+    FreeArgs,
     Int,
+    NoArgs,
+    OpArgs,
     SeqState,
     State,
     Step,
@@ -39,14 +48,13 @@ class Encoding(Formulas):
     decision points are gathered in :class:`~.model.SpecDecisions`.
     """
 
-    def refusals(
-        self, d: Domain, st: State, op: str, a: dict[str, Any], s: int
-    ) -> list[tuple[str, Term]]:
+    def refusals(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> list[tuple[str, Term]]:
         """The spec's raise sites of ``op``, in the order it checks them: ``(error class,
         condition on the pre-state and arguments)``. :meth:`failures` turns them into one
         failing precondition per class (its condition, no earlier check failing)."""
         sq = st.seqs[s]
         if op == "admit":
+            assert isinstance(a, AdmitArgs)
             att, scheduled = self.attach(d, st, a, s)
             mid = att.post
             # NOTE: an empty prompt, a negative recompute_blocks or kv_token_limit are
@@ -55,54 +63,56 @@ class Encoding(Formulas):
             # after the hit is pinned (the spec pins, evicts, then raises; the transaction
             # puts it all back).
             return [
-                ("InvalidRequest", z3.Or(a["ntok"] < 1, a["recompute_blocks"] < 0, a["limit"] < 0)),
-                ("InvalidRequest", z3.And(z3.Not(a["whole"]), a["num_new"] < 1)),
+                ("InvalidRequest", z3.Or(a.ntok < 1, a.recompute_blocks < 0, a.limit < 0)),
+                ("InvalidRequest", z3.And(z3.Not(a.whole), a.num_new < 1)),
                 ("DuplicateSequence", sq.live),
                 (
                     "OutOfBlocks",
-                    self.out_of_room(d, mid, self.need(mid, s, scheduled), a["victims"]),
+                    self.out_of_room(d, mid, self.need(mid, s, scheduled), a.victims),
                 ),
             ]
         if op == "append":
-            n = a["n"]
+            assert isinstance(a, AppendArgs)
+            n = a.n
             return [
                 ("UnknownSequence", z3.Not(sq.live)),
                 ("InvalidRequest", n < 1),
                 ("InvalidOperation", z3.And(sq.nr < sq.np, sq.lim > 0, sq.nr + n - sq.nc > sq.lim)),
-                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a["victims"])),
+                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a.victims)),
             ]
         if op == "continue_prefill":
-            n = self.chunk_size(sq.np - sq.nr, a["whole"], a["num_new"], sq.lim)
+            assert isinstance(a, ContinueArgs)
+            n = self.chunk_size(sq.np - sq.nr, a.whole, a.num_new, sq.lim)
             return [
                 ("UnknownSequence", z3.Not(sq.live)),
-                ("InvalidRequest", z3.And(z3.Not(a["whole"]), a["num_new"] < 1)),
+                ("InvalidRequest", z3.And(z3.Not(a.whole), a.num_new < 1)),
                 ("InvalidOperation", sq.nr >= sq.np),
                 ("InvalidOperation", sq.nc != sq.nr),
-                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a["victims"])),
+                ("OutOfBlocks", self.out_of_room(d, st, self.need(st, s, n), a.victims)),
             ]
         if op == "commit":
-            nc = sq.nc + a["n"]
+            assert isinstance(a, CommitArgs)
+            nc = sq.nc + a.n
             return [
                 ("UnknownSequence", z3.Not(sq.live)),
-                ("InvalidRequest", z3.Or(a["n"] < 0, a["accepted"] < 0)),
+                ("InvalidRequest", z3.Or(a.n < 0, a.accepted < 0)),
                 ("InvalidOperation", nc > sq.nr),
-                ("InvalidOperation", nc > sq.ntok + a["accepted"]),
+                ("InvalidOperation", nc > sq.ntok + a.accepted),
             ]
         if op == "rollback":
+            assert isinstance(a, CountArgs)
             return [
                 ("UnknownSequence", z3.Not(sq.live)),
-                ("InvalidRequest", a["n"] < 1),
-                ("InvalidOperation", sq.nr - a["n"] < sq.nc),
+                ("InvalidRequest", a.n < 1),
+                ("InvalidOperation", sq.nr - a.n < sq.nc),
             ]
         if op == "free":
+            assert isinstance(a, FreeArgs)
             return [
                 (
                     "UnknownSequence",
                     z3.Or(
-                        [
-                            z3.And(f, z3.Not(q.live))
-                            for f, q in zip(a["freed"], st.seqs, strict=True)
-                        ]
+                        [z3.And(f, z3.Not(q.live)) for f, q in zip(a.freed, st.seqs, strict=True)]
                     ),
                 )
             ]
@@ -110,7 +120,7 @@ class Encoding(Formulas):
             return [("CacheBusy", z3.Or([q.live for q in st.seqs]))]
         return []
 
-    def failures(self, d: Domain, st: State, op: str, a: dict[str, Any], s: int) -> dict[str, Term]:
+    def failures(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> dict[str, Term]:
         """Error class -> the failing precondition under which the spec raises it: one of
         its raise sites fires and no earlier check does."""
         out: dict[str, list[Term]] = {}
@@ -133,12 +143,12 @@ class Encoding(Formulas):
         out.append(z3.And(ok, st.num_free() < need))
         return z3.Or(out)
 
-    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+    def refused(self, st: State, op: str, a: OpArgs, s: int) -> State:
         """What a refused operation leaves: the pre-state (``SpecCache._transaction`` puts
         back its snapshot, statistics included)."""
         return st
 
-    def outcome(self, d: Domain, st: State, op: str, a: dict[str, Any], s: int) -> State:
+    def outcome(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> State:
         """The state after calling ``op``: its successor if enabled, else what a refusal
         leaves (:meth:`refused`)."""
         step = self.step(d, st, op, a, s)
@@ -226,61 +236,57 @@ class Encoding(Formulas):
         rc = z3.Lambda([x], z3.If(hit, 1, st.rc[x]))
         return st.replace(rc=rc, qh=st.qh + need), taken
 
-    def fresh_args(self, op: str, prefix: str) -> dict[str, Any]:
+    def fresh_args(self, op: str, prefix: str) -> OpArgs:
         """Fresh argument variables of an operation (``slot`` is always a Python int)."""
         M, S = self.bounds.table, self.bounds.seqs
         victims = tuple(z3.Int(f"{prefix}victim{e}") for e in range(M))
-        if op == "admit":
-            return {
-                "ns": z3.Int(f"{prefix}ns"),
-                "ntok": z3.Int(f"{prefix}ntok"),
-                "labels": tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
-                "num_new": z3.Int(f"{prefix}num_new"),
-                "whole": z3.Bool(f"{prefix}whole"),
-                "recompute_blocks": z3.Int(f"{prefix}recompute_blocks"),
-                "limit": z3.Int(f"{prefix}kv_token_limit"),
-                "victims": victims,
-            }
+        if op in ("admit", "attach"):
+            return AdmitArgs(
+                ns=z3.Int(f"{prefix}ns"),
+                ntok=z3.Int(f"{prefix}ntok"),
+                labels=tuple(z3.Int(f"{prefix}label{j}") for j in range(M)),
+                num_new=z3.Int(f"{prefix}num_new"),
+                whole=z3.Bool(f"{prefix}whole"),
+                recompute_blocks=z3.Int(f"{prefix}recompute_blocks"),
+                limit=z3.Int(f"{prefix}kv_token_limit"),
+                victims=victims if op == "admit" else (),
+            )
         if op == "append":
-            return {"n": z3.Int(f"{prefix}n"), "victims": victims}
+            return AppendArgs(z3.Int(f"{prefix}n"), victims)
         if op == "continue_prefill":
-            return {
-                "num_new": z3.Int(f"{prefix}num_new"),
-                "whole": z3.Bool(f"{prefix}whole"),
-                "victims": victims,
-            }
-        if op == "attach":
-            return {k: v for k, v in self.fresh_args("admit", prefix).items() if k != "victims"}
-        if op == "grow":
-            return {"n": z3.Int(f"{prefix}n")}
+            return ContinueArgs(z3.Int(f"{prefix}num_new"), z3.Bool(f"{prefix}whole"), victims)
+        if op in ("grow", "rollback"):
+            return CountArgs(z3.Int(f"{prefix}n"))
         if op == "commit":
-            return {
-                "n": z3.Int(f"{prefix}n"),
-                "accepted": z3.Int(f"{prefix}accepted"),
-                "labels": tuple(z3.Int(f"{prefix}newlabel{j}") for j in range(M)),
-            }
-        if op == "rollback":
-            return {"n": z3.Int(f"{prefix}n")}
+            return CommitArgs(
+                z3.Int(f"{prefix}n"),
+                z3.Int(f"{prefix}accepted"),
+                tuple(z3.Int(f"{prefix}newlabel{j}") for j in range(M)),
+            )
         if op == "free":
-            return {"freed": tuple(z3.Bool(f"{prefix}freed{s}") for s in range(S))}
+            return FreeArgs(tuple(z3.Bool(f"{prefix}freed{s}") for s in range(S)))
         if op == "evict":
-            return {"victim": z3.Int(f"{prefix}victim")}
+            return EvictArgs(z3.Int(f"{prefix}victim"))
         if op.startswith("evict*"):
             n = int(op[len("evict*") :])
-            return {"victims": tuple(z3.Int(f"{prefix}victim{e}") for e in range(n))}
+            return EvictManyArgs(tuple(z3.Int(f"{prefix}victim{e}") for e in range(n)))
         if op in ("reset_keep", "reset_full"):
-            return {}
+            return NoArgs()
         raise ValueError(f"unknown operation {op!r}")
 
-    def step(self, d: Domain, st: State, op: str, args: dict[str, Any], slot: int = 0) -> Step:
+    def step(self, d: Domain, st: State, op: str, args: OpArgs, slot: int = 0) -> Step:
         """The transition of ``op`` (or of a proof step: ``attach``, ``grow``)."""
         if op == "attach":
+            assert isinstance(args, AdmitArgs)
             return self._bounded(self.attach(d, st, args, slot)[0])
         if op == "grow":
-            return self._bounded(self.grow(d, st, slot, args["n"]))
+            assert isinstance(args, CountArgs)
+            return self._bounded(self.grow(d, st, slot, args.n))
         if op == "evict":
-            return self._bounded(self.evict_step(d, st, args["victim"]))
+            assert isinstance(args, EvictArgs)
+            return self._bounded(self.evict_step(d, st, args.victim))
         if op.startswith("evict*"):
+            assert isinstance(args, EvictManyArgs)
             return self._bounded(self.op_evict(d, st, args))
         fn: Callable[..., Step] = getattr(self, f"op_{op}")
         if op in ("admit", "append", "continue_prefill", "commit", "rollback"):
@@ -291,7 +297,7 @@ class Encoding(Formulas):
         """A transition is inside the model when its post-state is within the bounds."""
         return dataclasses.replace(step, bounded=z3.And(step.bounded, self.in_bounds(step.post)))
 
-    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+    def attach(self, d: Domain, st: State, a: AdmitArgs, s: int) -> tuple[Step, Term]:
         """First part of admit: match, cut off the recompute window, then pin the attached
         hit by installing it as the new table.
 
@@ -304,16 +310,16 @@ class Encoding(Formulas):
         :meth:`op_evict` steps (the window's originals may be among the victims).
         """
         M, BS, sq = self.bounds.table, st.BS, st.seqs[s]
-        ns, ntok, labels = a["ns"], a["ntok"], a["labels"]
+        ns, ntok, labels = a.ns, a.ntok, a.labels
         chain, matched, m = self.match_blocks(st, a)
         # window: the last min(recompute_blocks, m) matched blocks are not attached; grow
         # allocates fresh private blocks for them (choice 6)
-        w = self.window_size(a["recompute_blocks"], m)
+        w = self.window_size(a.recompute_blocks, m)
         hit = [self.attached(matched[j], j, m, w) for j in range(M)]
         k = z3.Sum([z3.If(h, 1, 0) for h in hit])
         cached = z3.Sum([z3.If(h, BS, 0) for h in hit])
         remaining = ntok - cached
-        scheduled = self.chunk_size(remaining, a["whole"], a["num_new"], a["limit"])
+        scheduled = self.chunk_size(remaining, a.whole, a.num_new, a.limit)
         enabled = self.attach_guard(sq, a)
         rc = st.rc
         for j in range(M):
@@ -330,21 +336,21 @@ class Encoding(Formulas):
             nca=self.cached_tokens(BS, cached, w),
             win=w,
             np=ntok,
-            lim=a["limit"],
+            lim=a.limit,
             tab=tab,
             lab=tuple(labels),
         )
         st = self.count_admission(st, ntok, cached, remaining)
         return Step("attach", enabled, z3.BoolVal(True), z3.BoolVal(True), st, a), scheduled
 
-    def match_blocks(self, st: State, a: dict[str, Any]) -> tuple[list[Term], list[Term], Term]:
+    def match_blocks(self, st: State, a: AdmitArgs) -> tuple[list[Term], list[Term], Term]:
         """The raw match of an admission: ``(chain, matched, m)``. ``matched[j]``: block ``j``
         is one of the consecutive hits of the identity chain, capped at ``(ntok - 1) // BS``
         blocks; ``m`` is how many there are."""
-        chain = self.chain(st, a["ns"], a["labels"])
+        chain = self.chain(st, a.ns, a.labels)
         matched, ok = [], z3.BoolVal(True)
         for j in range(self.bounds.table):
-            ok = z3.And(ok, self.within_cap(st.BS, j, a["ntok"]), chain[j] != NONE)
+            ok = z3.And(ok, self.within_cap(st.BS, j, a.ntok), chain[j] != NONE)
             matched.append(ok)
         return chain, matched, z3.Sum([z3.If(h, 1, 0) for h in matched])
 
@@ -376,14 +382,14 @@ class Encoding(Formulas):
             for j in range(M)
         )
         st = st.seq(s, nr=nr, len=length, tab=tab)
-        return Step("grow", enabled, nr <= M * st.BS, z3.BoolVal(True), st, {"n": n})
+        return Step("grow", enabled, nr <= M * st.BS, z3.BoolVal(True), st, CountArgs(n))
 
-    def op_admit(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_admit(self, d: Domain, st: State, a: AdmitArgs, s: int) -> Step:
         """admit: match -> pin -> evict -> allocate, as one transition (attach ; evict* ;
         grow)."""
         att, scheduled = self.attach(d, st, a, s)
         mid = att.post
-        room, en_room, choice = self.make_room(d, mid, self.need(mid, s, scheduled), a["victims"])
+        room, en_room, choice = self.make_room(d, mid, self.need(mid, s, scheduled), a.victims)
         g = self.grow(d, room, s, scheduled)
         return Step(
             "admit",
@@ -394,11 +400,11 @@ class Encoding(Formulas):
             a,
         )
 
-    def op_append(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_append(self, d: Domain, st: State, a: AppendArgs, s: int) -> Step:
         """append: reserve ``n`` more slots, evicting and allocating as needed (evict* ;
         grow)."""
-        sq, n = st.seqs[s], a["n"]
-        room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a["victims"])
+        sq, n = st.seqs[s], a.n
+        room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a.victims)
         g = self.grow(d, room, s, n)
         enabled = z3.And(sq.live, n >= 1, self.growth_guard(sq, n), en_room, g.enabled)
         return Step("append", enabled, g.bounded, choice, g.post, a)
@@ -408,23 +414,23 @@ class Encoding(Formulas):
         growth keeps at most ``kv_token_limit`` uncommitted tokens."""
         return z3.Implies(z3.And(sq.nr < sq.np, sq.lim > 0), sq.nr + n - sq.nc <= sq.lim)
 
-    def op_continue_prefill(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_continue_prefill(self, d: Domain, st: State, a: ContinueArgs, s: int) -> Step:
         """continue_prefill: once the previous chunk is committed, reserve the next one
         (evict* ; grow), sized like the first (:meth:`chunk_size`)."""
         sq = st.seqs[s]
-        n = self.chunk_size(sq.np - sq.nr, a["whole"], a["num_new"], sq.lim)
-        room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a["victims"])
+        n = self.chunk_size(sq.np - sq.nr, a.whole, a.num_new, sq.lim)
+        room, en_room, choice = self.make_room(d, st, self.need(st, s, n), a.victims)
         g = self.grow(d, room, s, n)
         enabled = z3.And(self.continue_guard(sq, a), en_room, g.enabled)
         return Step("continue_prefill", enabled, g.bounded, choice, g.post, a)
 
-    def op_commit(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_commit(self, d: Domain, st: State, a: CommitArgs, s: int) -> Step:
         """commit: accept tokens, mark KV written, publish the newly full committed blocks."""
         M, BS, sq = self.bounds.table, st.BS, st.seqs[s]
-        n, acc = a["n"], a["accepted"]
+        n, acc = a.n, a.accepted
         ntok, nc = sq.ntok + acc, sq.nc + n
         enabled = self.commit_guard(sq, n, acc)
-        labels = tuple(z3.If((j + 1) * BS <= sq.ntok, sq.lab[j], a["labels"][j]) for j in range(M))
+        labels = tuple(z3.If((j + 1) * BS <= sq.ntok, sq.lab[j], a.labels[j]) for j in range(M))
         st = self.publish(st, sq, self.identity_labels(sq.lab, labels), nc, ntok)
         st = st.seq(s, ntok=ntok, nc=nc, lab=labels)
         return Step("commit", enabled, z3.BoolVal(True), z3.BoolVal(True), st, a)
@@ -453,9 +459,9 @@ class Encoding(Formulas):
             c_ok = c != NONE
         return st
 
-    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_rollback(self, d: Domain, st: State, a: CountArgs, s: int) -> Step:
         """rollback: give back the last ``n`` unwritten slots, releasing blocks tail first."""
-        M, sq, n = self.bounds.table, st.seqs[s], a["n"]
+        M, sq, n = self.bounds.table, st.seqs[s], a.n
         nr = sq.nr - n
         keep = ceil_blocks(nr, st.BS, M)
         enabled = z3.And(sq.live, n >= 1, nr >= sq.nc)
@@ -481,9 +487,9 @@ class Encoding(Formulas):
             st = st.seq(s, live=z3.And(pre.seqs[s].live, z3.Not(f)))
         return st
 
-    def op_free(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_free(self, d: Domain, st: State, a: FreeArgs) -> Step:
         """free: batched release; a block held by several freed tables drops once per hold."""
-        freed = a["freed"]
+        freed = a.freed
         enabled = z3.And([z3.Implies(f, sq.live) for f, sq in zip(freed, st.seqs, strict=True)])
         post = self.free_seqs(st, freed)
         return Step("free", enabled, z3.BoolVal(True), z3.BoolVal(True), post, a)
@@ -498,29 +504,29 @@ class Encoding(Formulas):
             z3.BoolVal(True),
             self.is_first_leaf(d, st, v),
             post,
-            {"victim": v},
+            EvictArgs(v),
         )
 
     def exists_leaf(self, d: Domain, st: State) -> Term:
         return d.exists_blocks(st.N, lambda b: self.is_leaf(d, st, b))
 
-    def op_evict(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_evict(self, d: Domain, st: State, a: EvictManyArgs) -> Step:
         """``evict(n)`` with ``n = len(victims)``: evict leaves while there are any."""
         en, ch = [], []
-        for v in a["victims"]:
+        for v in a.victims:
             avail = self.exists_leaf(d, st)
             en.append(z3.Implies(avail, self.is_leaf(d, st, v)))
             ch.append(z3.Implies(avail, self.is_first_leaf(d, st, v)))
             st = self.evict_one(st, v, avail)
         return Step("evict", z3.And(en), z3.BoolVal(True), z3.And(ch), st, a)
 
-    def op_reset_keep(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_keep(self, d: Domain, st: State, a: NoArgs) -> Step:
         """reset(preserve_cache=True): free every live sequence, keep published blocks."""
         live = [sq.live for sq in st.seqs]
         post = State.ite(z3.Or(live), self.free_seqs(st, live), st)
         return Step("reset_keep", z3.BoolVal(True), z3.BoolVal(True), z3.BoolVal(True), post, a)
 
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         """reset(preserve_cache=False): refused while a sequence is live; else a fresh pool."""
         enabled = z3.Not(z3.Or([sq.live for sq in st.seqs]))
         i = z3.Int("lam!i")
