@@ -403,11 +403,7 @@ def run(opts: ProveOptions, emit: Emit | None = None) -> ProofReport:
                 f"{report.window_states} checks from a state with a window block to write) "
                 f"in {report.seconds:.1f}s, no drift"
             )
-            for s in seeded:
-                say(
-                    f"  seeded drift {s.name:<24} "
-                    f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}"
-                )
+            _say_seeded(say, seeded)
 
     if args.drift and do_ckpt:
         n_ck = max(1000, args.drift // 5)
@@ -435,11 +431,7 @@ def run(opts: ProveOptions, emit: Emit | None = None) -> ProofReport:
                 f"{crep.kv_rejections} KV-side rejections not modelled; fates {crep.fates}) "
                 f"in {crep.seconds:.1f}s, no drift"
             )
-            for cs in cseeded:
-                say(
-                    f"  seeded drift {cs.name:<24} "
-                    f"{'caught after ' + str(cs.checks) + ' checks' if cs.caught else 'MISSED'}"
-                )
+            _say_seeded(say, cseeded)
 
     if args.drift and "SPANS" in small_runs:
         ok &= _span_drift(opts, doc, say if text else None)
@@ -507,9 +499,7 @@ def _span_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> bo
             f"{rep.chunk_cuts} chunks cut by a span, {rep.split_refusals} span refusals) "
             f"in {rep.seconds:.1f}s, no drift"
         )
-        for s in seeded:
-            verdict = f"caught after {s.checks} checks" if s.caught else "MISSED"
-            say(f"  seeded drift {s.name:<24} {verdict}")
+        _say_seeded(say, seeded)
     return all(s.caught for s in seeded)
 
 
@@ -549,9 +539,7 @@ def _joint_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> b
             f"{ex.steps} steps in lockstep, {ex.matches} matches equal ({ex.replays} replays) "
             f"in {ex.seconds:.1f}s"
         )
-        for s in seeded:
-            verdict = f"caught after {s.checks} steps" if s.caught else "MISSED"
-            say(f"  seeded drift {s.name:<26} {verdict}")
+        _say_seeded(say, seeded, unit="steps", width=26)
     return all(s.caught for s in seeded)
 
 
@@ -561,3 +549,12 @@ def _seeded_rows(seeded: Sequence[SeededResult], checks_key: str) -> list[dict[s
         {"name": s.name, "description": s.description, "caught": s.caught, checks_key: s.checks}
         for s in seeded
     ]
+
+
+def _say_seeded(
+    say: Emit, seeded: Sequence[SeededResult], unit: str = "checks", width: int = 24
+) -> None:
+    """One text line per seeded drift: caught after how many checks (or steps), or MISSED."""
+    for s in seeded:
+        verdict = f"caught after {s.checks} {unit}" if s.caught else "MISSED"
+        say(f"  seeded drift {s.name:<{width}} {verdict}")
