@@ -18,6 +18,7 @@ so that each can move with the tree it belongs to without touching the others.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .terms import Evaluator, Term
 __all__ = [
     "DEFAULT_RLIMIT",
     "Obligation",
+    "ScenarioWitnesses",
     "SmallModel",
     "SmallRow",
     "Variant",
@@ -92,6 +94,53 @@ class SmallModel(Protocol):
     def obligations(self, ops: Sequence[str] | None = None) -> list[Obligation]: ...
 
     def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]: ...
+
+
+class ScenarioWitnesses(abc.ABC):
+    """Non-vacuity by scenario: for every operation but ``init``, a satisfiable formula of a
+    state that satisfies the invariant, the step's guard, and what the operation's scenario
+    exercises. A small model supplies its states, arguments, steps and scenarios."""
+
+    @abc.abstractmethod
+    def _ops(self, ops: Sequence[str] | None) -> list[str]:
+        """The model's operations among ``ops`` (all of them when None), in its order."""
+
+    @abc.abstractmethod
+    def fresh(self, p: str) -> Term:
+        """A state of fresh variables named ``p...``."""
+
+    @abc.abstractmethod
+    def fresh_args(self, op: str, p: str = "a.") -> Term:
+        """Fresh arguments of ``op``."""
+
+    @abc.abstractmethod
+    def step(self, op: str, x: Term, a: Term) -> Term:
+        """The transition of ``op`` from ``x``: its ``guard`` and ``post``-state."""
+
+    @abc.abstractmethod
+    def inv(self, x: Term) -> Term:
+        """The model's invariant of state ``x``."""
+
+    @abc.abstractmethod
+    def scenario(self, op: str, x: Term, a: Term, stp: Term) -> tuple[str, Term]:
+        """The name and formula of the case of ``op`` that the witness must exercise."""
+
+    @abc.abstractmethod
+    def shower(self, x: Term, op: str | None, a: Term, post: Term) -> Show:
+        """Renders a pre-state, a step and its post-state in a solver model."""
+
+    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
+        out: list[Witness] = []
+        for op in self._ops(ops):
+            if op == "init":
+                continue
+            pre = self.fresh("w.")
+            a = self.fresh_args(op, "wa.")
+            stp = self.step(op, pre, a)
+            name, extra = self.scenario(op, pre, a, stp)
+            formula = z3.And(self.inv(pre), stp.guard, extra)
+            out.append(Witness(op, name, formula, self.shower(pre, op, a, stp.post)))
+        return out
 
 
 @dataclass

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from ..small import Obligation, Variant, Witness, all_of, any_of
+from ..small import Obligation, ScenarioWitnesses, Variant, all_of, any_of
 from ..terms import Evaluator, Term
 
 __all__ = [
@@ -186,7 +186,7 @@ def put(xs: Sequence[Term], i: Term, v: Term, cond: Term = True) -> tuple[Term, 
     return tuple(z3.If(z3.And(cond, i == k), v, x) for k, x in enumerate(xs))
 
 
-class JointModel:
+class JointModel(ScenarioWitnesses):
     """KV nodes, hits and checkpoints in one transition system (module doc)."""
 
     name = "joint"
@@ -741,22 +741,6 @@ class JointModel:
             out.append(
                 Obligation(
                     "EXPERTS", op, "two-state", h, c, self.shower(x, op, a, y, "other experts")
-                )
-            )
-        return out
-
-    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
-        out: list[Witness] = []
-        for op in self._ops(ops):
-            if op == "init":
-                continue
-            x = self.fresh("w.")
-            a = self.fresh_args(op, "wa.")
-            stp = self.step(op, x, a)
-            name, extra = self.scenario(op, x, a, stp)
-            out.append(
-                Witness(
-                    op, name, z3.And(self.inv(x), stp.guard, extra), self.shower(x, op, a, stp.post)
                 )
             )
         return out

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 
 import z3
 
-from ..small import Obligation, Variant, Witness, all_of, any_of
+from ..small import Obligation, ScenarioWitnesses, Variant, all_of, any_of
 from ..terms import Term
 
 __all__ = [
@@ -143,7 +143,7 @@ class Step:
     facts: dict[str, Term]
 
 
-class SpanModel:
+class SpanModel(ScenarioWitnesses):
     """The span-relevant part of ``SpecCache`` for one sequence (module doc)."""
 
     name = "spans"
@@ -457,25 +457,6 @@ class SpanModel:
                 out.append(
                     Obligation("SPLIT-REFUSED", op, "refusal", refusal, z3.Not(stp.guard), show)
                 )
-        return out
-
-    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
-        out: list[Witness] = []
-        for op in self._ops(ops):
-            if op == "init":
-                continue
-            pre = self.fresh("w.")
-            a = self.fresh_args(op, "wa.")
-            stp = self.step(op, pre, a)
-            name, extra = self.scenario(op, pre, a, stp)
-            out.append(
-                Witness(
-                    op,
-                    name,
-                    z3.And(self.inv(pre), stp.guard, extra),
-                    self.shower(pre, op, a, stp.post),
-                )
-            )
         return out
 
     def scenario(self, op: str, x: SpanState, a: Args, stp: Step) -> tuple[str, Term]:
