@@ -517,67 +517,74 @@ class Prover:
 
     def prove_step(self, invariant: str, step: str) -> StepResult:
         """Prove (invariant, step) for every slot the step can act on."""
-        key = (invariant, step)
+
+        def negate(slot: int) -> Callable[[z3.Solver], None]:
+            st, post_inv = self._step(step, slot)
+
+            def add(s: z3.Solver) -> None:
+                if st is None:  # init
+                    s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
+                else:
+                    s.add(self._hyp, st.enabled, st.bounded)
+                if invariant in post_inv:
+                    s.add(z3.Not(post_inv[invariant]))
+                else:
+                    s.add(z3.Not(goal(self.enc, self.d, self.pre, st, slot, invariant)))
+
+            return add
+
+        slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
+        return self._prove_slots((invariant, step), invariant, step, slots, negate, "")
+
+    def prove_txn(self, op: str, error: str) -> StepResult:
+        """INV-TXN for (op, error class), every slot the operation can act on."""
+
+        def negate(slot: int) -> Callable[[z3.Solver], None]:
+            fail, g, _, _ = txn_formula(self.enc, self.d, self.pre, op, error, slot)
+            return lambda s: s.add(self._hyp, fail, z3.Not(g))
+
+        slots = txn_slots(self.enc, op)
+        return self._prove_slots((f"{TXN}:{error}", op), TXN, op, slots, negate, f"{error}, ")
+
+    def _prove_slots(
+        self,
+        key: tuple[str, str],
+        invariant: str,
+        step: str,
+        slots: Iterable[int],
+        negate: Callable[[int], Callable[[z3.Solver], None]],
+        where: str,
+    ) -> StepResult:
+        """The negated obligation is unsatisfiable for every slot (cached under ``key``).
+
+        ``negate(slot)`` builds the step, then adds the negation to a fresh solver.
+        NOTE: the step is built before the solver and the rest after it, always in that
+        order: Z3's search, and so each row's ``rlimit_used``, depends on term order. If
+        an obligation is not proved, a concrete counterexample in a small pool is a real
+        one; Z3 often answers "unknown" rather than "sat" on the quantified formula.
+        """
         if key in self._results:
             return self._results[key]
-        slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
         t0 = time.perf_counter()
         status, used, detail = "proved", 0, ""
         for slot in slots:
-            st, post_inv = self._step(step, slot)
+            add = negate(slot)
             s = _solver(self.rlimit, self.seed)
-            if st is None:  # init
-                s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
-            else:
-                s.add(self._hyp, st.enabled, st.bounded)
-            if invariant in post_inv:
-                s.add(z3.Not(post_inv[invariant]))
-            else:
-                s.add(z3.Not(goal(self.enc, self.d, self.pre, st, slot, invariant)))
+            add(s)
             before = _rlimit_count(s)
             r = s.check()
             used = max(used, _rlimit_count(s) - before)
             if r == z3.unsat:
                 continue
-            # Not proved. A concrete counterexample (a small pool) is a real one; Z3 often
-            # answers "unknown" rather than "sat" on the quantified symbolic formula.
             cex = find_counterexample(self.enc, invariant, step, slots=[slot], max_pool=4)
             if cex is not None:
                 status, detail = "counterexample", str(cex)
             elif r == z3.sat:
                 status, detail = "counterexample", "counterexample (symbolic model only)"
             else:
-                status, detail = "unknown", f"slot {slot}: {s.reason_unknown()}"
+                status, detail = "unknown", f"{where}slot {slot}: {s.reason_unknown()}"
             break
         res = StepResult(invariant, step, status, time.perf_counter() - t0, used, detail)
-        self._results[key] = res
-        return res
-
-    def prove_txn(self, op: str, error: str) -> StepResult:
-        """INV-TXN for (op, error class), every slot the operation can act on."""
-        key = (f"{TXN}:{error}", op)
-        if key in self._results:
-            return self._results[key]
-        t0 = time.perf_counter()
-        status, used, detail = "proved", 0, ""
-        for slot in txn_slots(self.enc, op):
-            fail, g, _, _ = txn_formula(self.enc, self.d, self.pre, op, error, slot)
-            s = _solver(self.rlimit, self.seed)
-            s.add(self._hyp, fail, z3.Not(g))
-            before = _rlimit_count(s)
-            r = s.check()
-            used = max(used, _rlimit_count(s) - before)
-            if r == z3.unsat:
-                continue
-            cex = find_counterexample(self.enc, TXN, op, slots=[slot], max_pool=4)
-            if cex is not None:
-                status, detail = "counterexample", str(cex)
-            elif r == z3.sat:
-                status, detail = "counterexample", "counterexample (symbolic model only)"
-            else:
-                status, detail = "unknown", f"{error}, slot {slot}: {s.reason_unknown()}"
-            break
-        res = StepResult(TXN, op, status, time.perf_counter() - t0, used, detail)
         self._results[key] = res
         return res
 
