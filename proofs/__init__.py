@@ -1,26 +1,38 @@
-"""prefixkv.proofs: Z3 proofs about the spec and the kernels' index arithmetic.
+"""prefixkv.proofs: Z3 proofs about the spec and the kernels' index arithmetic (a library;
+the command is ``prefixkv prove``, :mod:`prefixkv.commands.prove`).
 
-* :mod:`.encoding`: the spec's transition system in Z3 (state, one transition per operation).
-* :mod:`.obligations`: every invariant inductive over every operation, plus non-vacuity.
-* :mod:`.broken`: deliberately broken encodings, each refuted by a printed counterexample.
-* :mod:`.drift`: the model and the Python spec agree step by step on concrete states.
-* :mod:`.checkpoints`: INV-CKPT, the checkpoint lifecycle of ``HybridSpecCache``: its own
-  model, obligations, non-vacuity and broken variants; :mod:`.ckpt_drift` checks it
-  against the spec.
-* :mod:`.spans`: multimodal spans in admission's match, the chunks and the tail (the span
-  parts of INV-LIMIT and INV-MATCH); :mod:`.span_drift` checks it against the spec.
-* :mod:`.joint`: the KV and checkpoint transition systems composed over one node set:
-  restore safety over every interleaving, and routed experts' non-interference;
-  :mod:`.joint_drift` checks it on the hybrid spec's reachable states.
-* :mod:`.small`: how the small models state, prove and break their obligations.
-* :mod:`.kernel_index`: ``prefixkv.kernels.index_math`` in bit-vectors and integers.
-* :mod:`.cli`: ``python -m prefixkv.proofs`` (``add_arguments``/``run`` for the project CLI).
+Two parallel trees, one per transition system of the spec, with the same parts each:
+
+============================  =========================  ==============================
+part                          KV cache (:mod:`.kv`)      checkpoints (:mod:`.ckpt`)
+============================  =========================  ==============================
+state, data types, the spec's ``kv.model``               ``ckpt.model``
+decision points
+invariants as formulas        ``kv.formulas``            ``ckpt.formulas``
+one transition per operation  ``kv.transitions``         ``ckpt.transitions``
+proof obligations             ``kv.obligations``         ``ckpt.obligations``
+broken variants               ``kv.broken``              ``ckpt.broken``
+drift check against the spec  ``kv.drift``               ``ckpt.drift``
+============================  =========================  ==============================
+
+NOTE: the two small models go where what they prove lives. The span model
+(``kv.spans``, ``kv.span_drift``) proves the span parts of INV-LIMIT and INV-MATCH: it
+refines the KV model's admission, chunks and tail, and is checked against ``SpecCache``,
+so it sits in the KV tree (two modules: it is a few hundred lines on :mod:`.small`). The
+joint model (:mod:`.joint`: ``model``, ``drift``) composes the KV and checkpoint systems
+over one node set; it belongs to neither tree, so it is a package of its own beside them.
+
+Shared by all: :mod:`.small` (how a small model states, proves and breaks an obligation),
+:mod:`.driver` (the drift runs and seeded drifts), :mod:`.terms` (the typed names of Z3
+terms), :mod:`.run` (run every model's obligations, variants and drift checks: the rows of
+``prove --json``) and :mod:`.kernel_index` (``prefixkv.kernels.index_math`` in bit-vectors).
 
 Importing this package imports z3 and the spec, never torch.
 """
 
-from .encoding import OPS, Bounds, Encoding
-from .obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
+from .kv.model import OPS, Bounds
+from .kv.obligations import INVARIANT_IDS, OPERATIONS, STRENGTHENINGS, Prover
+from .kv.transitions import Encoding
 
 __all__ = [
     "INVARIANT_IDS",

@@ -18,6 +18,7 @@ so that each can move with the tree it belongs to without touching the others.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,12 @@ from typing import Any, Protocol
 
 import z3
 
+from .terms import Evaluator, Term
+
 __all__ = [
     "DEFAULT_RLIMIT",
     "Obligation",
+    "ScenarioWitnesses",
     "SmallModel",
     "SmallRow",
     "Variant",
@@ -44,17 +48,17 @@ __all__ = [
 DEFAULT_RLIMIT = 20_000_000
 
 
-def all_of(xs: Sequence[Any]) -> Any:
+def all_of(xs: Sequence[Term]) -> Term:
     """The conjunction of ``xs``; true when there are none."""
     return z3.And(*xs) if xs else z3.BoolVal(True)
 
 
-def any_of(xs: Sequence[Any]) -> Any:
+def any_of(xs: Sequence[Term]) -> Term:
     """The disjunction of ``xs``; false when there are none."""
     return z3.Or(*xs) if xs else z3.BoolVal(False)
 
 
-Show = Callable[[Callable[[Any], Any]], str]
+Show = Callable[[Evaluator], str]
 """Renders a counterexample or a witness, given the model's evaluation function."""
 
 
@@ -65,8 +69,8 @@ class Obligation:
     prop: str
     operation: str
     kind: str  # "state" (an invariant of the successor), "step" (a fact of the step), ...
-    hyp: Any
-    concl: Any
+    hyp: Term
+    concl: Term
     show: Show
 
 
@@ -76,7 +80,7 @@ class Witness:
 
     operation: str
     scenario: str
-    formula: Any
+    formula: Term
     show: Show
 
 
@@ -90,6 +94,53 @@ class SmallModel(Protocol):
     def obligations(self, ops: Sequence[str] | None = None) -> list[Obligation]: ...
 
     def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]: ...
+
+
+class ScenarioWitnesses(abc.ABC):
+    """Non-vacuity by scenario: for every operation but ``init``, a satisfiable formula of a
+    state that satisfies the invariant, the step's guard, and what the operation's scenario
+    exercises. A small model supplies its states, arguments, steps and scenarios."""
+
+    @abc.abstractmethod
+    def _ops(self, ops: Sequence[str] | None) -> list[str]:
+        """The model's operations among ``ops`` (all of them when None), in its order."""
+
+    @abc.abstractmethod
+    def fresh(self, p: str) -> Term:
+        """A state of fresh variables named ``p...``."""
+
+    @abc.abstractmethod
+    def fresh_args(self, op: str, p: str = "a.") -> Term:
+        """Fresh arguments of ``op``."""
+
+    @abc.abstractmethod
+    def step(self, op: str, x: Term, a: Term) -> Term:
+        """The transition of ``op`` from ``x``: its ``guard`` and ``post``-state."""
+
+    @abc.abstractmethod
+    def inv(self, x: Term) -> Term:
+        """The model's invariant of state ``x``."""
+
+    @abc.abstractmethod
+    def scenario(self, op: str, x: Term, a: Term, stp: Term) -> tuple[str, Term]:
+        """The name and formula of the case of ``op`` that the witness must exercise."""
+
+    @abc.abstractmethod
+    def shower(self, x: Term, op: str | None, a: Term, post: Term) -> Show:
+        """Renders a pre-state, a step and its post-state in a solver model."""
+
+    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
+        out: list[Witness] = []
+        for op in self._ops(ops):
+            if op == "init":
+                continue
+            pre = self.fresh("w.")
+            a = self.fresh_args(op, "wa.")
+            stp = self.step(op, pre, a)
+            name, extra = self.scenario(op, pre, a, stp)
+            formula = z3.And(self.inv(pre), stp.guard, extra)
+            out.append(Witness(op, name, formula, self.shower(pre, op, a, stp.post)))
+        return out
 
 
 @dataclass

@@ -134,7 +134,7 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
     (
         "prove",
         "prove the spec's invariants inductive with Z3 (and the kernels' index arithmetic)",
-        "prefixkv.proofs.cli:setup",
+        "prefixkv.commands.prove:setup",
     ),
 )
 for _name, _help, _target in _BUILTIN:

@@ -17,12 +17,27 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import z3
+from prefixkv.spec.invariant_ids import InvariantId
 
-from .encoding import Bounds, Domain, Encoding, SeqState, State, Step, Term, cstore
+from ..terms import Term
+from .model import (
+    AdmitArgs,
+    AppendArgs,
+    Bounds,
+    CountArgs,
+    Domain,
+    NoArgs,
+    OpArgs,
+    Query,
+    SeqState,
+    State,
+    Step,
+    cstore,
+)
 from .obligations import Counterexample, find_counterexample
+from .transitions import Encoding
 
 __all__ = ["VARIANTS", "Variant", "VariantResult", "check_variant"]
 
@@ -70,8 +85,8 @@ class FreeOncePerBlock(Encoding):
 
 
 class RollbackReleasesOneMore(Encoding):
-    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
-        M, sq, n = self.bounds.table, st.seqs[s], a["n"]
+    def op_rollback(self, d: Domain, st: State, a: CountArgs, s: int) -> Step:
+        M, sq, n = self.bounds.table, st.seqs[s], a.n
         nr = sq.nr - n
         keep = self.table_length(nr, st.BS)
         enabled = z3.And(sq.live, n >= 1, nr >= sq.nc)
@@ -84,9 +99,9 @@ class RollbackReleasesOneMore(Encoding):
 
 
 class AdmitLiveSequence(Encoding):
-    def attach_guard(self, sq: SeqState, a: dict[str, Any]) -> Term:
+    def attach_guard(self, sq: SeqState, a: AdmitArgs) -> Term:
         # BUG: the "not already live" conjunct is dropped: re-admission overwrites a table
-        return z3.And(a["ntok"] >= 1, z3.Or(a["whole"], a["num_new"] >= 1))
+        return z3.And(a.ntok >= 1, z3.Or(a.whole, a.num_new >= 1))
 
 
 class AllocateOneMore(Encoding):
@@ -156,7 +171,7 @@ class PublishDuplicate(Encoding):
 
 
 class ResetKeepsIndex(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset forgets the blocks but not the index
         return Step(
@@ -200,7 +215,7 @@ class PublishOneSlotEarly(Encoding):
 
 
 class AttachComputesOneBlockLess(Encoding):
-    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+    def attach(self, d: Domain, st: State, a: AdmitArgs, s: int) -> tuple[Step, Term]:
         step, scheduled = super().attach(d, st, a, s)
         sq = step.post.seqs[s]
         # BUG: off by one block: the last hit block is still "to be written"
@@ -236,10 +251,10 @@ class PublishStaleTokens(Encoding):
 
 
 class WindowAttachedShared(Encoding):
-    def attach(self, d: Domain, st: State, a: dict[str, Any], s: int) -> tuple[Step, Term]:
+    def attach(self, d: Domain, st: State, a: AdmitArgs, s: int) -> tuple[Step, Term]:
         step, scheduled = super().attach(d, st, a, s)
         chain, matched, m = self.match_blocks(st, a)
-        w = self.window_size(a["recompute_blocks"], m)
+        w = self.window_size(a.recompute_blocks, m)
         post, sq, M = step.post, step.post.seqs[s], self.bounds.table
         # BUG: the window's matched blocks are pinned and attached (shared) instead of fresh
         # private blocks; the sequence recomputes their KV in place, into published blocks
@@ -276,7 +291,7 @@ class TableFloor(Encoding):
 
 
 class RollbackKeepsTable(Encoding):
-    def op_rollback(self, d: Domain, st: State, a: dict[str, Any], s: int) -> Step:
+    def op_rollback(self, d: Domain, st: State, a: CountArgs, s: int) -> Step:
         step = super().op_rollback(d, st, a, s)
         # BUG: the reservation shrinks but the table keeps its blocks
         post = step.post.seq(s, len=st.seqs[s].len).replace(
@@ -339,7 +354,7 @@ class ComputedOffByOne(Encoding):
 
 
 class ResetClearsSkipped(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset zeroes one counter of a sum that must stay balanced
         post = step.post.replace(ctr={**step.post.ctr, "skipped": z3.IntVal(0)})
@@ -381,7 +396,7 @@ class LookupChecksOwnTokens(Encoding):
 
 
 class MatchEndsInsideSpan(Encoding):
-    def span_clamp(self, BS: Term, raw: list[Term], q: dict[str, Any]) -> list[Term]:
+    def span_clamp(self, BS: Term, raw: list[Term], q: Query) -> list[Term]:
         return raw  # BUG: no clamp: a match may end in the middle of an image
 
 
@@ -389,17 +404,17 @@ class MatchEndsInsideSpan(Encoding):
 
 
 class AdmitCountsBeforeCheck(Encoding):
-    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
+    def refused(self, st: State, op: str, a: OpArgs, s: int) -> State:
         # BUG: the query is counted before the admission's checks, outside the transaction
-        return st.count("queries", a["ntok"]) if op == "admit" else st
+        return st.count("queries", a.ntok) if isinstance(a, AdmitArgs) else st
 
 
 class AppendAllocatesBeforeCheck(Encoding):
-    def refused(self, st: State, op: str, a: dict[str, Any], s: int) -> State:
-        if op != "append":
+    def refused(self, st: State, op: str, a: OpArgs, s: int) -> State:
+        if not isinstance(a, AppendArgs):
             return st
         # BUG: the new blocks are taken from the free queue before the checks, and kept
-        need = self.need(st, s, a["n"])
+        need = self.need(st, s, a.n)
         return self.allocate(st, z3.If(need > 0, need, 0))[0]
 
 
@@ -419,7 +434,7 @@ class CommitWithoutReservedCheck(Encoding):
 
 
 class FullResetWhileBusy(Encoding):
-    def op_reset_full(self, d: Domain, st: State, a: dict[str, Any]) -> Step:
+    def op_reset_full(self, d: Domain, st: State, a: NoArgs) -> Step:
         step = super().op_reset_full(d, st, a)
         # BUG: a full reset goes ahead while sequences are live
         return Step(step.op, z3.BoolVal(True), step.bounded, step.choice, step.post, a)
@@ -428,7 +443,7 @@ class FullResetWhileBusy(Encoding):
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "free-once-per-block",
-        "INV-REF",
+        InvariantId.REF,
         "free",
         "transition",
         "a batched free that lists a block in two tables decrements it once",
@@ -436,7 +451,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "rollback-releases-one-more",
-        "INV-REF",
+        InvariantId.REF,
         "rollback",
         "off-by-one",
         "rollback releases from block keep-1 but the table keeps it",
@@ -444,7 +459,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "admit-live-sequence",
-        "INV-REF",
+        InvariantId.REF,
         "attach",
         "dropped conjunct",
         "admit without 'sequence not live': a re-admission overwrites a held table",
@@ -452,7 +467,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "allocate-one-more",
-        "INV-REF",
+        InvariantId.REF,
         "grow",
         "off-by-one",
         "allocation marks need+1 blocks as held but installs need",
@@ -460,7 +475,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-leaks-victim",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "evict",
         "transition",
         "an evicted block never joins the free queue",
@@ -468,7 +483,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "queue-head-one-too-far",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "grow",
         "off-by-one",
         "allocation moves the queue head one past the blocks it takes",
@@ -476,7 +491,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "release-frees-published",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "free",
         "dropped conjunct",
         "release queues a published block at refcount 0 (drops 'private')",
@@ -484,7 +499,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "queue-without-ghost",
-        "INV-PARTITION",
+        InvariantId.PARTITION,
         "grow",
         "dropped conjunct",
         "INV-PARTITION without the queue's position map: a block queued twice",
@@ -492,7 +507,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-keeps-index-entry",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "evict",
         "transition",
         "eviction leaves a stale index entry behind",
@@ -500,7 +515,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-duplicate",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "commit",
         "dropped conjunct",
         "commit publishes an identity that is already published",
@@ -508,7 +523,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "reset-keeps-index",
-        "INV-INDEX",
+        InvariantId.INDEX,
         "reset_full",
         "transition",
         "a full reset keeps the index",
@@ -516,7 +531,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "evict-non-leaf",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "evict",
         "dropped conjunct",
         "eviction of a block with published children",
@@ -524,7 +539,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "depth-off-by-one",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "commit",
         "off-by-one",
         "published block j gets depth j instead of j+1",
@@ -532,7 +547,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-without-parent",
-        "INV-ANCESTOR",
+        InvariantId.ANCESTOR,
         "commit",
         "dropped conjunct",
         "commit publishes a block whose parent identity is not published",
@@ -540,7 +555,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-at-schedule",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "commit",
         "transition",
         "publish before commit: every full reserved block is published",
@@ -548,7 +563,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-one-slot-early",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "commit",
         "off-by-one",
         "a block with one unwritten slot is published",
@@ -556,7 +571,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "attach-computes-one-block-less",
-        "INV-WRITE",
+        InvariantId.WRITE,
         "attach",
         "off-by-one",
         "admission marks one hit block too few as computed (a shared block to write)",
@@ -564,7 +579,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "without-aux-chain",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "dropped conjunct",
         "the strengthening AUX-CHAIN is dropped: INV-PUBLISH is not inductive alone",
@@ -572,7 +587,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-accepted-unwritten",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "transition",
         "blocks of accepted tokens are published before their KV is computed",
@@ -580,7 +595,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "publish-stale-tokens",
-        "INV-PUBLISH",
+        InvariantId.PUBLISH,
         "commit",
         "transition",
         "blocks are published with the tokens known before the accepted ones",
@@ -588,7 +603,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "window-attached-shared",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "attach",
         "transition",
         "the window's matched blocks are attached shared, not fresh private blocks",
@@ -596,7 +611,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "cached-counts-window-block",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "attach",
         "off-by-one",
         "num_cached counts the first window block as cached (not yet computed)",
@@ -604,7 +619,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "window-without-computed-exemption",
-        "INV-WINDOW",
+        InvariantId.WINDOW,
         "commit",
         "dropped conjunct",
         "INV-WINDOW without 'not yet fully computed': a committed window block whose twin "
@@ -613,7 +628,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "table-floor",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "off-by-one",
         "a table holds floor(reserved / block size) blocks",
@@ -621,7 +636,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "rollback-keeps-table",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "rollback",
         "transition",
         "rollback shrinks the reservation but not the table",
@@ -629,7 +644,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-beyond-reserved",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "commit",
         "dropped conjunct",
         "commit without 'computed <= reserved'",
@@ -637,7 +652,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-unknown-tokens",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "commit",
         "off-by-one",
         "commit allows KV for one token beyond the known ones",
@@ -645,7 +660,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "grow-ignores-limit",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "dropped conjunct",
         "growth without 'within kv_token_limit': a chunk larger than the limit",
@@ -653,7 +668,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "grow-limit-off-by-one",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "grow",
         "off-by-one",
         "a chunk may hold kv_token_limit + 1 uncommitted prompt tokens",
@@ -661,7 +676,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "without-aux-chunk",
-        "INV-LIMIT",
+        InvariantId.LIMIT,
         "rollback",
         "dropped conjunct",
         "the strengthening AUX-CHUNK is dropped: INV-LIMIT's chunk form is not inductive "
@@ -670,7 +685,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "full-prompt-hit",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "off-by-one",
         "the match is not capped: nothing is left to compute",
@@ -678,7 +693,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-stops-after-one-block",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "transition",
         "the match is not the longest cached prefix",
@@ -686,7 +701,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-ignores-prefix",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "attach",
         "transition",
         "a block hits on its own tokens, whatever its prefix",
@@ -694,7 +709,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "hits-count-whole-prompt",
-        "INV-STATS",
+        InvariantId.STATS,
         "attach",
         "transition",
         "a hit counts every prompt token as a hit",
@@ -702,7 +717,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "computed-off-by-one",
-        "INV-STATS",
+        InvariantId.STATS,
         "attach",
         "off-by-one",
         "admission counts one computed prompt token too few",
@@ -710,7 +725,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "reset-clears-skipped",
-        "INV-STATS",
+        InvariantId.STATS,
         "reset_full",
         "transition",
         "a full reset zeroes the skipped-token counter only",
@@ -718,7 +733,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "lookup-trusts-hash",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "reset_keep",
         "transition",
         "a lookup trusts a hash match without comparing the stored identity",
@@ -726,7 +741,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "lookup-checks-own-tokens",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "evict",
         "dropped conjunct",
         "a lookup verifies the block's own tokens but not its parent",
@@ -734,7 +749,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "match-ends-inside-span",
-        "INV-MATCH",
+        InvariantId.MATCH,
         "reset_keep",
         "dropped conjunct",
         "the match is not clamped out of a multimodal span",
@@ -742,7 +757,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "admit-counts-before-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "admit",
         "transition",
         "a refused admission has already counted its query",
@@ -750,7 +765,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "append-allocates-before-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "append",
         "transition",
         "a refused append keeps the blocks it took from the free queue",
@@ -758,7 +773,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "out-of-blocks-not-refused",
-        "INV-TXN",
+        InvariantId.TXN,
         "append",
         "dropped conjunct",
         "making room never fails, so an append with no leaf left to evict goes ahead",
@@ -766,7 +781,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "commit-without-reserved-check",
-        "INV-TXN",
+        InvariantId.TXN,
         "commit",
         "dropped conjunct",
         "a commit past the reserved slots is not refused",
@@ -774,7 +789,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "full-reset-while-busy",
-        "INV-TXN",
+        InvariantId.TXN,
         "reset_full",
         "dropped conjunct",
         "a full reset is not refused while sequences are live",

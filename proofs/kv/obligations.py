@@ -29,15 +29,17 @@ one with ``N`` fixed).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import z3
 from prefixkv.spec.invariant_ids import InvariantId
 
+from ..terms import BoolTerm, Evaluator, Term
 from .concrete import format_state, model_reader, read
-from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State, Step
+from .model import TXN_ERRORS, Bounds, Domain, EvictManyArgs, FreeArgs, OpArgs, Query, State, Step
+from .transitions import Encoding
 
 __all__ = [
     "DEFAULT_RLIMIT",
@@ -225,7 +227,7 @@ def goal(
     st: Step | None,
     slot: int,
     invariant: str,
-    query: dict[str, Any] | None = None,
+    query: Query | None = None,
 ) -> Any:
     """What the obligation (invariant, step) requires after the step (``st`` None: init).
     INV-MATCH looks up ``query`` (fresh when None) in the successor."""
@@ -248,7 +250,7 @@ def txn_slots(enc: Encoding, op: str) -> range:
 
 def txn_formula(
     enc: Encoding, d: Domain, pre: State, op: str, error: str, slot: int, prefix: str = "a."
-) -> tuple[Any, Any, State, dict[str, Any]]:
+) -> tuple[BoolTerm, BoolTerm, State, OpArgs]:
     """INV-TXN for (op, error class): ``(failing precondition, outcome == pre, outcome,
     args)``."""
     args = enc.fresh_args(op, prefix)
@@ -257,9 +259,11 @@ def txn_formula(
     return fail, enc.same_state(out, pre), out, args
 
 
-def format_args(args: dict[str, Any], ev: Callable[[Any], Any]) -> str:
+def format_args(args: OpArgs | Query | Mapping[str, Term], ev: Evaluator) -> str:
+    """``name=value, ...`` of an operation's (or a query's) arguments in a solver model."""
+    items = args.items() if isinstance(args, Mapping) else args._asdict().items()
     parts = []
-    for name, v in args.items():
+    for name, v in items:
         if isinstance(v, str):
             parts.append(f"{name}={v}")
         elif isinstance(v, tuple):
@@ -289,13 +293,15 @@ def find_counterexample(
         d = Domain(n)
         pre = enc.fresh_state(d, "")
         hyp = hypothesis(enc, d, pre)
-        cases: list[tuple[int, Any, Any, State, dict[str, Any]]] = []
+        cases: list[tuple[int, BoolTerm, BoolTerm, State, Mapping[str, Term]]] = []
         query = enc.fresh_query("q.") if invariant == MATCH else None
         for slot in slot_list:
             if invariant == TXN:
                 for error in TXN_ERRORS[step]:
                     fail, g, post, args = txn_formula(enc, d, pre, step, error, slot)
-                    cases.append((slot, z3.And(hyp, fail), g, post, {"error": error, **args}))
+                    cases.append(
+                        (slot, z3.And(hyp, fail), g, post, {"error": error, **args._asdict()})
+                    )
             elif step == "init":
                 cases.append(
                     (
@@ -310,9 +316,15 @@ def find_counterexample(
                 st = step_formula(enc, d, pre, step, slot)
                 guard = z3.And(hyp, st.enabled, st.bounded)
                 cases.append(
-                    (slot, guard, goal(enc, d, pre, st, slot, invariant, query), st.post, st.args)
+                    (
+                        slot,
+                        guard,
+                        goal(enc, d, pre, st, slot, invariant, query),
+                        st.post,
+                        st.args._asdict(),
+                    )
                 )
-        for slot, guard, g, post, args in cases:
+        for slot, guard, g, post, shown in cases:
             s = z3.Solver()
             s.set("random_seed", seed)
             s.add(enc.shape(pre), guard, z3.Not(g))
@@ -327,7 +339,7 @@ def find_counterexample(
                 step=step,
                 slot=slot,
                 pre=format_state(read(pre, ev, n, M)),
-                args=format_args(args, ev)
+                args=format_args(shown, ev)
                 + ("" if query is None else f") then lookup({format_args(query, ev)}"),
                 post=format_state(read(post, ev, n, M)),
                 pool=n,
@@ -440,10 +452,12 @@ def _scenarios(enc: Encoding) -> dict[str, tuple[str, Callable[[State, Step], An
         shared = z3.Or(
             [z3.And(j < a.len, i < b.len, a.tab[j] == b.tab[i]) for j in range(M) for i in range(M)]
         )
-        return z3.And(st.args["freed"][0], st.args["freed"][1], shared)
+        assert isinstance(st.args, FreeArgs)
+        return z3.And(st.args.freed[0], st.args.freed[1], shared)
 
     def evict(pre: State, st: Step) -> Any:
-        v = st.args["victims"][0]
+        assert isinstance(st.args, EvictManyArgs)
+        v = st.args.victims[0]
         return z3.And(st.post.ctr["evictions"] > pre.ctr["evictions"], pre.par[v] >= 0)
 
     def reset_keep(pre: State, st: Step) -> Any:
@@ -503,67 +517,74 @@ class Prover:
 
     def prove_step(self, invariant: str, step: str) -> StepResult:
         """Prove (invariant, step) for every slot the step can act on."""
-        key = (invariant, step)
+
+        def negate(slot: int) -> Callable[[z3.Solver], None]:
+            st, post_inv = self._step(step, slot)
+
+            def add(s: z3.Solver) -> None:
+                if st is None:  # init
+                    s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
+                else:
+                    s.add(self._hyp, st.enabled, st.bounded)
+                if invariant in post_inv:
+                    s.add(z3.Not(post_inv[invariant]))
+                else:
+                    s.add(z3.Not(goal(self.enc, self.d, self.pre, st, slot, invariant)))
+
+            return add
+
+        slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
+        return self._prove_slots((invariant, step), invariant, step, slots, negate, "")
+
+    def prove_txn(self, op: str, error: str) -> StepResult:
+        """INV-TXN for (op, error class), every slot the operation can act on."""
+
+        def negate(slot: int) -> Callable[[z3.Solver], None]:
+            fail, g, _, _ = txn_formula(self.enc, self.d, self.pre, op, error, slot)
+            return lambda s: s.add(self._hyp, fail, z3.Not(g))
+
+        slots = txn_slots(self.enc, op)
+        return self._prove_slots((f"{TXN}:{error}", op), TXN, op, slots, negate, f"{error}, ")
+
+    def _prove_slots(
+        self,
+        key: tuple[str, str],
+        invariant: str,
+        step: str,
+        slots: Iterable[int],
+        negate: Callable[[int], Callable[[z3.Solver], None]],
+        where: str,
+    ) -> StepResult:
+        """The negated obligation is unsatisfiable for every slot (cached under ``key``).
+
+        ``negate(slot)`` builds the step, then adds the negation to a fresh solver.
+        NOTE: the step is built before the solver and the rest after it, always in that
+        order: Z3's search, and so each row's ``rlimit_used``, depends on term order. If
+        an obligation is not proved, a concrete counterexample in a small pool is a real
+        one; Z3 often answers "unknown" rather than "sat" on the quantified formula.
+        """
         if key in self._results:
             return self._results[key]
-        slots = range(self.enc.bounds.seqs) if step in SLOT_STEPS else range(1)
         t0 = time.perf_counter()
         status, used, detail = "proved", 0, ""
         for slot in slots:
-            st, post_inv = self._step(step, slot)
+            add = negate(slot)
             s = _solver(self.rlimit, self.seed)
-            if st is None:  # init
-                s.add(self.enc.shape(self.pre), self.enc.init_state(self.d, self.pre))
-            else:
-                s.add(self._hyp, st.enabled, st.bounded)
-            if invariant in post_inv:
-                s.add(z3.Not(post_inv[invariant]))
-            else:
-                s.add(z3.Not(goal(self.enc, self.d, self.pre, st, slot, invariant)))
+            add(s)
             before = _rlimit_count(s)
             r = s.check()
             used = max(used, _rlimit_count(s) - before)
             if r == z3.unsat:
                 continue
-            # Not proved. A concrete counterexample (a small pool) is a real one; Z3 often
-            # answers "unknown" rather than "sat" on the quantified symbolic formula.
             cex = find_counterexample(self.enc, invariant, step, slots=[slot], max_pool=4)
             if cex is not None:
                 status, detail = "counterexample", str(cex)
             elif r == z3.sat:
                 status, detail = "counterexample", "counterexample (symbolic model only)"
             else:
-                status, detail = "unknown", f"slot {slot}: {s.reason_unknown()}"
+                status, detail = "unknown", f"{where}slot {slot}: {s.reason_unknown()}"
             break
         res = StepResult(invariant, step, status, time.perf_counter() - t0, used, detail)
-        self._results[key] = res
-        return res
-
-    def prove_txn(self, op: str, error: str) -> StepResult:
-        """INV-TXN for (op, error class), every slot the operation can act on."""
-        key = (f"{TXN}:{error}", op)
-        if key in self._results:
-            return self._results[key]
-        t0 = time.perf_counter()
-        status, used, detail = "proved", 0, ""
-        for slot in txn_slots(self.enc, op):
-            fail, g, _, _ = txn_formula(self.enc, self.d, self.pre, op, error, slot)
-            s = _solver(self.rlimit, self.seed)
-            s.add(self._hyp, fail, z3.Not(g))
-            before = _rlimit_count(s)
-            r = s.check()
-            used = max(used, _rlimit_count(s) - before)
-            if r == z3.unsat:
-                continue
-            cex = find_counterexample(self.enc, TXN, op, slots=[slot], max_pool=4)
-            if cex is not None:
-                status, detail = "counterexample", str(cex)
-            elif r == z3.sat:
-                status, detail = "counterexample", "counterexample (symbolic model only)"
-            else:
-                status, detail = "unknown", f"{error}, slot {slot}: {s.reason_unknown()}"
-            break
-        res = StepResult(TXN, op, status, time.perf_counter() - t0, used, detail)
         self._results[key] = res
         return res
 
@@ -577,12 +598,12 @@ class Prover:
         BS = pre.BS
         raw = [
             z3.And(
-                (j + 1) * BS <= q["ntok"] - 1,
-                pre.inb(q["cands"][j]),
+                (j + 1) * BS <= q.ntok - 1,
+                pre.inb(q.cands[j]),
                 self.enc.verify(
                     pre,
-                    q["cands"][j],
-                    (q["ns"], z3.IntVal(-1) if j == 0 else q["cands"][j - 1], q["labels"][j]),
+                    q.cands[j],
+                    (q.ns, z3.IntVal(-1) if j == 0 else q.cands[j - 1], q.labels[j]),
                 ),
             )
             for j in range(2)

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import z3
 
-from .small import Obligation, Variant, Witness, all_of, any_of
+from ..small import Obligation, ScenarioWitnesses, Variant, all_of, any_of
+from ..terms import Evaluator, Term
 
 __all__ = [
     "JOINT_IDS",
@@ -61,7 +61,6 @@ __all__ = [
     "JointModel",
 ]
 
-Term = Any
 
 FREE, READY, PINNED = 0, 1, 2
 JOINT_OPERATIONS = (
@@ -187,7 +186,7 @@ def put(xs: Sequence[Term], i: Term, v: Term, cond: Term = True) -> tuple[Term, 
     return tuple(z3.If(z3.And(cond, i == k), v, x) for k, x in enumerate(xs))
 
 
-class JointModel:
+class JointModel(ScenarioWitnesses):
     """KV nodes, hits and checkpoints in one transition system (module doc)."""
 
     name = "joint"
@@ -746,22 +745,6 @@ class JointModel:
             )
         return out
 
-    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
-        out: list[Witness] = []
-        for op in self._ops(ops):
-            if op == "init":
-                continue
-            x = self.fresh("w.")
-            a = self.fresh_args(op, "wa.")
-            stp = self.step(op, x, a)
-            name, extra = self.scenario(op, x, a, stp)
-            out.append(
-                Witness(
-                    op, name, z3.And(self.inv(x), stp.guard, extra), self.shower(x, op, a, stp.post)
-                )
-            )
-        return out
-
     def scenario(self, op: str, x: JState, a: Args, stp: Step) -> tuple[str, Term]:
         N, K = range(self.N), range(self.K)
         if op == "admit" and isinstance(a, AdmitArgs):
@@ -814,8 +797,8 @@ class JointModel:
 
     def shower(
         self, x: JState, op: str | None, a: Args, post: JState | None, label: str = "post"
-    ) -> Callable[[Callable[[Any], Any]], str]:
-        def show(ev: Callable[[Any], Any]) -> str:
+    ) -> Callable[[Evaluator], str]:
+        def show(ev: Evaluator) -> str:
             lines = [f"  pre:  {self.format(x, ev)}"]
             if op is not None:
                 lines.append(f"  step: {op}({self.format_args(a, ev)})")
@@ -825,7 +808,7 @@ class JointModel:
 
         return show
 
-    def format(self, x: JState, ev: Callable[[Any], Any]) -> str:
+    def format(self, x: JState, ev: Evaluator) -> str:
         nodes = []
         for n in range(self.N):
             if z3.is_true(ev(x.pub[n])):
@@ -857,7 +840,7 @@ class JointModel:
             f"checkpoints {', '.join(cks) or '-'}"
         )
 
-    def format_args(self, a: Args, ev: Callable[[Any], Any]) -> str:
+    def format_args(self, a: Args, ev: Evaluator) -> str:
         if a is None:
             return ""
         fields = []

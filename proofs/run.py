@@ -1,139 +1,110 @@
-"""``python -m prefixkv.proofs``: run the proofs and print one row per obligation.
+"""Run the proofs: every model's obligations, broken variants and drift checks.
 
-The project CLI registers the same command as ``prefixkv prove`` with::
-
-    from prefixkv.proofs import cli as proofs_cli
-    proofs_cli.add_arguments(subparsers.add_parser("prove", help=...))   # then
-    return proofs_cli.run(args)
-
-Exit status: 0 when every obligation is proved (and, when asked for, every broken variant
-yields a counterexample and the drift check finds no drift); 1 otherwise; 2 on bad usage.
+The library half of ``prefixkv prove`` (the command, :mod:`prefixkv.commands.prove`, parses
+the flags into :class:`ProveOptions` and prints). :func:`run` returns a :class:`ProofReport`:
+the JSON document of every row, and whether everything was proved; while it runs it hands
+each line of the human-readable table to ``emit``, so a caller can stream it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
+import attrs
 from prefixkv.spec.invariant_ids import InvariantId
 
-from . import (
-    broken,
-    checkpoints,
-    ckpt_drift,
-    drift,
-    joint,
-    joint_drift,
-    kernel_index,
-    obligations,
-    small,
-    span_drift,
-    spans,
-)
-from .encoding import Bounds, Encoding
+from prefixkv.errors import InvalidConfig
 
-__all__ = ["PROVED", "add_arguments", "main", "run", "setup"]
+from . import ckpt as checkpoints
+from . import kernel_index, small
+from .ckpt import drift as ckpt_drift
+from .driver import SeededResult
+from .joint import drift as joint_drift
+from .joint import model as joint
+from .kv import broken, drift, obligations, span_drift, spans
+from .kv.model import Bounds
+from .kv.transitions import Encoding
+
+__all__ = [
+    "PROVED",
+    "SMALL_MODELS",
+    "InvalidSelection",
+    "ProofReport",
+    "ProveOptions",
+    "run",
+]
 
 #: Every invariant ``prove`` has obligations for (``--invariants`` picks among them); the
 #: registry's other ids are in ``prefixkv.spec.invariant_ids.NOT_PROVED``, with the reason.
 PROVED = (*obligations.PROPERTY_IDS, InvariantId.CKPT)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the proof command's options to ``parser``."""
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument(
-        "--seqs",
-        type=int,
-        default=Bounds.seqs,
-        help="live sequence slots of the model (default %(default)s)",
-    )
-    parser.add_argument(
-        "--table",
-        type=int,
-        default=Bounds.table,
-        help="blocks per block table in the model (default %(default)s)",
-    )
-    parser.add_argument(
-        "--rlimit",
-        type=int,
-        default=obligations.DEFAULT_RLIMIT,
-        help="Z3 resource limit per solver call (default %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="Z3 random seed (default 0)")
-    parser.add_argument(
-        "--invariants", default="", help="comma-separated invariant ids to prove (default: all)"
-    )
-    parser.add_argument(
-        "--operations", default="", help="comma-separated operations to prove (default: all)"
-    )
-    parser.add_argument(
-        "--no-kernels", action="store_true", help="skip the kernel index-arithmetic proofs"
-    )
-    parser.add_argument(
-        "--no-checkpoints",
-        action="store_true",
-        help="skip the INV-CKPT checkpoint-lifecycle proofs",
-    )
-    parser.add_argument(
-        "--no-spans",
-        action="store_true",
-        help="skip the multimodal-span proofs (INV-LIMIT/INV-MATCH with spans)",
-    )
-    parser.add_argument(
-        "--no-joint",
-        action="store_true",
-        help="skip the joint KV + checkpoint model (restore safety, routed experts)",
-    )
-    parser.add_argument(
-        "--no-witnesses", action="store_true", help="skip the non-vacuity (satisfiability) checks"
-    )
-    parser.add_argument(
-        "--broken",
-        action="store_true",
-        help="also check that every deliberately broken variant fails",
-    )
-    parser.add_argument(
-        "--drift",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also run N model-vs-spec drift checks and the seeded drifts",
-    )
-    parser.add_argument(
-        "--alone",
-        action="store_true",
-        help="also report which invariants are not inductive on their own",
-    )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print counterexamples and non-vacuity witnesses",
-    )
+class InvalidSelection(InvalidConfig):
+    """An unknown invariant or operation, or bounds the model cannot run with."""
+
+
+@attrs.frozen
+class ProveOptions:
+    """What to run (the flags of ``prefixkv prove``, by the same names)."""
+
+    seqs: int = Bounds.seqs
+    table: int = Bounds.table
+    rlimit: int = obligations.DEFAULT_RLIMIT
+    seed: int = 0
+    invariants: str = ""
+    operations: str = ""
+    no_kernels: bool = False
+    no_checkpoints: bool = False
+    no_spans: bool = False
+    no_joint: bool = False
+    no_witnesses: bool = False
+    broken: bool = False
+    drift: int = 0
+    alone: bool = False
+    verbose: bool = False
+
+
+@attrs.frozen
+class ProofReport:
+    """The outcome of :func:`run`: ``doc`` is the ``--json`` document (``ok`` included)."""
+
+    ok: bool
+    doc: dict[str, Any]
+
+    @property
+    def seconds(self) -> float:
+        return float(self.doc["seconds"])
+
+
+Emit = Callable[[str], None]
+"""Receives each line of the text table as soon as it is known."""
 
 
 def _csv(value: str, allowed: Sequence[str], what: str) -> list[str]:
     items = [x.strip() for x in value.split(",") if x.strip()]
     bad = [x for x in items if x not in allowed]
     if bad:
-        raise SystemExit(f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})")
+        raise InvalidSelection(
+            f"unknown {what}: {', '.join(bad)} (choose from {', '.join(allowed)})"
+        )
     return items or list(allowed)
 
 
-def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run what ``args`` asks for; print a table (or JSON); return the exit status."""
-    out = out or sys.stdout
+def run(opts: ProveOptions, emit: Emit | None = None) -> ProofReport:
+    """Run what ``opts`` asks for; hand the text table's lines to ``emit`` (when given)."""
+    args = opts
+
+    def say(line: str) -> None:
+        if emit is not None:
+            emit(line)
+
     t0 = time.perf_counter()
     bounds = Bounds(seqs=args.seqs, table=args.table)
     if bounds.seqs < 2 or bounds.table < 1:
-        print("--seqs must be >= 2 and --table >= 1", file=sys.stderr)
-        return 2
+        raise InvalidSelection("--seqs must be >= 2 and --table >= 1")
     all_ops = list(
         dict.fromkeys(
             [
@@ -153,7 +124,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     do_ckpt = not args.no_checkpoints and InvariantId.CKPT in picked and bool(ckpt_ops)
     enc = Encoding(bounds)
     prover = obligations.Prover(enc, rlimit=args.rlimit, seed=args.seed)
-    text = not args.json
+    text = emit is not None
     ok = True
     doc: dict[str, Any] = {
         "bounds": bounds.describe(),
@@ -163,15 +134,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     }
 
     if text:
-        print(
-            f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}",
-            file=out,
-        )
-        print(f"{'invariant':<24}{'operation':<42}{'result':<16}{'time':>8}  via", file=out)
+        say(f"prefixkv proofs: {bounds.describe()}; rlimit {args.rlimit}, seed {args.seed}")
+        say(f"{'invariant':<24}{'operation':<42}{'result':<16}{'time':>8}  via")
 
     def show(inv: str, op: str, status: str, seconds: float, via: str) -> None:
         if text:
-            print(f"{inv:<24}{op:<42}{status:<16}{seconds:>7.2f}s  {via}", file=out, flush=True)
+            say(f"{inv:<24}{op:<42}{status:<16}{seconds:>7.2f}s  {via}")
 
     rows = prover.rows(
         invs,
@@ -202,7 +170,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         ckpt_rows = ckpt_prover.rows(
             ops=ckpt_ops,
             progress=lambda r: show(
-                f"INV-CKPT:{r.invariant}", r.operation, r.status, r.seconds, "checkpoints"
+                f"{InvariantId.CKPT}:{r.invariant}", r.operation, r.status, r.seconds, "checkpoints"
             ),
         )
         cw = {} if args.no_witnesses else ckpt_prover.witnesses(ckpt_ops)
@@ -269,52 +237,48 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     if text:
         proved = sum(r.status == "proved" for r in rows)
-        print(
+        say(
             f"\n{proved}/{len(rows)} state obligations proved; "
             f"{sum(k.status == 'proved' for k in kernels)}/{len(kernels)} kernel "
-            "obligations proved",
-            file=out,
+            "obligations proved"
         )
         if do_ckpt:
-            print(
+            say(
                 f"{sum(r.status == 'proved' for r in ckpt_rows)}/{len(ckpt_rows)} INV-CKPT "
-                f"obligations proved ({ckpt_prover.model.b.describe()})",
-                file=out,
+                f"obligations proved ({ckpt_prover.model.b.describe()})"
             )
         failed: list[obligations.Row | checkpoints.CkptRow] = [
             r for r in rows if r.status != "proved"
         ]
         for group, mrun in small_runs.items():
-            print(
+            say(
                 f"{sum(r.status == 'proved' for r in mrun.rows)}/{len(mrun.rows)} {group} "
-                f"obligations proved ({doc[SMALL_MODELS[group].key]['bounds']})",
-                file=out,
+                f"obligations proved ({doc[SMALL_MODELS[group].key]['bounds']})"
             )
         failed += [cr for cr in ckpt_rows if cr.status != "proved"]
         for mrun in small_runs.values():
             for sr in mrun.rows:
                 if sr.status != "proved":
-                    print(f"\n{sr.invariant} / {sr.operation}: {sr.status}\n{sr.detail}", file=out)
+                    say(f"\n{sr.invariant} / {sr.operation}: {sr.status}\n{sr.detail}")
             for op, (scenario, status, _) in mrun.witnesses.items():
                 if status != "sat":
-                    print(f"  {op}: {scenario}: {status}", file=out)
+                    say(f"  {op}: {scenario}: {status}")
         for fr in failed:
-            print(f"\n{fr.invariant} / {fr.operation}: {fr.status}\n{fr.detail}", file=out)
+            say(f"\n{fr.invariant} / {fr.operation}: {fr.status}\n{fr.detail}")
         if witnesses:
             bad = [w for w in witnesses.values() if w.status != "sat"]
-            print(
+            say(
                 f"non-vacuity: {len(witnesses) - len(bad)}/{len(witnesses)} operations have "
-                "satisfiable hypotheses and a witness scenario",
-                file=out,
+                "satisfiable hypotheses and a witness scenario"
             )
             for w in bad:
-                print(f"  {w.operation}: {w.scenario}: {w.status} {w.state}", file=out)
+                say(f"  {w.operation}: {w.scenario}: {w.status} {w.state}")
             if args.verbose:
                 for w in witnesses.values():
-                    print(f"\nwitness for {w.operation} ({w.scenario}):\n{w.state}", file=out)
-        print("strengthenings:", file=out)
+                    say(f"\nwitness for {w.operation} ({w.scenario}):\n{w.state}")
+        say("strengthenings:")
         for k, v in obligations.STRENGTHENINGS.items():
-            print(f"  {k}: {v}", file=out)
+            say(f"  {k}: {v}")
 
     if args.alone:
         alone = obligations.inductive_alone(enc)
@@ -323,16 +287,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             for inv, items in alone.items()
         }
         if text:
-            print(
-                "\nnot inductive on its own (a state satisfying only that invariant breaks it):",
-                file=out,
-            )
+            say("\nnot inductive on its own (a state satisfying only that invariant breaks it):")
             for inv, items in alone.items():
                 steps = ", ".join(step for step, _ in items) or "inductive alone"
-                print(f"  {inv:<15}{steps}", file=out)
+                say(f"  {inv:<15}{steps}")
                 if args.verbose:
                     for _, cex in items:
-                        print(str(cex) + "\n", file=out)
+                        say(str(cex) + "\n")
 
     if args.broken:
         # NOTE: '--invariants INV-CKPT --broken' checks the checkpoint variants only
@@ -385,7 +346,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             + [
                 {
                     "name": r.variant.name,
-                    "invariant": f"INV-CKPT:{r.variant.invariant}",
+                    "invariant": f"{InvariantId.CKPT}:{r.variant.invariant}",
                     "step": r.variant.step,
                     "kind": r.variant.kind,
                     "description": r.variant.description,
@@ -410,15 +371,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             ]
         )
         if text:
-            print(f"\n{'broken variant':<34}{'invariant':<24}{'kind':<18}result", file=out)
+            say(f"\n{'broken variant':<34}{'invariant':<24}{'kind':<18}result")
             for item in doc["broken"]:
                 verdict = "counterexample" if item["caught"] else "NOT CAUGHT"
-                print(
-                    f"{item['name']:<34}{item['invariant']:<24}{item['kind']:<18}{verdict}",
-                    file=out,
-                )
+                say(f"{item['name']:<34}{item['invariant']:<24}{item['kind']:<18}{verdict}")
                 if args.verbose and item["counterexample"]:
-                    print(item["counterexample"] + "\n", file=out)
+                    say(item["counterexample"] + "\n")
 
     if args.drift:
         report = drift.default_run(enc, args.drift, seed=args.seed)
@@ -435,31 +393,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             "window_states": report.window_states,
             "seconds": round(report.seconds, 3),
             "by_operation": report.by_op,
-            "seeded": [
-                {
-                    "name": s.name,
-                    "description": s.description,
-                    "caught": s.caught,
-                    "after_checks": s.checks,
-                }
-                for s in seeded
-            ],
+            "seeded": _seeded_rows(seeded, "after_checks"),
         }
         if text:
-            print(
+            say(
                 f"\ndrift: {report.checks} checks ({report.successes} successful steps, "
                 f"{report.failures} rejections, {report.invariant_checks} invariant checks, "
                 f"{report.windows} admissions with a recompute window, "
                 f"{report.window_states} checks from a state with a window block to write) "
-                f"in {report.seconds:.1f}s, no drift",
-                file=out,
+                f"in {report.seconds:.1f}s, no drift"
             )
-            for s in seeded:
-                print(
-                    f"  seeded drift {s.name:<24} "
-                    f"{'caught after ' + str(s.checks) + ' checks' if s.caught else 'MISSED'}",
-                    file=out,
-                )
+            _say_seeded(say, seeded)
 
     if args.drift and do_ckpt:
         n_ck = max(1000, args.drift // 5)
@@ -478,44 +422,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             "seconds": round(crep.seconds, 3),
             "by_operation": crep.by_op,
             "checkpoint_fates": crep.fates,
-            "seeded": [
-                {
-                    "name": s.name,
-                    "description": s.description,
-                    "caught": s.caught,
-                    "after_checks": s.checks,
-                }
-                for s in cseeded
-            ],
+            "seeded": _seeded_rows(cseeded, "after_checks"),
         }
         if text:
-            print(
+            say(
                 f"\ncheckpoint drift: {crep.checks} checks against HybridSpecCache "
                 f"({crep.successes} successful steps, {crep.rejections} rejections, "
                 f"{crep.kv_rejections} KV-side rejections not modelled; fates {crep.fates}) "
-                f"in {crep.seconds:.1f}s, no drift",
-                file=out,
+                f"in {crep.seconds:.1f}s, no drift"
             )
-            for cs in cseeded:
-                print(
-                    f"  seeded drift {cs.name:<24} "
-                    f"{'caught after ' + str(cs.checks) + ' checks' if cs.caught else 'MISSED'}",
-                    file=out,
-                )
+            _say_seeded(say, cseeded)
 
     if args.drift and "SPANS" in small_runs:
-        ok &= _span_drift(args, doc, text, out)
+        ok &= _span_drift(opts, doc, say if text else None)
     if args.drift and "JOINT" in small_runs:
-        ok &= _joint_drift(args, doc, text, out)
+        ok &= _joint_drift(opts, doc, say if text else None)
 
     doc["ok"] = bool(ok)
     doc["seconds"] = round(time.perf_counter() - t0, 3)
-    if args.json:
-        json.dump(doc, out, indent=2)
-        out.write("\n")
-    else:
-        print(f"\n{'ALL PROVED' if ok else 'FAILED'} in {doc['seconds']:.1f}s", file=out)
-    return 0 if ok else 1
+    return ProofReport(bool(ok), doc)
 
 
 @dataclass(frozen=True)
@@ -547,7 +472,7 @@ def _small_progress(
     return progress
 
 
-def _span_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: TextIO) -> bool:
+def _span_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> bool:
     n = max(1000, args.drift // 5)
     rep = span_drift.run_span_drift(n, seed=args.seed)
     seeded = [
@@ -565,23 +490,20 @@ def _span_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: 
         "split_refusals": rep.split_refusals,
         "seconds": round(rep.seconds, 3),
         "by_operation": rep.by_op,
-        "seeded": [vars(s) for s in seeded],
+        "seeded": _seeded_rows(seeded, "checks"),
     }
-    if text:
-        print(
+    if say is not None:
+        say(
             f"\nspan drift: {rep.checks} checks against SpecCache ({rep.successes} successful "
             f"steps, {rep.rejections} rejections, {rep.clamped} clamped matches, "
             f"{rep.chunk_cuts} chunks cut by a span, {rep.split_refusals} span refusals) "
-            f"in {rep.seconds:.1f}s, no drift",
-            file=out,
+            f"in {rep.seconds:.1f}s, no drift"
         )
-        for s in seeded:
-            verdict = f"caught after {s.checks} checks" if s.caught else "MISSED"
-            print(f"  seeded drift {s.name:<24} {verdict}", file=out)
+        _say_seeded(say, seeded)
     return all(s.caught for s in seeded)
 
 
-def _joint_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out: TextIO) -> bool:
+def _joint_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> bool:
     n = max(1000, args.drift // 5)
     rep = joint_drift.run_joint_drift(n, seed=args.seed)
     ex = joint_drift.run_experts_lockstep(n, seed=args.seed)
@@ -607,39 +529,32 @@ def _joint_drift(args: argparse.Namespace, doc: dict[str, Any], text: bool, out:
             "replays": ex.replays,
             "seconds": round(ex.seconds, 3),
         },
-        "seeded": [vars(s) for s in seeded],
+        "seeded": _seeded_rows(seeded, "checks"),
     }
-    if text:
-        print(
+    if say is not None:
+        say(
             f"\njoint check: {rep.checks} steps of HybridSpecCache ({rep.invariant_checks} "
             f"states, {rep.restores} restores checked, {rep.stale} stale checkpoints, "
             f"{rep.republished} blocks published again) in {rep.seconds:.1f}s; routed experts: "
             f"{ex.steps} steps in lockstep, {ex.matches} matches equal ({ex.replays} replays) "
-            f"in {ex.seconds:.1f}s",
-            file=out,
+            f"in {ex.seconds:.1f}s"
         )
-        for s in seeded:
-            verdict = f"caught after {s.checks} steps" if s.caught else "MISSED"
-            print(f"  seeded drift {s.name:<26} {verdict}", file=out)
+        _say_seeded(say, seeded, unit="steps", width=26)
     return all(s.caught for s in seeded)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m prefixkv.proofs",
-        description="Prove the prefix cache's invariants inductive (Z3), check the proofs are "
-        "not vacuous, and prove the kernels' index arithmetic in range.",
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except drift.DriftError as e:
-        print(f"drift between the model and the spec:\n{e}", file=sys.stderr)
-        return 1
+def _seeded_rows(seeded: Sequence[SeededResult], checks_key: str) -> list[dict[str, Any]]:
+    """The JSON rows of seeded drifts (``checks_key``: the name the model's report uses)."""
+    return [
+        {"name": s.name, "description": s.description, "caught": s.caught, checks_key: s.checks}
+        for s in seeded
+    ]
 
 
-def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Add the ``prove`` flags to ``parser``; returns the runner (``python -m prefixkv prove``)."""
-    add_arguments(parser)
-    return run
+def _say_seeded(
+    say: Emit, seeded: Sequence[SeededResult], unit: str = "checks", width: int = 24
+) -> None:
+    """One text line per seeded drift: caught after how many checks (or steps), or MISSED."""
+    for s in seeded:
+        verdict = f"caught after {s.checks} {unit}" if s.caught else "MISSED"
+        say(f"  seeded drift {s.name:<{width}} {verdict}")

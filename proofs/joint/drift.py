@@ -36,8 +36,8 @@ import z3
 from prefixkv.spec import Admission, HybridSpecCache, Match, Namespace, PrefixCacheError, Request
 from prefixkv.spec.state import CacheState
 
-from . import joint as jt
-from .drift import DriftError, _Substituter
+from ..driver import DriftError, SeededResult, Substituter, drive, seeded
+from . import model as jt
 
 __all__ = [
     "SEEDED_EXPERT_DRIFTS",
@@ -194,14 +194,14 @@ class _Checker:
     def __init__(self, m: jt.JointModel) -> None:
         x = m.fresh("d.")
         self.m = m
-        self.sub = _Substituter(_fields(x))
+        self.sub = Substituter(_fields(x))
         invs = m.invariants(x)
         self.invs = {name: invs[name] for name in CHECKED}
         self.r = z3.Int("d.r")
         self.s = z3.Int("d.s")
         path = [jt.sel([x.path[q][j] for q in range(m.S)], self.s) for j in range(m.D)]
         self.safe = m.restore_safe(x, self.r, jt.sel(x.h, self.s), path)
-        self.sub_rs = _Substituter([*_fields(x), self.r, self.s])
+        self.sub_rs = Substituter([*_fields(x), self.r, self.s])
 
     def failing(self, vals: list[int | bool]) -> list[str]:
         return [n for n, f in self.invs.items() if not z3.is_true(self.sub(f, vals))]
@@ -356,11 +356,10 @@ def run_joint_drift(
     report: JointDriftReport | None = None,
 ) -> JointDriftReport:
     """About ``checks`` steps of random hybrid runs, each state checked."""
-    rng = random.Random(seed)
     rep = report or JointDriftReport()
-    t0 = time.perf_counter()
     checker = _Checker(jt.JointModel(jt.JointBounds(nodes=BLOCKS, seqs=len(SEQ_IDS))))
-    while rep.checks < checks:
+
+    def start(rng: random.Random) -> _Run:
         cache = cache_type(
             BLOCKS,
             BS,
@@ -368,13 +367,9 @@ def run_joint_drift(
             state_budget=rng.choice((1, 2)),
             decode_state_interval=rng.choice((0, 4)),
         )
-        run = _Run(cache, checker, rng, rep)
-        for _ in range(steps_per_run):
-            run.step()
-            if rep.checks >= checks:
-                break
-    rep.seconds = time.perf_counter() - t0
-    return rep
+        return _Run(cache, checker, rng, rep)
+
+    return drive(rep, checks, lambda r: r.checks, start, seed=seed, steps_per_run=steps_per_run)
 
 
 # -- seeded drifts: spec variants the check must catch ---------------------------------------
@@ -424,24 +419,17 @@ SEEDED_JOINT_DRIFTS: tuple[tuple[str, str, type[HybridSpecCache]], ...] = (
 )
 
 
-@dataclass
-class SeededJointResult:
-    name: str
-    description: str
-    caught: bool
-    checks: int
-
-
 def check_seeded_joint(
     name: str, description: str, cache_type: type[HybridSpecCache], limit: int = 5000, seed: int = 0
-) -> SeededJointResult:
+) -> SeededResult:
     """The drifted spec must reach a state the joint model rules out within ``limit`` steps."""
-    rep = JointDriftReport()
-    try:
-        run_joint_drift(limit, seed=seed, cache_type=cache_type, report=rep)
-    except DriftError:
-        return SeededJointResult(name, description, True, rep.checks)
-    return SeededJointResult(name, description, False, rep.checks)
+    return seeded(
+        name,
+        description,
+        JointDriftReport(),
+        lambda r: r.checks,
+        lambda r: run_joint_drift(limit, seed=seed, cache_type=cache_type, report=r),
+    )
 
 
 # -- EXPERTS in the spec: two runs that differ only in routed-expert data ---------------------
@@ -572,10 +560,12 @@ SEEDED_EXPERT_DRIFTS: tuple[tuple[str, str, type[HybridSpecCache]], ...] = (
 
 def check_seeded_experts(
     name: str, description: str, cache_type: type[HybridSpecCache], limit: int = 3000, seed: int = 0
-) -> SeededJointResult:
-    rep = ExpertsReport()
-    try:
-        run_experts_lockstep(limit, seed=seed, cache_type=cache_type, report=rep)
-    except DriftError:
-        return SeededJointResult(name, description, True, rep.steps)
-    return SeededJointResult(name, description, False, rep.steps)
+) -> SeededResult:
+    """The drifted spec's match must depend on routed experts within ``limit`` steps."""
+    return seeded(
+        name,
+        description,
+        ExpertsReport(),
+        lambda r: r.steps,
+        lambda r: run_experts_lockstep(limit, seed=seed, cache_type=cache_type, report=r),
+    )

@@ -48,11 +48,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import z3
 
-from .small import Obligation, Variant, Witness, all_of, any_of
+from ..small import Obligation, ScenarioWitnesses, Variant, all_of, any_of
+from ..terms import Term
 
 __all__ = [
     "SPAN_IDS",
@@ -68,7 +68,6 @@ __all__ = [
     "Step",
 ]
 
-Term = Any
 
 SPAN_OPERATIONS = ("init", "admit", "continue_prefill", "append", "commit", "rollback", "free")
 STATE_IDS = ("SPAN-LIMIT", "SPAN-CHUNK", "SPAN-MATCH", "SPAN-SHAPE")
@@ -144,7 +143,7 @@ class Step:
     facts: dict[str, Term]
 
 
-class SpanModel:
+class SpanModel(ScenarioWitnesses):
     """The span-relevant part of ``SpecCache`` for one sequence (module doc)."""
 
     name = "spans"
@@ -460,25 +459,6 @@ class SpanModel:
                 )
         return out
 
-    def witnesses(self, ops: Sequence[str] | None = None) -> list[Witness]:
-        out: list[Witness] = []
-        for op in self._ops(ops):
-            if op == "init":
-                continue
-            pre = self.fresh("w.")
-            a = self.fresh_args(op, "wa.")
-            stp = self.step(op, pre, a)
-            name, extra = self.scenario(op, pre, a, stp)
-            out.append(
-                Witness(
-                    op,
-                    name,
-                    z3.And(self.inv(pre), stp.guard, extra),
-                    self.shower(pre, op, a, stp.post),
-                )
-            )
-        return out
-
     def scenario(self, op: str, x: SpanState, a: Args, stp: Step) -> tuple[str, Term]:
         two = z3.And(x.on[0], x.on[1]) if self.K >= 2 else x.on[0]
         if op == "admit" and isinstance(a, AdmitArgs):
@@ -547,8 +527,8 @@ class SpanModel:
 
     # -- display ----------------------------------------------------------------------------
 
-    def shower(self, pre: SpanState, op: str | None, a: Args, post: SpanState | None) -> Any:
-        def show(ev: Any) -> str:
+    def shower(self, pre: SpanState, op: str | None, a: Args, post: SpanState | None) -> Term:
+        def show(ev: Term) -> str:
             lines = [f"  BS={ev(self.BS)}", f"  pre:  {self.format(pre, ev)}"]
             if op is not None:
                 lines.append(f"  step: {op}({self.format_args(a, ev)})")
@@ -558,7 +538,7 @@ class SpanModel:
 
         return show
 
-    def format(self, x: SpanState, ev: Any) -> str:
+    def format(self, x: SpanState, ev: Term) -> str:
         spans = [
             f"[{ev(x.st[i])}, {ev(x.en[i])})" for i in range(self.K) if z3.is_true(ev(x.on[i]))
         ]
@@ -567,7 +547,7 @@ class SpanModel:
             f"R={ev(x.R)} C={ev(x.C)} Ca={ev(x.Ca)} T={ev(x.T)}"
         )
 
-    def format_args(self, a: Args, ev: Any) -> str:
+    def format_args(self, a: Args, ev: Term) -> str:
         if isinstance(a, AdmitArgs):
             spans = [
                 f"[{ev(a.st[i])}, {ev(a.en[i])})" for i in range(self.K) if z3.is_true(ev(a.on[i]))
@@ -589,7 +569,9 @@ class SpanModel:
 
 
 class ChunkSplitsSpan(SpanModel):
-    def chunk_end(self, start: Term, P: Term, nn: Term, L: Term, on: Any, st: Any, en: Any) -> Term:
+    def chunk_end(
+        self, start: Term, P: Term, nn: Term, L: Term, on: Term, st: Term, en: Term
+    ) -> Term:
         return self.plain_end(start, P, nn, L)
 
 
@@ -614,7 +596,7 @@ class RollbackIgnoresSpans(SpanModel):
 
 
 class ClampOnce(SpanModel):
-    def clamp(self, k: Term, on: Any, st: Any, en: Any) -> Term:
+    def clamp(self, k: Term, on: Term, st: Term, en: Term) -> Term:
         pos = self.times_bs(k)
         nk = k
         for i in reversed(range(self.K)):
@@ -623,7 +605,7 @@ class ClampOnce(SpanModel):
 
 
 class WindowNotReclamped(SpanModel):
-    def reclamp(self, k: Term, on: Any, st: Any, en: Any) -> Term:
+    def reclamp(self, k: Term, on: Term, st: Term, en: Term) -> Term:
         return k
 
 

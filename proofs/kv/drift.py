@@ -41,8 +41,9 @@ from prefixkv.spec import (
     invariants,
 )
 from prefixkv.spec.request import SeqId
-from z3 import z3core
 
+from ..driver import DriftError, SeededResult, Substituter, seeded
+from ..terms import Term
 from .concrete import (
     DONT_CARE,
     AbsState,
@@ -56,21 +57,19 @@ from .concrete import (
     model_reader,
     read,
 )
-from .encoding import TXN_ERRORS, Bounds, Domain, Encoding, State
+from .model import TXN_ERRORS, Bounds, ContinueArgs, Domain, OpArgs, SeqState, State
+from .transitions import Encoding
 
 __all__ = [
     "DriftChecker",
     "DriftError",
     "DriftReport",
+    "SeededResult",
     "SpecCall",
     "run_reachable",
     "run_sampled",
     "sample_states",
 ]
-
-
-class DriftError(AssertionError):
-    """The model and the spec disagree on one step (or on whether a state is valid)."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +133,10 @@ class _Compiled:
     ok: Any  # enabled & bounded & choice & post == spec_post
     fail: Any  # enabled & bounded (victims open)
     parts: dict[str, Any]  # for diagnosis only
-    args: dict[str, Any]
+    args: OpArgs
     names: list[str]  # "p:<leaf>", "q:<leaf>", "a:<arg>" or "a:<arg>[i]", in subst order
-    subst: _Substituter
-    fail_subst: _Substituter  # every variable but the victims
+    subst: Substituter
+    fail_subst: Substituter  # every variable but the victims
     fail_names: list[str]
     errors: dict[str, Any]  # INV-TXN: error class -> failing precondition or out of bounds
 
@@ -179,47 +178,6 @@ class DriftReport:
             self.by_error[k] = self.by_error.get(k, 0) + v
 
 
-class _Substituter:
-    """``simplify(substitute(expr, vars -> values))`` through the C API.
-
-    The Python wrapper checks every pair's sorts and builds a fresh numeral per value,
-    which costs more than Z3's own work here. The variables are fixed, so their array is
-    built once; numerals are cached.
-    """
-
-    def __init__(self, variables: Sequence[Any]) -> None:
-        self.vars = list(variables)
-        self.n = len(self.vars)
-        self.ctx = z3.main_ctx()
-        self._from = (z3core.Ast * self.n)(*[v.as_ast() for v in self.vars])
-        self.is_bool = [z3.is_bool(v) for v in self.vars]
-        self._keep: list[Any] = []  # numerals stay alive while their pointers are cached
-        self._ptr: dict[tuple[bool, int], Any] = {}
-
-    def ptr(self, is_bool: bool, value: int | bool) -> Any:
-        key = (is_bool, int(value))
-        p = self._ptr.get(key)
-        if p is None:
-            c = z3.BoolVal(bool(value)) if is_bool else z3.IntVal(int(value))
-            self._keep.append(c)
-            p = self._ptr[key] = c.as_ast()
-        return p
-
-    def __call__(self, expr: Any, values: Sequence[int | bool]) -> Any:
-        ptrs = self._ptr
-        to = (z3core.Ast * self.n)(
-            *[
-                ptrs.get((b, int(v))) or self.ptr(b, v)
-                for b, v in zip(self.is_bool, values, strict=True)
-            ]
-        )
-        ref = self.ctx.ref()
-        r = z3.z3._to_expr_ref(
-            z3core.Z3_substitute(ref, expr.as_ast(), self.n, self._from, to), self.ctx
-        )
-        return z3.z3._to_expr_ref(z3core.Z3_simplify(ref, r.as_ast()), self.ctx)
-
-
 class DriftChecker:
     """Evaluates the model's transitions on concrete states of a pool of ``n`` blocks."""
 
@@ -233,7 +191,7 @@ class DriftChecker:
         self._inv = z3.And(
             enc.shape(self.pre), enc.in_bounds(self.pre), *enc.invariants(self.d, self.pre).values()
         )
-        self._inv_subst: _Substituter | None = None
+        self._inv_subst: Substituter | None = None
         self._inv_names: list[str] = []
 
     # -- compiled formulas ----------------------------------------------------------------
@@ -299,8 +257,8 @@ class DriftChecker:
                 },
                 args=args,
                 names=names,
-                subst=_Substituter(variables),
-                fail_subst=_Substituter([variables[i] for i in fail_idx]),
+                subst=Substituter(variables),
+                fail_subst=Substituter([variables[i] for i in fail_idx]),
                 fail_names=[names[i] for i in fail_idx],
                 # A refusal whose successor would not fit the bounds (a table past
                 # ``Bounds.table`` blocks) is outside the model; its class is not checked.
@@ -315,13 +273,13 @@ class DriftChecker:
             )
         return self._compiled[key]
 
-    def _variables(self, args: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    def _variables(self, args: OpArgs) -> tuple[list[str], list[Term]]:
         names, variables = [], []
         for prefix, st in (("p:", self.pre), ("q:", self.spost)):
             for name, v in st.leaves.items():
                 names.append(prefix + name)
                 variables.append(v)
-        for name, var in args.items():
+        for name, var in args._asdict().items():
             if isinstance(var, tuple):
                 for i, v in enumerate(var):
                     names.append(f"a:{name}[{i}]")
@@ -443,7 +401,7 @@ class DriftChecker:
         """The model's invariants evaluated on a concrete state."""
         if self._inv_subst is None:
             self._inv_names = list(self.pre.leaves)
-            self._inv_subst = _Substituter([self.pre.leaves[k] for k in self._inv_names])
+            self._inv_subst = Substituter([self.pre.leaves[k] for k in self._inv_names])
         vals = bind_values(a, self.enc.bounds.seqs, self.M)
         return bool(
             z3.is_true(self._inv_subst(self._inv, [vals.get(k, 0) for k in self._inv_names]))
@@ -1050,14 +1008,12 @@ class _ChunkIgnoresLimit(Encoding):
 
 
 class _ContinueBeforeCommit(Encoding):
-    def continue_guard(self, sq: Any, a: dict[str, Any]) -> Any:
-        return z3.And(sq.live, z3.Or(a["whole"], a["num_new"] >= 1), sq.nr < sq.np)
+    def continue_guard(self, sq: SeqState, a: ContinueArgs) -> Term:
+        return z3.And(sq.live, z3.Or(a.whole, a.num_new >= 1), sq.nr < sq.np)
 
 
 class _ErrorClassSwapped(Encoding):
-    def refusals(
-        self, d: Domain, st: State, op: str, a: dict[str, Any], s: int
-    ) -> list[tuple[str, Any]]:
+    def refusals(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> list[tuple[str, Term]]:
         out = super().refusals(d, st, op, a, s)
         if op != "rollback":
             return out
@@ -1101,15 +1057,6 @@ SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
 )
 
 
-@dataclass
-class SeededResult:
-    name: str
-    description: str
-    caught: bool
-    checks: int
-    message: str
-
-
 def check_seeded(
     name: str,
     description: str,
@@ -1121,13 +1068,15 @@ def check_seeded(
 ) -> SeededResult:
     """Run the reachable-state drift check on a mutated encoding until it fails."""
     enc = enc_type(bounds or Bounds())
-    report = DriftReport()
-    try:
-        run_reachable(enc, budget, seed=seed, checker=DriftChecker(enc, 5), report=report)
-    except DriftError as e:
-        # the failing check is the one after the last counted
-        return SeededResult(name, description, True, report.checks + 1, str(e).splitlines()[0])
-    return SeededResult(name, description, False, report.checks, "not caught")
+    checker = DriftChecker(enc, 5)
+    return seeded(
+        name,
+        description,
+        DriftReport(),
+        lambda r: r.checks,
+        lambda r: run_reachable(enc, budget, seed=seed, checker=checker, report=r),
+        counts_the_catch=True,
+    )
 
 
 def default_run(

@@ -26,7 +26,7 @@ from prefixkv.spec import cache as spec_cache
 from prefixkv.spec.identity import BlockIdentity, fast_hash
 from prefixkv.spec.request import SeqId
 
-from .encoding import COUNTERS, NONE, ROOT, State
+from .model import COUNTERS, NONE, ROOT, State
 
 __all__ = [
     "AbsSeq",

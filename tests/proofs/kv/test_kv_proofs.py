@@ -9,12 +9,11 @@ drift check must catch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -23,9 +22,11 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
-from prefixkv.proofs import broken, cli, drift, kernel_index, obligations
-from prefixkv.proofs.concrete import AbsState, Labels, abstract, bind, concretize
-from prefixkv.proofs.encoding import TXN_ERRORS, Bounds, Encoding
+from prefixkv.proofs import kernel_index
+from prefixkv.proofs.kv import broken, drift, obligations
+from prefixkv.proofs.kv.concrete import AbsState, Labels, abstract, bind, concretize
+from prefixkv.proofs.kv.model import TXN_ERRORS, Bounds
+from prefixkv.proofs.kv.transitions import Encoding
 from prefixkv.spec import Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 
@@ -41,13 +42,14 @@ def prover() -> obligations.Prover:
 
 
 @pytest.mark.parametrize("operation", list(obligations.OPERATIONS))
-def test_every_invariant_is_inductive_over(operation: str, prover: obligations.Prover) -> None:
+def test_every_invariant_is_inductive_over(
+    operation: str, prover: obligations.Prover, unproved: Callable[[Iterable[Any]], str]
+) -> None:
     rows = prover.rows(operations=[operation])
     expected = set(obligations.INVARIANT_IDS) | {"INV-MATCH"}
     expected |= {"INV-TXN"} if operation in TXN_ERRORS else set()
     assert {r.invariant for r in rows} == expected
-    failed = [f"{r.invariant}: {r.status}\n{r.detail}" for r in rows if r.status != "proved"]
-    assert not failed, "\n".join(failed)
+    assert unproved(rows) == ""
     # deterministic budget: far below the fixed rlimit, so "proved" is not a matter of luck
     assert max(r.rlimit_used for r in rows) < obligations.DEFAULT_RLIMIT // 2
 
@@ -340,91 +342,10 @@ def test_concretize_round_trips_reachable_states() -> None:
     assert abstract(again, slots, labels, 3).canonical(3) == state.canonical(3)
 
 
-# -- the command ---------------------------------------------------------------------------
-
-
-def test_cli_json_subset() -> None:
-    code = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefixkv.proofs",
-            "--json",
-            "--invariants",
-            "INV-REF,INV-INDEX",
-            "--operations",
-            "evict,free",
-            "--no-kernels",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert code.returncode == 0, code.stderr
-    doc = json.loads(code.stdout)
-    assert doc["ok"] is True
-    assert [(o["invariant"], o["operation"]) for o in doc["obligations"]] == [
-        ("INV-REF", "evict"),
-        ("INV-INDEX", "evict"),
-        ("INV-REF", "free"),
-        ("INV-INDEX", "free"),
-    ]
-    assert all(o["status"] == "proved" and o["non_vacuous"] for o in doc["obligations"])
-    assert "at most 3 live sequences" in doc["bounds"]
-
-
-def test_cli_json_lists_txn_and_lookup_rows() -> None:
-    code = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefixkv.proofs",
-            "--json",
-            "--invariants",
-            "INV-MATCH,INV-TXN",
-            "--operations",
-            "free,reset_full",
-            "--no-kernels",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert code.returncode == 0, code.stderr
-    rows = json.loads(code.stdout)["obligations"]
-    assert [(o["invariant"], o["operation"], o["kind"]) for o in rows] == [
-        ("INV-MATCH", "free", "lookup"),
-        ("INV-TXN", "free", "txn"),
-        ("INV-MATCH", "reset_full", "lookup"),
-        ("INV-TXN", "reset_full", "txn"),
-    ]
-    assert rows[3]["steps"] == ["CacheBusy"]
-    assert all(o["status"] == "proved" and o["non_vacuous"] for o in rows)
-
-
-def test_cli_exits_non_zero_when_an_obligation_fails(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(cli, "Encoding", broken.EvictKeepsIndexEntry)
-    code = cli.main(
-        ["--invariants", "INV-INDEX", "--operations", "evict", "--no-kernels", "--no-witnesses"]
-    )
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "counterexample" in out and "FAILED" in out
-
-
-def test_cli_rejects_bad_arguments() -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["--invariants", "INV-NOPE"])
-
-
 def test_proofs_import_no_torch_and_spec_imports_no_proofs() -> None:
     code = (
         "import sys; import prefixkv.proofs, prefixkv.proofs.kernel_index, "
-        "prefixkv.proofs.drift; heavy = [m for m in ('torch', 'triton') if m in sys.modules]; "
+        "prefixkv.proofs.kv.drift; heavy = [m for m in ('torch', 'triton') if m in sys.modules]; "
         "sys.exit(1 if heavy else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=120).returncode == 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,19 +31,22 @@ from prefixkv.spec import (
 from prefixkv.spec.cache import identity_chain
 from prefixkv.spec.contract import save_point
 
-from . import checkpoints as ck
-from .checkpoints import (
+from .. import ckpt as ck
+from ..driver import DriftError, SeededResult, Substituter, drive, seeded
+from ..terms import Term
+from .model import (
     COUNTERS,
     FREE,
     PINNED,
     READY,
     RESERVED,
     RUNTIME,
+    CkptArgs,
     CkptBounds,
-    CkptModel,
     CState,
+    NoArgs,
 )
-from .drift import DriftError, _Substituter
+from .transitions import CkptModel
 
 __all__ = [
     "SEEDED_CKPT_DRIFTS",
@@ -121,13 +123,13 @@ def abstract(cache: HybridSpecCache, S: int) -> dict[str, Any]:
 
 
 def _flat(c: dict[str, Any]) -> list[int | bool]:
-    out = [x for f in ck._LIST_FIELDS for x in c[f]]
+    out = [x for f in ck.LIST_FIELDS for x in c[f]]
     return [*out, c["clock"], *(c["ctr"][k] for k in COUNTERS)]
 
 
-def _arg_values(args: dict[str, Any], vals: dict[str, Any]) -> list[int | bool]:
+def _arg_values(args: CkptArgs, vals: dict[str, Any]) -> list[int | bool]:
     out: list[int | bool] = []
-    for name, var in args.items():
+    for name, var in args._asdict().items():
         if isinstance(var, list):
             out += list(vals[name])
         else:
@@ -135,9 +137,9 @@ def _arg_values(args: dict[str, Any], vals: dict[str, Any]) -> list[int | bool]:
     return out
 
 
-def _arg_vars(args: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
-    for var in args.values():
+def _arg_vars(args: CkptArgs) -> list[Term]:
+    out: list[Term] = []
+    for var in args:
         out += var if isinstance(var, list) else [var]
     return out
 
@@ -146,9 +148,9 @@ def _arg_vars(args: dict[str, Any]) -> list[Any]:
 class _Compiled:
     ok: Any
     guard: Any
-    args: dict[str, Any]
-    subst: _Substituter
-    guard_subst: _Substituter
+    args: CkptArgs
+    subst: Substituter
+    guard_subst: Substituter
 
 
 class CkptDriftChecker:
@@ -160,7 +162,7 @@ class CkptDriftChecker:
         self.spost = model.fresh("q.")
         self._compiled: dict[tuple[str, int], _Compiled] = {}
         self._inv = model.inv(self.pre)
-        self._inv_subst = _Substituter(self.pre.leaves())
+        self._inv_subst = Substituter(self.pre.leaves())
 
     def compiled(self, op: str, q: int) -> _Compiled:
         key = (op, q)
@@ -172,8 +174,8 @@ class CkptDriftChecker:
                 ok=z3.And(st.guard, self.model.same(st.post, self.spost)),
                 guard=st.guard,
                 args=args,
-                subst=_Substituter([*self.pre.leaves(), *self.spost.leaves(), *avars]),
-                guard_subst=_Substituter([*self.pre.leaves(), *avars]),
+                subst=Substituter([*self.pre.leaves(), *self.spost.leaves(), *avars]),
+                guard_subst=Substituter([*self.pre.leaves(), *avars]),
             )
         return self._compiled[key]
 
@@ -514,11 +516,10 @@ def run_ckpt_drift(
     report: CkptDriftReport | None = None,
 ) -> CkptDriftReport:
     """About ``checks`` drift checks over random runs of :class:`HybridSpecCache`."""
-    rng = random.Random(seed)
     report = report or CkptDriftReport()
-    t0 = time.perf_counter()
     checkers = {b: _checker(model, b) for b, _ in CONFIGS}
-    while report.checks < checks:
+
+    def start(rng: random.Random) -> _Runner:
         bounds, interval = CONFIGS[rng.randrange(len(CONFIGS))]
         cache = HybridSpecCache(
             bounds.nodes,
@@ -527,13 +528,9 @@ def run_ckpt_drift(
             state_budget=bounds.budget,
             decode_state_interval=interval,
         )
-        runner = _Runner(checkers[bounds], cache, rng, report)
-        for _ in range(steps_per_run):
-            runner.step()
-            if report.checks >= checks:
-                break
-    report.seconds = time.perf_counter() - t0
-    return report
+        return _Runner(checkers[bounds], cache, rng, report)
+
+    return drive(report, checks, lambda r: r.checks, start, seed=seed, steps_per_run=steps_per_run)
 
 
 # -- seeded drifts --------------------------------------------------------------------------
@@ -557,7 +554,7 @@ class _NewestReadyEvicted(CkptModel):
 
 
 class _RestoreNotCounted(CkptModel):
-    def restore_issued(self, st: CState, q: int, a: dict[str, Any]) -> ck.Step:
+    def restore_issued(self, st: CState, q: int, a: NoArgs) -> ck.Step:
         step = super().restore_issued(st, q, a)
         step.post.ctr["restored"] = st.ctr["restored"]
         return step
@@ -612,21 +609,15 @@ SEEDED_CKPT_DRIFTS: tuple[tuple[str, str, type[CkptModel]], ...] = (
 )
 
 
-@dataclass
-class SeededCkptResult:
-    name: str
-    description: str
-    caught: bool
-    checks: int
-
-
 def check_seeded_ckpt(
     name: str, description: str, model: type[CkptModel], budget: int = 3000, seed: int = 0
-) -> SeededCkptResult:
+) -> SeededResult:
     """Run the drift check against a drifted model until it is caught (or ``budget``)."""
-    report = CkptDriftReport()
-    try:
-        run_ckpt_drift(budget, seed=seed, model=model, report=report)
-    except DriftError:
-        return SeededCkptResult(name, description, True, report.checks + 1)
-    return SeededCkptResult(name, description, False, report.checks)
+    return seeded(
+        name,
+        description,
+        CkptDriftReport(),
+        lambda r: r.checks,
+        lambda r: run_ckpt_drift(budget, seed=seed, model=model, report=r),
+        counts_the_catch=True,
+    )

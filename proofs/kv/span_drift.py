@@ -14,7 +14,6 @@ satisfy the model's invariants and the spec's ``invariants.check``.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,8 +29,8 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.state import SeqView
 
+from ..driver import DriftError, SeededResult, Substituter, drive, seeded
 from . import spans as sp
-from .drift import DriftError, _Substituter
 
 __all__ = ["SEEDED_SPAN_DRIFTS", "SpanDriftReport", "check_seeded_span", "run_span_drift"]
 
@@ -105,7 +104,7 @@ class _Compiled:
             self.arg_vars = [a.n, a.acc]
         splits = m.splits(self.pre, op, a) if isinstance(a, sp.CountArgs) else z3.BoolVal(False)
         self.outputs = [stp.guard, splits, *_fields(stp.post)]
-        self.sub = _Substituter(self.pre_vars + self.arg_vars)
+        self.sub = Substituter(self.pre_vars + self.arg_vars)
 
     def run(
         self, pre: list[int | bool], args: list[int | bool]
@@ -118,7 +117,7 @@ class _InvCheck:
     def __init__(self, m: sp.SpanModel) -> None:
         x = m.fresh("i.")
         self.invs = m.invariants(x)
-        self.sub = _Substituter(_fields(x))
+        self.sub = Substituter(_fields(x))
 
     def failing(self, vals: list[int | bool]) -> list[str]:
         return [name for name, f in self.invs.items() if _value(self.sub(f, vals)) is not True]
@@ -192,8 +191,11 @@ class _Runner:
         report: SpanDriftReport,
         compiled: dict[str, _Compiled],
         inv: _InvCheck,
+        *,
+        check_states: bool = True,
     ) -> None:
         self.m, self.rng, self.r = model, rng, report
+        self.check_states = check_states
         self.cache = SpecCache(num_blocks=10, block_size=BS)
         self.past: list[Request] = []
         self.compiled, self.inv = compiled, inv
@@ -213,6 +215,8 @@ class _Runner:
             self.r.invariant_checks += 1
 
     def step(self) -> None:
+        if self.check_states:
+            self.check_state()
         rng, K = self.rng, self.m.K
         seq_id = rng.choice(SEQ_IDS)
         v = self.view(seq_id)
@@ -311,24 +315,24 @@ class _Runner:
 
 
 def run_span_drift(
-    checks: int, seed: int = 0, model: type[sp.SpanModel] = sp.SpanModel
+    checks: int,
+    seed: int = 0,
+    model: type[sp.SpanModel] = sp.SpanModel,
+    report: SpanDriftReport | None = None,
+    *,
+    check_states: bool = True,
 ) -> SpanDriftReport:
-    """``checks`` model-vs-spec steps over fresh caches of 10 blocks (``BS`` 2)."""
-    t0 = time.perf_counter()
-    rng = random.Random(seed)
-    rep = SpanDriftReport()
+    """``checks`` model-vs-spec steps over fresh caches of 10 blocks (``BS`` 2); with
+    ``check_states``, every state before a step is also checked against the invariants."""
     m = model(None, BS)
     compiled = {op: _Compiled(m, op) for op in sp.SPAN_OPERATIONS if op != "init"}
     inv = _InvCheck(m)
-    while rep.checks < checks:
-        run = _Runner(m, rng, rep, compiled, inv)
-        for _ in range(40):
-            run.check_state()
-            run.step()
-            if rep.checks >= checks:
-                break
-    rep.seconds = time.perf_counter() - t0
-    return rep
+    rep = report or SpanDriftReport()
+
+    def start(rng: random.Random) -> _Runner:
+        return _Runner(m, rng, rep, compiled, inv, check_states=check_states)
+
+    return drive(rep, checks, lambda r: r.checks, start, seed=seed)
 
 
 SEEDED_SPAN_DRIFTS: tuple[tuple[str, str, type[sp.SpanModel]], ...] = (
@@ -341,30 +345,14 @@ SEEDED_SPAN_DRIFTS: tuple[tuple[str, str, type[sp.SpanModel]], ...] = (
 )
 
 
-@dataclass
-class SeededSpanResult:
-    name: str
-    description: str
-    caught: bool
-    checks: int
-
-
 def check_seeded_span(
     name: str, description: str, model: type[sp.SpanModel], limit: int = 20_000, seed: int = 0
-) -> SeededSpanResult:
+) -> SeededResult:
     """The drifted model must disagree with the spec within ``limit`` checks."""
-    rng = random.Random(seed)
-    rep = SpanDriftReport()
-    m = model(None, BS)
-    compiled = {op: _Compiled(m, op) for op in sp.SPAN_OPERATIONS if op != "init"}
-    inv = _InvCheck(m)
-    try:
-        while rep.checks < limit:
-            run = _Runner(m, rng, rep, compiled, inv)
-            for _ in range(40):
-                run.step()
-                if rep.checks >= limit:
-                    break
-    except DriftError:
-        return SeededSpanResult(name, description, True, rep.checks)
-    return SeededSpanResult(name, description, False, rep.checks)
+    return seeded(
+        name,
+        description,
+        SpanDriftReport(),
+        lambda r: r.checks,
+        lambda r: run_span_drift(limit, seed, model, r, check_states=False),
+    )

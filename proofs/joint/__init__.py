@@ -1,0 +1,1 @@
+"""The KV and checkpoint models composed: restore safety and routed experts."""

@@ -1,0 +1,1 @@
+"""The subcommands of ``prefixkv``, one thin module each."""
