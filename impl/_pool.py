@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import sys
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 
@@ -229,17 +230,39 @@ class BlockPool:
     # -- holds -----------------------------------------------------------------------------
 
     def pin(self, blocks: Sequence[int]) -> None:
-        """Hold each of ``blocks`` (a matched chain, root first) once more."""
-        ref, anchored = self.ref, self.anchored_children
+        """Hold each of ``blocks``, a matched chain (root first: each block's parent is the
+        one before it), once more.
+
+        The blocks pinned from refcount 0 change the occupancy counts. The unanchored ones
+        (refcount 0, no anchored child) form a suffix of the chain (an anchored block's
+        parent is anchored): each becomes anchored and anchors its parent, the block before
+        it in the chain, which is held by then, so nothing propagates further up.
+
+        NOTE: one plain loop for the holds. Scattering them through C-level iterators
+        (``map(operator.setitem, ...)``) costs more than the loop: an array has no bulk
+        scatter, so each element still goes through a call.
+        """
+        ref = self.ref
+        zeros = 0
         for b in blocks:
             r = ref[b]
             ref[b] = r + 1
-            if r == 0:
-                self.num_used += 1
-                self.num_cached -= 1
-                if not anchored[b]:
-                    self.num_reclaimable -= 1
-                    self.anchor_up(self.parent[b])
+            if not r:
+                zeros += 1
+        if not zeros:
+            return
+        self.num_used += zeros
+        self.num_cached -= zeros
+        anchored = self.anchored_children
+        m = len(blocks)
+        # Bisection over the suffix: held now means refcount 1 and pinned from 0 here.
+        u = bisect_left(
+            range(m), True, key=lambda j: ref[blocks[j]] == 1 and not anchored[blocks[j]]
+        )
+        if u < m:
+            self.num_reclaimable -= m - u
+            for p in blocks[max(u, 1) - 1 : m - 1]:
+                anchored[p] += 1
 
     def release(self, blocks: Sequence[int], clock: int) -> None:
         """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""
