@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import and_, countOf, getitem, ne, sub, xor
 from struct import unpack_from
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from prefixkv.spec.cache import check_count, check_growth, check_pool_shape, chunk_end
 from prefixkv.spec.errors import (
@@ -320,7 +320,8 @@ class PrefixCacheManager:
         keys = self._prompt_keys(req, ns, seed)
         self._prompt_keys_memo = (req, keys)
         # The candidates up to the first miss (``iter`` stops at the sentinel None, in C).
-        found = list(iter(map(self._index.get_one, keys).__next__, None))
+        # A collision bucket (a list) among them is resolved in place by _verified_slow.
+        found = cast("list[int]", list(iter(map(self._index.get_one, keys).__next__, None)))
         m = self._verified(found, keys, req.token_bytes, ns)
         cap = (req.num_tokens - 1) // self._block_size
         capped = m > cap
