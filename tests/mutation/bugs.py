@@ -117,6 +117,18 @@ BUGS: tuple[Bug, ...] = (
         ),
     ),
     Bug(
+        "hit_verified_one_token_short",
+        "a run of hit blocks is compared one token short: a block that differs only in its "
+        "last token is served",
+        (
+            (
+                "cache.py",
+                "            if ptoks[c * nb : (c + stop - start) * nb] != buf[start * nb : stop * nb]:",
+                "            if ptoks[c * nb : (c + stop - start) * nb - 4] != buf[start * nb : stop * nb - 4]:",
+            ),
+        ),
+    ),
+    Bug(
         "hit_ignores_parent",
         "a hit is verified on the block's own tokens only, not its parent (prefix) chain",
         (
