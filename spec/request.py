@@ -241,6 +241,8 @@ def _check_namespace(_: object, __: attrs.Attribute[Namespace], value: object) -
 
 
 def _to_spans(value: object) -> tuple[MultimodalSpan, ...]:
+    if value == () and type(value) is tuple:  # text: skip the ABC check below
+        return ()
     if isinstance(value, MultimodalSpan):
         raise InvalidRequest("spans must be a sequence of MultimodalSpan, not a single span")
     if not isinstance(value, Iterable):

@@ -123,8 +123,10 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            if ptoks[c * nb : (c + stop - start) * nb] != buf[start * nb : stop * nb]:",
-                "            if ptoks[c * nb : (c + stop - start) * nb - 4] != buf[start * nb : stop * nb - 4]:",
+                "            if ptoks[c * nb : (c + stop - start) * nb]"
+                " != buf[start * nb : stop * nb]:",
+                "            if ptoks[c * nb : (c + stop - start) * nb - 4]"
+                " != buf[start * nb : stop * nb - 4]:",
             ),
         ),
     ),
