@@ -17,10 +17,12 @@ its own fields (a test checks that no impl module reaches into another's private
 
 How it stays cheap without giving anything up:
 
-* A prompt is converted once to a native uint32 buffer. Each block is one slice of it: the
-  slice is hashed (keyed, see ``__init__``) and compared with the stored block in one
-  contiguous comparison. The index key of each settled block is kept per sequence, so
-  publishing a block hashes only that block.
+* A request carries its prompt once, as native uint32 bytes. The walk computes every full
+  block's index key in one pass of C-level iterators (``_prompt_keys``), looks them all up,
+  and verifies the candidates exactly with one comparison per run of consecutive block ids
+  (``_verified``): no Python-level step per prompt block. The admitted sequence keeps the
+  keys, so publishing its prompt blocks hashes nothing again, and a decode block hashes
+  only itself.
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
