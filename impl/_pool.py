@@ -16,13 +16,16 @@ token ids), against ~900 when each block held a tuple of int objects. Only the n
 (a reference to a shared bytes key) and the multimodal extra keys (a sparse dict: text blocks
 have none) are Python references.
 
-The arrays grow only as far as blocks are first handed out: a million-block pool that a
-workload touches a thousand blocks of costs a thousand entries. The cyclic garbage collector
-does not traverse arrays at all.
+NOTE: the arrays and the token buffer are allocated once, at their final size
+(``num_blocks`` entries), when the pool is built. Growing them as blocks were first handed out
+cost more than it saved: every doubling copies the array and frees the old one, and the
+allocator keeps much of that freed memory (about 10% of a full million-block pool's RSS).
+Allocated at once, a cached block costs exactly its share of the arrays, whatever the pool
+size. The cyclic garbage collector does not traverse arrays at all.
 
 The free queue is FIFO (allocate from the front, release to the back), exactly as the spec's
 plain list. It is stored as a lazily materialized range of never-used ids followed by a deque
-of released ids, so construction and full reset cost nothing per block:
+of released ids, so a full reset costs nothing per block that was never published:
 
 ::
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import heapq
 import sys
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 
@@ -87,34 +91,37 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.block_nbytes = 4 * block_size
+        n = num_blocks
+        four, eight = bytes(4 * n), bytes(8 * n)  # zeros, without a temporary list
         #: Holds on each block (INV-REF).
-        self.ref: array[int] = array("i")
+        self.ref: array[int] = array("i", four)
         #: Token ids of published blocks, ``block_nbytes`` per block (native uint32).
-        self.tokens = bytearray()
+        self.tokens = bytearray(self.block_nbytes * n)
         #: A published block's depth (>= 1); 0 iff the block is unpublished.
-        self.depth: array[int] = array("i")
-        self.namespace: list[bytes | None] = []
+        self.depth: array[int] = array("i", four)
+        self.namespace: list[bytes | None] = [None] * n
         #: Extra keys (multimodal) of published blocks that have any; text blocks are absent.
         self.extra: dict[int, tuple[tuple[int, bytes], ...]] = {}
-        self.parent: array[int] = array("i")
+        self.parent: array[int] = array("i", [NO_PARENT]) * n
         #: The index key a published block is filed under.
-        self.key: array[int] = array("q")
+        self.key: array[int] = array("q", eight)
         #: The identity hash (the events' ``block_hash``) of a published block; kept only
         #: when ``wire_hashes`` (the manager records events or indexes by that hash).
-        self.block_hash: array[int] = array("q")
+        self.block_hash: array[int] = array("q", eight if wire_hashes else b"")
         self.wire_hashes = wire_hashes
-        self.last_use: array[int] = array("q")
+        self.last_use: array[int] = array("q", eight)
         #: Published children of a published block (a leaf has none).
-        self.num_children: array[int] = array("i")
+        self.num_children: array[int] = array("i", four)
         #: Published children that are *anchored*: held by a sequence, or with an anchored
         #: child. See ``PrefixCacheManager`` for why this makes ``can_admit`` exact.
-        self.anchored_children: array[int] = array("i")
+        self.anchored_children: array[int] = array("i", four)
         #: Bumped whenever b enters the leaf set; stale heap entries carry an older version.
-        self.leaf_version: array[int] = array("i")
+        self.leaf_version: array[int] = array("i", four)
         #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
-        self.gen: array[int] = array("i")
+        self.gen: array[int] = array("i", four)
         #: The exact name of a published block's identity (see the manager's eviction record).
-        self.serial: array[int] = array("q")
+        self.serial: array[int] = array("q", eight)
+        del four, eight
         self.fresh_next = 0
         self.released: deque[int] = deque()
         #: The cached leaves in eviction order.
@@ -124,30 +131,6 @@ class BlockPool:
         self.num_cached = 0  # published, refcount 0
         self.num_published = 0
         self.num_reclaimable = 0  # published and unanchored
-
-    def _grow(self, upto: int) -> None:
-        """Materialize metadata for block ids below ``upto`` (amortized O(1) per block)."""
-        size = len(self.ref)
-        target = min(self.num_blocks, max(upto, 2 * size, 1024))
-        extra = target - size
-        four = bytes(4 * extra)  # zeros, without a temporary list
-        for small in (
-            self.ref,
-            self.depth,
-            self.num_children,
-            self.anchored_children,
-            self.leaf_version,
-            self.gen,
-        ):
-            small.frombytes(four)
-        eight = bytes(8 * extra)
-        for wide in (self.key, self.last_use, self.serial):
-            wide.frombytes(eight)
-        if self.wire_hashes:
-            self.block_hash.frombytes(eight)
-        self.parent.extend(array("i", [NO_PARENT]) * extra)
-        self.namespace.extend([None] * extra)
-        self.tokens.extend(bytes(self.block_nbytes * extra))
 
     def is_published(self, b: int) -> bool:
         return self.depth[b] != 0
@@ -198,8 +181,6 @@ class BlockPool:
         """Pop ``count`` ids from the front of the free queue. The caller checked supply."""
         fresh = min(count, self.num_blocks - self.fresh_next)
         start = self.fresh_next
-        if start + fresh > len(self.ref):
-            self._grow(start + fresh)
         taken = list(range(start, start + fresh))
         self.fresh_next = start + fresh
         popleft = self.released.popleft
@@ -249,17 +230,39 @@ class BlockPool:
     # -- holds -----------------------------------------------------------------------------
 
     def pin(self, blocks: Sequence[int]) -> None:
-        """Hold each of ``blocks`` (a matched chain, root first) once more."""
-        ref, anchored = self.ref, self.anchored_children
+        """Hold each of ``blocks``, a matched chain (root first: each block's parent is the
+        one before it), once more.
+
+        The blocks pinned from refcount 0 change the occupancy counts. The unanchored ones
+        (refcount 0, no anchored child) form a suffix of the chain (an anchored block's
+        parent is anchored): each becomes anchored and anchors its parent, the block before
+        it in the chain, which is held by then, so nothing propagates further up.
+
+        NOTE: one plain loop for the holds. Scattering them through C-level iterators
+        (``map(operator.setitem, ...)``) costs more than the loop: an array has no bulk
+        scatter, so each element still goes through a call.
+        """
+        ref = self.ref
+        zeros = 0
         for b in blocks:
             r = ref[b]
             ref[b] = r + 1
-            if r == 0:
-                self.num_used += 1
-                self.num_cached -= 1
-                if not anchored[b]:
-                    self.num_reclaimable -= 1
-                    self.anchor_up(self.parent[b])
+            if not r:
+                zeros += 1
+        if not zeros:
+            return
+        self.num_used += zeros
+        self.num_cached -= zeros
+        anchored = self.anchored_children
+        m = len(blocks)
+        # Bisection over the suffix: held now means refcount 1 and pinned from 0 here.
+        u = bisect_left(
+            range(m), True, key=lambda j: ref[blocks[j]] == 1 and not anchored[blocks[j]]
+        )
+        if u < m:
+            self.num_reclaimable -= m - u
+            for p in blocks[max(u, 1) - 1 : m - 1]:
+                anchored[p] += 1
 
     def release(self, blocks: Sequence[int], clock: int) -> None:
         """Drop one hold on each of ``blocks``, tail first, so deeper blocks age first."""

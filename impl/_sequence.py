@@ -20,6 +20,9 @@ class SeqState:
     carry the identity hash); otherwise it stays empty. ``seed`` is the key a root block
     chains from. ``tokens`` are the sequence's token ids as a native uint32 array.
 
+    ``prompt_keys`` holds the index keys of the prompt's full blocks, computed up front by the
+    admission's lookup (empty when it did not).
+
     ``canon_*`` remember which published block currently carries the identity of the last
     settled block when the sequence's own block there is a private duplicate; the pair
     ``(canon_block, canon_gen)`` detects that the canonical block was evicted since.
@@ -38,6 +41,7 @@ class SeqState:
         "num_cached",
         "num_computed",
         "num_reserved",
+        "prompt_keys",
         "prompt_len",
         "seed",
         "seq_id",
@@ -84,3 +88,7 @@ class SeqState:
         self.canon_j = -1
         self.canon_block = -1
         self.canon_gen = -1
+        #: The index keys of the prompt's full blocks when the admission computed them all
+        #: up front (a prompt without spans), else empty: publishing block j of the prompt
+        #: takes ``prompt_keys[j]`` instead of hashing the block again.
+        self.prompt_keys: list[int] = []

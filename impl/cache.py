@@ -19,10 +19,12 @@ its own fields (a test checks that no impl module reaches into another's private
 
 How it stays cheap without giving anything up:
 
-* A prompt is converted once to a native uint32 buffer. Each block is one slice of it: the
-  slice is hashed (keyed, see ``__init__``) and compared with the stored block in one
-  contiguous comparison. The index key of each settled block is kept per sequence, so
-  publishing a block hashes only that block.
+* A request carries its prompt once, as native uint32 bytes. The walk computes every full
+  block's index key in one pass of C-level iterators (``_prompt_keys``), looks them all up,
+  and verifies the candidates exactly with one comparison per run of consecutive block ids
+  (``_verified``): no Python-level step per prompt block. The admitted sequence keeps the
+  keys, so publishing its prompt blocks hashes nothing again, and a decode block hashes
+  only itself.
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
@@ -48,9 +50,13 @@ from __future__ import annotations
 import copy
 import os
 from array import array
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from itertools import accumulate, chain, compress, count, islice, repeat
+from operator import and_, countOf, getitem, ne, sub, xor
+from struct import unpack_from
+from typing import NamedTuple, cast
 
 from prefixkv.spec.contract import (
     blocks_for,
@@ -99,6 +105,15 @@ _MISSING = -2
 #: Builds a NamedTuple result from its fields without a Python frame.
 _new_outcome = tuple.__new__
 
+#: Keyed index keys are masked to 60 bits (see ``_chain_key``).
+_KEY_MASK = (1 << 60) - 1
+
+
+def _first_difference(a: Iterable[object], b: Iterable[object]) -> int:
+    """The first position where ``a`` and ``b`` differ (C-level; they must differ)."""
+    return next(compress(count(), map(ne, a, b)))
+
+
 #: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly
 #: (the token ids as the pool stores them: native uint32 bytes).
 _EvictedKey = tuple[int, bytes | None, bytes, tuple[tuple[int, bytes], ...]]
@@ -113,6 +128,8 @@ class Walk(NamedTuple):
     first_unanchored: int
     #: Whether the full-prompt cap (choice 4) stopped the walk.
     capped: bool
+    #: The index key of every full block of the prompt (empty when not computed up front).
+    keys: list[int]
 
 
 class Matched(NamedTuple):
@@ -172,7 +189,9 @@ class PrefixCacheManager(PrefixCache):
         # demand by :meth:`snapshot`. Any other hasher (sha256, and the weak ones tests use
         # to force collisions) is the index key itself.
         self._keyed = hasher is fast_hash
-        self._salt = int.from_bytes(os.urandom(8), "little")
+        # NOTE: bytes, not an int: a bytes object caches its hash, so mixing the salt into
+        # every block's key costs nothing per block.
+        self._salt = os.urandom(8)
         self._pool = BlockPool(
             self._num_blocks, self._block_size, wire_hashes=self._keyed and self._record_events
         )
@@ -182,7 +201,10 @@ class PrefixCacheManager(PrefixCache):
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
         self._ns_keys: dict[Namespace, tuple[bytes, int, int]] = {}
-        self._last_prompt: tuple[tuple[int, ...], bytes] | None = None
+        #: The last request looked up and the index keys of its prompt's full blocks: an
+        #: admission looks the prompt up, then hands the keys to the sequence, so that
+        #: publishing its prompt blocks hashes nothing again.
+        self._prompt_keys_memo: tuple[Request, list[int]] | None = None
         self._clock = 0
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
@@ -227,22 +249,12 @@ class PrefixCacheManager(PrefixCache):
                 self._ns_keys.clear()
             key = namespace.key()
             digest = ns_digest(key)
-            entry = self._ns_keys[namespace] = (key, digest, hash((self._salt, digest)))
+            entry = self._ns_keys[namespace] = (
+                key,
+                digest,
+                hash((self._salt, digest)) & _KEY_MASK,
+            )
         return entry
-
-    def _token_bytes(self, tokens: tuple[int, ...]) -> bytes:
-        """``tokens`` as native uint32 bytes, converted once per prompt.
-
-        NOTE: an admission looks the prompt up, then stores it, and the lost-reuse split
-        walks it too: the last conversion is memoized by the identity of the (immutable)
-        token tuple, so the ints are converted once, not three times.
-        """
-        last = self._last_prompt
-        if last is not None and last[0] is tokens:
-            return last[1]
-        buf = array("I", tokens).tobytes()
-        self._last_prompt = (tokens, buf)
-        return buf
 
     def _seq(self, seq_id: object) -> SeqState:
         # A plain int or str id skips check_seq_id (same verdicts, no call); any other
@@ -250,100 +262,177 @@ class PrefixCacheManager(PrefixCache):
         seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
         return seq if seq is not None else live_seq(self._seqs, seq_id)
 
+    def _prompt_keys(self, req: Request, ns: bytes, seed: int) -> list[int]:
+        """The index key of every full block of ``req``'s prompt (a prompt without spans).
+
+        With the keyed index this is one pass of C-level iterators over the prompt's bytes:
+        each block's bytes are hashed once with its position, and the chain is a running xor
+        (see ``_chain_key``). Any other hasher is called block by block, as it must be.
+        """
+        buf, nb = req.token_bytes, self._pool.block_nbytes
+        stop = len(buf) - len(buf) % nb
+        if not self._keyed:
+            tokens, bs, hasher = req.token_ids, self._block_size, self._hasher
+            keys: list[int] = []
+            h: int | None = None
+            for j in range(stop // nb):
+                h = hasher(h, ns, tokens[j * bs : (j + 1) * bs], ())
+                keys.append(h)
+            return keys
+        # One C call cuts the prompt into its blocks' bytes: ``"64s64s..."``, one per block.
+        blocks = unpack_from(f"{nb}s" * (stop // nb), buf)
+        leaves = map(hash, zip(repeat(self._salt), count(), blocks))
+        chain = map(and_, accumulate(leaves, xor, initial=seed), repeat(_KEY_MASK))
+        next(chain)  # the seed itself
+        return list(chain)
+
+    def _chain_key(
+        self,
+        parent_key: int | None,
+        j: int,
+        ns: bytes,
+        tokens: Sequence[int],
+        mine: bytes,
+        extras: tuple[tuple[int, bytes], ...],
+    ) -> int:
+        """The index key of block ``j``: keyed (see ``__init__``) or the hasher's hash.
+
+        ``parent_key`` is the key of block ``j - 1``, or the namespace's seed (keyed) or
+        None (a hasher) for a root block; ``mine`` is the block's token ids as native uint32
+        bytes, ``tokens`` the same ids as ints.
+
+        NOTE: the keyed key of block j is ``seed ^ leaf(0) ^ ... ^ leaf(j)`` where
+        ``leaf(i) = hash((salt, i, block i's bytes[, extra keys]))``: Python's SipHash of the
+        bytes, salted per process, inside a tuple hash that mixes in this manager's secret
+        salt and the position. Every leaf is unpredictable without both secrets and differs
+        by position, so the xor cannot be steered, and a whole prompt's keys come out of one
+        ``accumulate`` in C (:meth:`_prompt_keys`) instead of one Python step per block. The
+        key is masked to 60 bits, so that it fits in a two-digit int (32 bytes, not 40).
+        """
+        if not self._keyed:
+            return self._hasher(parent_key, ns, tuple(tokens), extras)
+        assert parent_key is not None  # a root block chains from its namespace's seed
+        if extras:
+            return parent_key ^ (hash((self._salt, j, mine, extras)) & _KEY_MASK)
+        return parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)
+
     def _lookup(self, req: Request) -> Walk:
         """Walk the index along ``req``'s prompt.
 
         Returns the matched blocks, their chain hashes, the position of the first unanchored
         one (unanchored blocks form a suffix of any chain), and whether the full-prompt cap
         (choice 4) stopped the walk.
+
+        ::
+
+            keys        k0   k1   k2   k3   k4 ...   every full block's key, in one pass
+            candidates  b0   b1   b2   --            the index, up to its first miss
+            verified    b0   b1                      exact identity, checked per run of ids
+
+        Every candidate is verified exactly (:meth:`_verified`), so the hash decides only
+        which blocks are looked at, never which are served.
         """
         if not isinstance(req, Request):
             raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
         if req.spans:
             return self._lookup_spans(req)
         ns, _, seed = self._ns_key(req.namespace)
-        tokens = req.token_ids
-        bs = self._block_size
-        n = len(tokens)
-        cap = (n - 1) // bs
+        keys = self._prompt_keys(req, ns, seed)
+        self._prompt_keys_memo = (req, keys)
+        # The candidates up to the first miss (``iter`` stops at the sentinel None, in C).
+        # A collision bucket (a list) among them is resolved in place by _verified_slow.
+        found = cast("list[int]", list(iter(map(self._index.get_one, keys).__next__, None)))
+        m = self._verified(found, keys, req.token_bytes, ns)
+        cap = (req.num_tokens - 1) // self._block_size
+        capped = m > cap
+        if capped:
+            m = cap
+        del found[m:]
         pool = self._pool
-        ptoks, pparent, pns, pextra = pool.tokens, pool.parent, pool.namespace, pool.extra
         ref, anchored = pool.ref, pool.anchored_children
+        # Anchored blocks form a prefix of any chain (a parent of an anchored block is
+        # anchored), so the first unanchored one is found by bisection.
+        first_unanchored = bisect_left(found, True, key=lambda b: not (ref[b] or anchored[b]))
+        return Walk(found, keys[:m], first_unanchored, capped, keys)
+
+    def _verified(self, found: list[int], keys: list[int], buf: bytes, ns: bytes) -> int:
+        """How many of the leading candidates ``found`` are exactly the prompt's blocks
+        (``buf``: its uint32 bytes; ``keys``: its blocks' index keys).
+
+        Candidate j is block j of the prompt iff its stored identity is the prompt's: its
+        parent is candidate j - 1 (none for j = 0), its namespace is ``ns``, it carries no
+        extra keys, and its token ids equal the prompt's block j (INV-INDEX, INV-MATCH).
+        Each part is checked over the whole chain with C-level iterators; the token ids of a
+        run of consecutive block ids are one slice of the pool's buffer, so they take one
+        comparison per run. A candidate that is a collision bucket (a list) sends the chain
+        to :meth:`_verified_slow`, which resolves buckets block by block.
+        """
+        m = len(found)
+        if not m:
+            return 0
+        pool = self._pool
+        try:
+            # (an array's bound __getitem__ is a slot wrapper: operator.getitem is faster)
+            parents = list(map(getitem, repeat(pool.parent), found))
+        except TypeError:  # a collision bucket
+            return self._verified_slow(found, keys, buf, ns)
+        # The first failing candidate of any part ends the match.
+        if parents[0] != NO_PARENT:
+            return 0
+        if parents[1:] != found[: m - 1]:
+            m = 1 + _first_difference(parents[1:], found)
+        pns = pool.namespace
+        if countOf(map(pns.__getitem__, found[:m]), ns) != m:
+            m = _first_difference(map(pns.__getitem__, found), repeat(ns, m))
+        extra = pool.extra
+        if extra and not extra.keys().isdisjoint(found[:m]):
+            m = next(compress(count(), map(extra.__contains__, found)))
+        # Token ids, one run of consecutive block ids at a time.
+        nb, ptoks = pool.block_nbytes, pool.tokens
+        c = found[0]
+        if found[m - 1] - c == m - 1 and found[:m] == list(range(c, c + m)):
+            breaks: Iterable[int] = ()  # one run: the common case of a chain admitted at once
+        else:
+            breaks = compress(count(1), map(ne, map(sub, islice(found, 1, m), found), repeat(1)))
+        start = 0
+        for stop in chain(breaks, (m,)):
+            c = found[start]
+            if ptoks[c * nb : (c + stop - start) * nb] != buf[start * nb : stop * nb]:
+                for j in range(start, stop):
+                    c = found[j]
+                    if ptoks[c * nb : (c + 1) * nb] != buf[j * nb : (j + 1) * nb]:
+                        return j
+            start = stop
+        return m
+
+    def _verified_slow(self, found: list[int], keys: list[int], buf: bytes, ns: bytes) -> int:
+        """:meth:`_verified`, block by block: a bucket is resolved by exact comparison."""
+        pool, index = self._pool, self._index
         nb = pool.block_nbytes
-        # The prompt's token ids as one native uint32 buffer: each block is then one slice,
-        # hashed (keyed) and compared with the stored block in C.
-        buf = self._token_bytes(tokens)
-        get_one = self._index.get_one
-        hasher = None if self._keyed else self._hasher
-        blocks: list[int] = []
-        hashes: list[int] = []
-        add_block, add_hash = blocks.append, hashes.append
         parent = NO_PARENT
-        h: int | None = seed if hasher is None else None
-        first_unanchored = -1
-        for j in range(n // bs):
+        for j, entry in enumerate(found):
             mine = buf[j * nb : (j + 1) * nb]
-            if hasher is None:
-                h = hash((h, hash(mine)))
-            else:
-                h = hasher(h, ns, tokens[j * bs : (j + 1) * bs], ())
-            entry = get_one(h)
-            if entry is None:
-                break
             if type(entry) is int:
                 b = entry
-                o = b * nb
-                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns or b in pextra:
-                    break
+                if not pool.has_identity(b, mine, parent, ns, ()):
+                    return j
             else:
-                b = self._index.find(pool, h, parent, mine, ns, ())
+                b = index.find(pool, keys[j], parent, mine, ns, ())
                 if b < 0:
-                    break
-            if j >= cap:
-                return Walk(
-                    blocks,
-                    hashes,
-                    len(blocks) if first_unanchored < 0 else first_unanchored,
-                    True,
-                )
-            add_block(b)
-            add_hash(h)
+                    return j
+                found[j] = b
             parent = b
-            if first_unanchored < 0 and not ref[b] and not anchored[b]:
-                first_unanchored = j
-        return Walk(
-            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, False
-        )
-
-    def _index_key(
-        self,
-        parent_key: int | None,
-        ns: bytes,
-        tokens: Sequence[int],
-        mine: bytes,
-        extras: tuple[tuple[int, bytes], ...],
-    ) -> int:
-        """The index key of a block: keyed (see ``__init__``) or the hasher's hash.
-
-        ``parent_key`` is the parent's key, or None for a root block; ``mine`` is the
-        block's token ids as native uint32 bytes, ``tokens`` the same ids as ints.
-        """
-        if not self._keyed:
-            return self._hasher(parent_key, ns, tuple(tokens), extras)
-        assert parent_key is not None  # a root block chains from its namespace's seed
-        if extras:
-            return hash((parent_key, hash(mine), extras))
-        return hash((parent_key, hash(mine)))
+        return len(found)
 
     def _lookup_spans(self, req: Request) -> Walk:
         """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
         ns, _, seed = self._ns_key(req.namespace)
-        tokens, spans = req.token_ids, req.spans
-        bs, n = self._block_size, len(tokens)
+        spans, buf = req.spans, req.token_bytes
+        bs, n = self._block_size, req.num_tokens
         cap = (n - 1) // bs
         pool = self._pool
         nb = pool.block_nbytes
-        buf = self._token_bytes(tokens)
+        tokens = req.token_ids if not self._keyed else ()
         blocks: list[int] = []
         hashes: list[int] = []
         parent = NO_PARENT
@@ -353,7 +442,7 @@ class PrefixCacheManager(PrefixCache):
         for j in range(n // bs):
             mine = buf[j * nb : (j + 1) * nb]
             extras = block_extra_keys(spans, j * bs, bs)
-            h = self._index_key(h, ns, tokens[j * bs : (j + 1) * bs], mine, extras)
+            h = self._chain_key(h, j, ns, tokens[j * bs : (j + 1) * bs], mine, extras)
             b = self._index.find(pool, h, parent, mine, ns, extras)
             if b < 0:
                 break
@@ -366,14 +455,14 @@ class PrefixCacheManager(PrefixCache):
             if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:
                 first_unanchored = j
         return Walk(
-            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped
+            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped, []
         )
 
     def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
         """How many blocks right after the matched ones were evicted (by identity)."""
         ns, _, _ = self._ns_key(req.namespace)
-        tokens, spans, bs = req.token_ids, req.spans, self._block_size
-        buf = self._token_bytes(tokens)
+        spans, bs = req.spans, self._block_size
+        buf = req.token_bytes
         serial = self._pool.serial[blocks[-1]] if blocks else 0
         remembered = self._evicted
         run = 0
@@ -390,7 +479,7 @@ class PrefixCacheManager(PrefixCache):
 
     def _match(self, req: Request) -> Matched:
         """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec)."""
-        blocks, hashes, first_unanchored, capped = self._lookup(req)
+        blocks, hashes, first_unanchored, capped, _ = self._lookup(req)
         bs, n, spans = self._block_size, req.num_tokens, req.spans
         m = len(blocks)
         k1 = clamp_out_of_spans(m, spans, bs) if spans else m
@@ -507,7 +596,7 @@ class PrefixCacheManager(PrefixCache):
         bs = self._block_size
         cached = len(blocks) * bs
         if num_new_tokens is None and req.kv_token_limit is None:
-            end = len(req.token_ids)  # the common case: the whole prompt, no span can be cut
+            end = req.num_tokens  # the common case: the whole prompt, no span can be cut
         else:
             end = chunk_end(cached, req.num_tokens, num_new_tokens, req.kv_token_limit, req.spans)
         need = -(-end // bs) - len(blocks)
@@ -530,12 +619,13 @@ class PrefixCacheManager(PrefixCache):
         new, evicted = self._allocate(need)
         num_matched = len(blocks)
         blocks.extend(new)
-        tokens = req.token_ids
         token_array = array("I")
-        token_array.frombytes(self._token_bytes(tokens))
+        token_array.frombytes(req.token_bytes)
         ns, nsd, seed = self._ns_key(req.namespace)
         pool = self._pool
-        self._seqs[req.seq_id] = SeqState(
+        memo = self._prompt_keys_memo
+        self._prompt_keys_memo = None
+        seq = self._seqs[req.seq_id] = SeqState(
             seq_id=req.seq_id,
             namespace=ns,
             ns_digest=nsd,
@@ -552,7 +642,9 @@ class PrefixCacheManager(PrefixCache):
             kv_token_limit=req.kv_token_limit,
             spans=req.spans,
         )
-        n = len(tokens)
+        if memo is not None and memo[0] is req:
+            seq.prompt_keys = memo[1]
+        n = req.num_tokens
         c = self._counters
         c.admissions += 1
         c.queries += n
@@ -977,24 +1069,27 @@ class PrefixCacheManager(PrefixCache):
         get_one = index.get_one
         remembered = self._evicted
         keyed, events = self._keyed, self._record_events
-        hasher = self._hasher
+        hasher, salt = self._hasher, self._salt
         wire = seq.wire if pool.wire_hashes else None
         nsd = seq.ns_digest
         pdepth = pool.depth
         published = 0
         spans = seq.spans
         extras: tuple[tuple[int, bytes], ...] = ()
+        prompt_keys = seq.prompt_keys
         for j in range(first, stop):
             mine = tokens[j * bs : (j + 1) * bs].tobytes()
             if spans:
                 extras = block_extra_keys(spans, j * bs, bs)
             tup: tuple[int, ...] | None = None
-            if keyed:
+            if j < len(prompt_keys):
+                h = prompt_keys[j]  # hashed up front by the admission's lookup
+            elif keyed:
                 parent_key = hashes[j - 1] if j else seq.seed
                 if extras:
-                    h = hash((parent_key, hash(mine), extras))
+                    h = parent_key ^ (hash((salt, j, mine, extras)) & _KEY_MASK)
                 else:
-                    h = hash((parent_key, hash(mine)))
+                    h = parent_key ^ (hash((salt, j, mine)) & _KEY_MASK)
             else:
                 tup = tuple(tokens[j * bs : (j + 1) * bs])
                 h = hasher(hashes[j - 1] if j else None, ns, tup, extras)

@@ -29,11 +29,22 @@ class Bug:
     machine: str = "text"
 
 
-#: The exact check of a single-entry index hit in ``impl/cache.py``'s lookup.
-_VERIFY_HIT = (
-    "                if ptoks[o : o + nb] != mine or pparent[b] != parent or pns[b] != ns"
-    " or b in pextra:"
-)
+#: The start of the exact checks of the candidates in ``impl/cache.py``'s ``_verified``.
+_VERIFY_START = "        # The first failing candidate of any part ends the match.\n"
+#: The parent check there.
+_VERIFY_PARENT = """        if parents[0] != NO_PARENT:
+            return 0
+        if parents[1:] != found[: m - 1]:
+            m = 1 + _first_difference(parents[1:], found)
+"""
+#: The extra-keys check there (a text prompt's blocks carry none).
+_VERIFY_EXTRA = """        extra = pool.extra
+        if extra and not extra.keys().isdisjoint(found[:m]):
+            m = next(compress(count(), map(extra.__contains__, found)))
+"""
+#: The exact check of a single-entry bucket on the block-by-block path (``_verified_slow``).
+_VERIFY_ONE = """                if not pool.has_identity(b, mine, parent, ns, ()):
+                    return j"""
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -97,11 +108,26 @@ BUGS: tuple[Bug, ...] = (
         "hit_by_hash_only",
         "a hit is trusted on the hash alone, never verified against the stored identity",
         (
+            ("cache.py", _VERIFY_START, "        return m  # trusted on the hash alone\n"),
             (
                 "cache.py",
-                _VERIFY_HIT + "\n                    break",
-                """                if not pool.depth[b]:
-                    break""",
+                _VERIFY_ONE,
+                """                if not pool.is_published(b):
+                    return j""",
+            ),
+        ),
+    ),
+    Bug(
+        "hit_verified_one_token_short",
+        "a run of hit blocks is compared one token short: a block that differs only in its "
+        "last token is served",
+        (
+            (
+                "cache.py",
+                "            if ptoks[c * nb : (c + stop - start) * nb]"
+                " != buf[start * nb : stop * nb]:",
+                "            if ptoks[c * nb : (c + stop - start) * nb - 4]"
+                " != buf[start * nb : stop * nb - 4]:",
             ),
         ),
     ),
@@ -109,11 +135,7 @@ BUGS: tuple[Bug, ...] = (
         "hit_ignores_parent",
         "a hit is verified on the block's own tokens only, not its parent (prefix) chain",
         (
-            (
-                "cache.py",
-                _VERIFY_HIT,
-                """                if ptoks[o : o + nb] != mine or pns[b] != ns or b in pextra:""",
-            ),
+            ("cache.py", _VERIFY_PARENT, ""),
             (
                 "_pool.py",
                 """            self.tokens[start : start + self.block_nbytes] == tokens
@@ -161,8 +183,13 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """            if first_unanchored < 0 and not ref[b] and not anchored[b]:""",
-                """            if first_unanchored < 0 and not ref[b]:""",
+                "key=lambda b: not (ref[b] or anchored[b])",
+                "key=lambda b: not ref[b]",
+            ),
+            (
+                "cache.py",
+                "if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:",
+                "if first_unanchored < 0 and not pool.ref[b]:",
             ),
             (
                 "cache.py",
@@ -207,8 +234,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        n = len(tokens)\n        cap = (n - 1) // bs\n",
-                "        n = len(tokens)\n        cap = n // bs\n",
+                "        cap = (req.num_tokens - 1) // self._block_size\n",
+                "        cap = req.num_tokens // self._block_size\n",
             ),
         ),
     ),
@@ -406,7 +433,7 @@ BUGS: tuple[Bug, ...] = (
         "text_hits_multimodal_block",
         "a text-only lookup accepts a block that carries extra keys: placeholder token ids "
         "typed as text hit an image's KV",
-        (("cache.py", _VERIFY_HIT, _VERIFY_HIT.replace(" or b in pextra", "")),),
+        (("cache.py", _VERIFY_EXTRA, ""),),
     ),
     Bug(
         "match_ends_inside_span",
