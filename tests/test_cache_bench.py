@@ -18,17 +18,23 @@ import pytest
 from prefixkv.spec.identity import fast_hash, sha256_hash
 
 from prefixkv import cli
-from prefixkv.bench import BEGIN, END, write_markdown
-from prefixkv.bench_collisions import (
+from prefixkv.benchmarks.cache import BEGIN, END, write_markdown
+from prefixkv.benchmarks.collisions import (
     craft_colliding_blocks,
     largest_bucket,
     lookup_setup,
     publish,
     tuple_hash_model,
 )
-from prefixkv.bench_lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
-from prefixkv.bench_memory import measure
-from prefixkv.bench_worker import case_name, prepare
+from prefixkv.benchmarks.lifecycle import (
+    VARIANTS,
+    make_cache,
+    replay,
+    trace_from_config,
+    variants_of,
+)
+from prefixkv.benchmarks.memory import measure
+from prefixkv.benchmarks.worker import case_name, prepare
 from prefixkv.workloads import ChatConfig
 
 TINY = ChatConfig(

@@ -15,7 +15,7 @@ import attrs
 import pytest
 
 from prefixkv import cli
-from prefixkv.simulate import WORKLOADS, make_cache, replay
+from prefixkv.simulation import WORKLOADS, make_cache, replay
 from prefixkv.workloads import ChatConfig, chat_workload, interleave
 
 SMALL = ["--conversations", "6", "--turns", "3"]

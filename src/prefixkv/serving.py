@@ -1,34 +1,53 @@
-"""``prefixkv serve-sim``: serve a chat workload through scheduler, tiny model and cache.
+"""Serve a chat workload through scheduler, tiny model and cache, with the cache on and off.
 
-The engine demo. It runs a multi-turn chat workload (shared system prompts, conversations
-whose every turn re-sends the history) through :class:`prefixkv.engine.Engine` twice: with
-the prefix cache on, then off (every admission in a namespace of its own). It reports time
-to first token, the prefill tokens computed against those skipped and the hit rate, and
-checks that both runs generated the same greedy tokens, with logits within tolerance (exit
-status 1 otherwise). ``--plot`` writes TTFT against the cached fraction of each prompt.
+The driver behind ``prefixkv serve-sim``, the engine demo. It serves the project's chat
+workload (:mod:`prefixkv.workloads`: shared system prompts, conversations whose every turn
+re-sends the history) through :class:`prefixkv.engine.Engine` twice: with the prefix cache
+on, then off (every admission in a namespace of its own). It reports time to first token,
+the prefill tokens computed against those skipped and the hit rate, and whether both runs
+generated the same greedy tokens, with logits within tolerance.
 
-``--replicas N --router {kv,round-robin}`` serves the same workload on N engine replicas,
-each a process of its own publishing its KV events, behind a KV-aware router
-(:mod:`prefixkv.events.cluster`).
+With ``serve-sim --replicas N`` the same turns are served by
+:mod:`prefixkv.events.cluster` instead; :func:`plot_replicas` draws that run.
 """
 
 from __future__ import annotations
 
-import argparse
-import random
 import statistics
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-__all__ = ["ServeSimConfig", "chat_turns", "setup"]
+from prefixkv.outputs import figure
+from prefixkv.workloads import ChatConfig, chat_workload
+
+if TYPE_CHECKING:
+    from prefixkv.engine import EngineConfig, Turn
+    from prefixkv.engine.engine import RunResult
+
+__all__ = [
+    "HybridFigures",
+    "ServeOutcome",
+    "ServeReport",
+    "ServeSimConfig",
+    "chat_turns",
+    "engine_config",
+    "percentile",
+    "plot_replicas",
+    "plot_ttft",
+    "serve_on_off",
+]
 
 
 @attrs.frozen
 class ServeSimConfig:
+    """The served chat workload: a small :class:`~prefixkv.workloads.ChatConfig` (the tiny
+    model is slow on a CPU) and how conversations arrive: conversation ``c`` starts at
+    engine step ``c * arrival_every``; each later turn arrives when the previous one
+    finished."""
+
     conversations: int = 24
     turns: int = 3
     system_prompts: int = 3
@@ -38,133 +57,123 @@ class ServeSimConfig:
     arrival_every: int = 2
     seed: int = 0
 
+    def chat_config(self, vocab_size: int) -> ChatConfig:
+        """The workload's shape, over the model's vocabulary; the model samples the replies."""
+        return ChatConfig(
+            conversations=self.conversations,
+            turns=self.turns,
+            system_prompts=self.system_prompts,
+            system_tokens=self.system_tokens,
+            user_tokens=self.user_tokens,
+            reply_tokens=self.reply_tokens,
+            vocab_size=vocab_size,
+            seed=self.seed,
+            draw_replies=False,
+        )
 
-def chat_turns(cfg: ServeSimConfig, vocab: int) -> list[Any]:
-    """The workload: conversation ``c`` starts at step ``c * arrival_every`` with one of the
-    shared system prompts; each later turn follows the previous one (history + new user
-    message)."""
+
+def chat_turns(cfg: ServeSimConfig, vocab: int) -> list[Turn]:
+    """The engine's turns of the chat workload, conversation by conversation.
+
+    A first turn is the system prompt and the first user message; each later turn is only
+    its new user message and ``follows`` the previous turn, so the engine appends it to the
+    previous prompt and the reply the model actually generated. Each turn asks for as many
+    tokens as the workload's reply has.
+    """
     from prefixkv.engine import Turn
 
-    rng = random.Random(cfg.seed)
-    systems = [
-        [rng.randrange(vocab) for _ in range(cfg.system_tokens)] for _ in range(cfg.system_prompts)
-    ]
+    workload = chat_workload(cfg.chat_config(vocab))
     turns: list[Turn] = []
-    for c in range(cfg.conversations):
-        system = systems[rng.randrange(cfg.system_prompts)]
-        for t in range(cfg.turns):
-            user = [rng.randrange(vocab) for _ in range(rng.randint(*cfg.user_tokens))]
-            reply = rng.randint(*cfg.reply_tokens)
-            if t == 0:
+    for conv in workload.conversations:
+        c = conv.index
+        previous = None
+        for turn in conv.turns:
+            rid = f"c{c}t{turn.turn}"
+            if previous is None:
                 turns.append(
-                    Turn(f"c{c}t0", [*system, *user], reply, arrival_step=c * cfg.arrival_every)
+                    Turn(rid, turn.prompt, len(turn.reply), arrival_step=c * cfg.arrival_every)
                 )
             else:
-                turns.append(Turn(f"c{c}t{t}", user, reply, follows=f"c{c}t{t - 1}"))
+                # the prompt re-sends the history: previous prompt, previous reply, then new
+                user = turn.prompt[len(previous.prompt) + len(previous.reply) :]
+                turns.append(Turn(rid, user, len(turn.reply), follows=f"c{c}t{previous.turn}"))
+            previous = turn
     return turns
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def engine_config(
+    *,
+    seed: int = 0,
+    hybrid: bool = False,
+    num_blocks: int = 512,
+    block_size: int = 8,
+    budget: int = 128,
+    draft_tokens: int = 0,
+    backend: str = "auto",
+    device: str | None = None,
+) -> EngineConfig:
+    """The engine ``serve-sim`` runs: the tiny model (``hybrid``: a recurrent layer first),
+    a pool of ``num_blocks`` blocks and a token ``budget`` per step, logits recorded."""
+    from prefixkv.engine import EngineConfig, ModelConfig
+    from prefixkv.engine.policy import SchedulerConfig
+
+    return EngineConfig(
+        model=ModelConfig(seed=seed, hybrid=hybrid),
+        num_blocks=num_blocks,
+        block_size=block_size,
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=budget,
+            min_prefill_tokens=min(32, budget // 4),
+            num_draft_tokens=draft_tokens,
+        ),
+        backend=backend,
+        device=device,
+        record_logits=True,
+    )
 
 
-def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    d = ServeSimConfig()
-    parser.add_argument(
-        "--conversations",
-        type=_positive,
-        default=d.conversations,
-        metavar="N",
-        help=f"conversations (default: {d.conversations})",
-    )
-    parser.add_argument(
-        "--turns",
-        type=_positive,
-        default=d.turns,
-        metavar="N",
-        help=f"turns per conversation (default: {d.turns})",
-    )
-    parser.add_argument(
-        "--system-tokens",
-        type=_positive,
-        default=d.system_tokens,
-        metavar="N",
-        help=f"tokens per shared system prompt (default: {d.system_tokens})",
-    )
-    parser.add_argument(
-        "--num-blocks",
-        type=_positive,
-        default=512,
-        metavar="N",
-        help="KV pool size in blocks (default: 512)",
-    )
-    parser.add_argument(
-        "--block-size", type=_positive, default=8, metavar="N", help="tokens per block (default: 8)"
-    )
-    parser.add_argument(
-        "--budget",
-        type=_positive,
-        default=128,
-        metavar="N",
-        help="token budget per step (default: 128)",
-    )
-    parser.add_argument(
-        "--draft-tokens",
-        type=int,
-        default=0,
-        metavar="K",
-        help="speculative decoding with K n-gram draft tokens a step (default: 0, off)",
-    )
-    parser.add_argument(
-        "--hybrid",
-        action="store_true",
-        help="serve the hybrid model (a recurrent layer, then attention)",
-    )
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        choices=("auto", "torch", "interpreter", "fast"),
-        help="auto: Triton kernels on CUDA, torch on the CPU",
-    )
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="workload and weights seed (default: 0)"
-    )
-    parser.add_argument(
-        "--replicas",
-        type=int,
-        default=None,
-        metavar="N",
-        help="serve on N engine replicas (processes) behind a router (needs prefixkv[events])",
-    )
-    parser.add_argument(
-        "--router",
-        default=None,
-        metavar="{kv,round-robin}",
-        help="with --replicas: longest cached prefix, tie-broken by load (default: kv), "
-        "or round-robin",
-    )
-    parser.add_argument(
-        "--index",
-        default="auto",
-        metavar="{auto,dynamo,mirror}",
-        help="with --replicas: the router's index; auto is Dynamo's RadixTree when "
-        "ai-dynamo-runtime is installed, else prefixkv's mirror (default: auto)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="write a PNG of TTFT against the cached fraction of each prompt",
-    )
-    return _run
+@attrs.frozen
+class ServeOutcome:
+    """Both runs, and whether they generated the same tokens (logits within tolerance)."""
+
+    on: RunResult
+    off: RunResult
+    equal: bool
+    max_logit_diff: float
+    compared: int
+    mismatch: str
 
 
-def _percentile(values: list[float], q: float) -> float:
+def serve_on_off(
+    turns: Sequence[Turn],
+    config: EngineConfig,
+    on_progress: Callable[[bool, int], None] | None = None,
+) -> ServeOutcome:
+    """Serve ``turns`` with the cache on, then off; compare the two runs' outputs.
+
+    ``on_progress(cache_enabled, finished)`` is called after every engine step.
+    """
+    from prefixkv.engine import TOLERANCE, Engine, EqualityMismatch, compare_runs
+
+    runs: dict[bool, RunResult] = {}
+    for enabled in (True, False):
+        engine = Engine(attrs.evolve(config, cache_enabled=enabled))
+
+        def step(e: Engine, _: object, enabled: bool = enabled) -> None:
+            if on_progress is not None:
+                on_progress(enabled, sum(1 for g in e.scheduler.generations if g.finished))
+
+        runs[enabled] = engine.run(list(turns), on_step=step)
+    on, off = runs[True], runs[False]
+    try:
+        max_diff, compared = compare_runs(on, off, TOLERANCE[config.model.dtype])
+    except EqualityMismatch as exc:
+        return ServeOutcome(on, off, False, float("nan"), 0, str(exc))
+    return ServeOutcome(on, off, True, max_diff, compared, "")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-quantile of ``values`` (0.0 when there are none)."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -172,238 +181,151 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def _configs(args: argparse.Namespace) -> tuple[ServeSimConfig, Any]:
-    """The workload and the engine configuration the flags describe."""
-    from prefixkv.engine import EngineConfig, ModelConfig
-    from prefixkv.engine.policy import SchedulerConfig
+@attrs.frozen
+class HybridFigures:
+    """A hybrid model hits only at a Ready checkpoint: every hit is a restore, and the KV
+    past the deepest checkpoint is lost reuse of kind "checkpoint"."""
 
-    sim = ServeSimConfig(
-        conversations=args.conversations,
-        turns=args.turns,
-        system_tokens=args.system_tokens,
-        seed=args.seed,
-    )
-    config = EngineConfig(
-        model=ModelConfig(seed=args.seed, hybrid=args.hybrid),
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.budget,
-            min_prefill_tokens=min(32, args.budget // 4),
-            num_draft_tokens=args.draft_tokens,
-        ),
-        backend=args.backend,
-        device=args.device,
-        record_logits=True,
-    )
-    return sim, config
+    checkpoint_hit_rate: float
+    checkpoints_saved: int
+    checkpoints_restored: int
+    checkpoints_evicted: int
+    lost_checkpoint_tokens: int
+    kv_only_skipped_fraction: float
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+@attrs.frozen
+class ServeReport:
+    """What ``serve-sim`` reports (one JSON object under ``--json``; see :meth:`as_json`)."""
 
-    from prefixkv.cli import EXIT_FAILURE, emit_json
-    from prefixkv.engine import TOLERANCE, Engine, EqualityMismatch, compare_runs
-    from prefixkv.engine.engine import RunResult
+    ok: bool
+    workload: ServeSimConfig
+    model: str
+    backend: str
+    num_blocks: int
+    block_size: int
+    requests: int
+    generated_tokens: int
+    cache_on_equals_cache_off: bool
+    max_logit_diff: float
+    ttft_ms_p50_on: float
+    ttft_ms_p50_off: float
+    ttft_ms_p90_on: float
+    ttft_ms_p90_off: float
+    ttft_steps_p50_on: float
+    ttft_steps_p50_off: float
+    prefill_tokens_computed: int
+    prefill_tokens_skipped: int
+    prefill_tokens_computed_off: int
+    hit_rate: float
+    tokens_computed_on: int
+    tokens_computed_off: int
+    preemptions_on: int
+    steps_on: int
+    steps_off: int
+    wall_s_on: float
+    wall_s_off: float
+    hybrid: HybridFigures | None
+    mismatch: str
 
-    sim, config = _configs(args)
-    model = config.model
-    turns = chat_turns(sim, model.vocab_size)
-    if args.replicas is not None or args.router is not None:
-        from prefixkv.serve_replicas import run_from_args
+    @classmethod
+    def of(cls, outcome: ServeOutcome, sim: ServeSimConfig, config: EngineConfig) -> ServeReport:
+        on, off = outcome.on, outcome.off
 
-        return run_from_args(args, sim, attrs.evolve(config, record_logits=False), turns)
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=args.json,
-        transient=True,
-    )
-    runs: dict[str, RunResult] = {}
-    with progress:
-        for label, enabled in (("cache on ", True), ("cache off", False)):
-            task = progress.add_task(f"serving, {label}", total=len(turns))
-            engine = Engine(attrs.evolve(config, cache_enabled=enabled))
+        def ttft(run: RunResult) -> list[float]:
+            return [r.ttft_s * 1e3 for r in run.requests.values()]
 
-            def advance(e: Engine, _: object, task: Any = task) -> None:
-                done = sum(1 for g in e.scheduler.generations if g.finished)
-                progress.update(task, completed=done)
+        stats = on.cache
+        hybrid = None
+        if config.model.hybrid:
+            hybrid = HybridFigures(
+                checkpoint_hit_rate=(
+                    stats.checkpoints_restored / stats.admissions if stats.admissions else 0.0
+                ),
+                checkpoints_saved=stats.checkpoints_saved,
+                checkpoints_restored=stats.checkpoints_restored,
+                checkpoints_evicted=stats.checkpoints_evicted,
+                lost_checkpoint_tokens=stats.lost_checkpoint,
+                kv_only_skipped_fraction=(
+                    (stats.prefill_tokens_skipped + stats.lost_checkpoint)
+                    / max(stats.prefill_tokens, 1)
+                ),
+            )
+        return cls(
+            ok=outcome.equal,
+            workload=sim,
+            model=config.model.version,
+            backend=config.backend,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            requests=len(on.requests),
+            generated_tokens=outcome.compared or sum(len(r.output) for r in on.requests.values()),
+            cache_on_equals_cache_off=outcome.equal,
+            max_logit_diff=outcome.max_logit_diff,
+            ttft_ms_p50_on=percentile(ttft(on), 0.5),
+            ttft_ms_p50_off=percentile(ttft(off), 0.5),
+            ttft_ms_p90_on=percentile(ttft(on), 0.9),
+            ttft_ms_p90_off=percentile(ttft(off), 0.9),
+            ttft_steps_p50_on=statistics.median(r.ttft_steps for r in on.requests.values()),
+            ttft_steps_p50_off=statistics.median(r.ttft_steps for r in off.requests.values()),
+            prefill_tokens_computed=stats.prefill_tokens_computed,
+            prefill_tokens_skipped=stats.prefill_tokens_skipped,
+            prefill_tokens_computed_off=off.cache.prefill_tokens_computed,
+            hit_rate=stats.hit_rate,
+            tokens_computed_on=on.tokens_computed,
+            tokens_computed_off=off.tokens_computed,
+            preemptions_on=on.scheduler.preemptions,
+            steps_on=on.steps,
+            steps_off=off.steps,
+            wall_s_on=on.wall_s,
+            wall_s_off=off.wall_s,
+            hybrid=hybrid,
+            mismatch=outcome.mismatch,
+        )
 
-            runs["on" if enabled else "off"] = engine.run(turns, on_step=advance)
-    on, off = runs["on"], runs["off"]
-    try:
-        max_diff, compared = compare_runs(on, off, TOLERANCE[model.dtype])
-        equal, mismatch = True, ""
-    except EqualityMismatch as exc:
-        max_diff, compared, equal, mismatch = float("nan"), 0, False, str(exc)
-    report = _report(on, off, sim, config, equal, max_diff, compared)
-    if args.plot is not None:
-        _plot(on, off, args.plot)
-        report["plot"] = str(args.plot)
-    if args.json:
-        report["mismatch"] = mismatch
-        emit_json(report)
-    else:
-        _print(report)
-    if not equal:
-        # Not a CommandError: the report (with ok=false) is already the one JSON document.
-        print(f"prefixkv serve-sim: error: cache on != cache off: {mismatch}", file=sys.stderr)
-        return EXIT_FAILURE
-    return 0
-
-
-def _report(
-    on: Any, off: Any, sim: ServeSimConfig, config: Any, equal: bool, max_diff: float, compared: int
-) -> dict[str, Any]:
-    def ttft(run: Any) -> list[float]:
-        return [r.ttft_s * 1e3 for r in run.requests.values()]
-
-    stats = on.cache
-    hybrid: dict[str, Any] = {}
-    if config.model.hybrid:
-        # A hybrid hit needs a Ready checkpoint at its boundary: every hit is a restore,
-        # and the KV past the deepest checkpoint is lost reuse of kind "checkpoint".
-        prompt = max(stats.prefill_tokens, 1)
-        hybrid = {
-            "checkpoint_hit_rate": (
-                stats.checkpoints_restored / stats.admissions if stats.admissions else 0.0
-            ),
-            "checkpoints_saved": stats.checkpoints_saved,
-            "checkpoints_restored": stats.checkpoints_restored,
-            "checkpoints_evicted": stats.checkpoints_evicted,
-            "lost_checkpoint_tokens": stats.lost_checkpoint,
-            "kv_only_skipped_fraction": (
-                (stats.prefill_tokens_skipped + stats.lost_checkpoint) / prompt
-            ),
-        }
-    return {
-        "command": "serve-sim",
-        "ok": equal,
-        "workload": attrs.asdict(sim),
-        "model": config.model.version,
-        "backend": config.backend,
-        "num_blocks": config.num_blocks,
-        "block_size": config.block_size,
-        "requests": len(on.requests),
-        "generated_tokens": compared or sum(len(r.output) for r in on.requests.values()),
-        "cache_on_equals_cache_off": equal,
-        "max_logit_diff": max_diff,
-        "ttft_ms_p50_on": _percentile(ttft(on), 0.5),
-        "ttft_ms_p50_off": _percentile(ttft(off), 0.5),
-        "ttft_ms_p90_on": _percentile(ttft(on), 0.9),
-        "ttft_ms_p90_off": _percentile(ttft(off), 0.9),
-        "ttft_steps_p50_on": statistics.median(r.ttft_steps for r in on.requests.values()),
-        "ttft_steps_p50_off": statistics.median(r.ttft_steps for r in off.requests.values()),
-        "prefill_tokens_computed": stats.prefill_tokens_computed,
-        "prefill_tokens_skipped": stats.prefill_tokens_skipped,
-        "prefill_tokens_computed_off": off.cache.prefill_tokens_computed,
-        "hit_rate": stats.hit_rate,
-        "tokens_computed_on": on.tokens_computed,
-        "tokens_computed_off": off.tokens_computed,
-        "preemptions_on": on.scheduler.preemptions,
-        "steps_on": on.steps,
-        "steps_off": off.steps,
-        "wall_s_on": on.wall_s,
-        "wall_s_off": off.wall_s,
-        **hybrid,
-    }
+    def as_json(self) -> dict[str, Any]:
+        """The fields as plain data; a hybrid model's figures sit at the top level."""
+        out = attrs.asdict(self, recurse=True, filter=lambda a, _: a.name != "hybrid")
+        if self.hybrid is not None:
+            out.update(attrs.asdict(self.hybrid))
+        return out
 
 
-def _print(r: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    w = r["workload"]
-    table = Table(
-        title=f"prefixkv serve-sim: {r['model']}, {r['num_blocks']} blocks x "
-        f"{r['block_size']} tokens, backend {r['backend']}",
-        show_header=False,
-        title_justify="left",
-    )
-    table.add_column(style="bold")
-    table.add_column()
-    computed, skipped = r["prefill_tokens_computed"], r["prefill_tokens_skipped"]
-    total = max(computed + skipped, 1)
-    rows = [
-        (
-            "workload",
-            f"{w['conversations']} conversations x {w['turns']} turns, "
-            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} "
-            f"tokens",
-        ),
-        ("requests / generated tokens", f"{r['requests']} / {r['generated_tokens']}"),
-        (
-            "TTFT p50 (cache on / off)",
-            f"{r['ttft_ms_p50_on']:.1f} ms / {r['ttft_ms_p50_off']:.1f} ms",
-        ),
-        (
-            "TTFT p90 (cache on / off)",
-            f"{r['ttft_ms_p90_on']:.1f} ms / {r['ttft_ms_p90_off']:.1f} ms",
-        ),
-        ("TTFT p50 in steps (on / off)", f"{r['ttft_steps_p50_on']} / {r['ttft_steps_p50_off']}"),
-        ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
-        ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
-        ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
-        (
-            "tokens through the model (on / off)",
-            f"{r['tokens_computed_on']:,} / {r['tokens_computed_off']:,}",
-        ),
-        ("preemptions (cache on)", str(r["preemptions_on"])),
-        ("steps / wall time (on)", f"{r['steps_on']} / {r['wall_s_on']:.2f} s"),
-        ("steps / wall time (off)", f"{r['steps_off']} / {r['wall_s_off']:.2f} s"),
-        (
-            "cache on == cache off",
-            f"yes: identical tokens, max |logit diff| {r['max_logit_diff']:.2g}"
-            if r["cache_on_equals_cache_off"]
-            else "NO",
-        ),
-    ]
-    if "checkpoint_hit_rate" in r:
-        rows[6:6] = [
-            (
-                "checkpoint hit rate (admissions)",
-                f"{r['checkpoint_hit_rate']:.1%}  "
-                f"({r['checkpoints_restored']} restored of {r['checkpoints_saved']} saved)",
-            ),
-            (
-                "prompt tokens KV alone would skip",
-                f"{r['kv_only_skipped_fraction']:.1%}  "
-                f"({r['lost_checkpoint_tokens']:,} lost for want of a checkpoint)",
-            ),
-        ]
-    if "plot" in r:
-        rows.append(("plot", r["plot"]))
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
-
-
-def _plot(on: Any, off: Any, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_ttft(outcome: ServeOutcome, path: Path) -> None:
+    """TTFT against the cached fraction of each prompt, cache on beside cache off."""
+    on, off = outcome.on, outcome.off
     xs = [r.cached_fraction for r in on.requests.values()]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.scatter(xs, [r.ttft_s * 1e3 for r in on.requests.values()], s=14, label="cache on")
-    ax.scatter(
-        xs,
-        [off.requests[k].ttft_s * 1e3 for k in on.requests],
-        s=14,
-        marker="x",
-        color="gray",
-        label="cache off (same request)",
-    )
-    ax.set_xlabel("cached fraction of the prompt (cache-on run)")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("serve-sim: TTFT against cached prefix")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, dpi=110) as plt:
+        _, ax = plt.subplots(figsize=(6.4, 4.2))
+        ax.scatter(xs, [r.ttft_s * 1e3 for r in on.requests.values()], s=14, label="cache on")
+        ax.scatter(
+            xs,
+            [off.requests[k].ttft_s * 1e3 for k in on.requests],
+            s=14,
+            marker="x",
+            color="gray",
+            label="cache off (same request)",
+        )
+        ax.set_xlabel("cached fraction of the prompt (cache-on run)")
+        ax.set_ylabel("time to first token (ms)")
+        ax.set_title("serve-sim: TTFT against cached prefix")
+        ax.legend()
+
+
+def plot_replicas(result: Any, path: Path) -> None:
+    """TTFT against the cached fraction of each prompt, one colour per replica
+    (``result``: a :class:`prefixkv.events.cluster.ClusterResult`)."""
+    with figure(path, dpi=110) as plt:
+        _, ax = plt.subplots(figsize=(6.4, 4.2))
+        for replica in range(result.replicas):
+            reqs = [r for r in result.requests.values() if r.replica == replica]
+            ax.scatter(
+                [r.cached_tokens / r.prompt_tokens for r in reqs],
+                [r.ttft_s * 1e3 for r in reqs],
+                s=14,
+                label=f"replica {replica}",
+            )
+        ax.set_xlabel("cached fraction of the prompt")
+        ax.set_ylabel("time to first token (ms, CPU-model time)")
+        ax.set_title(f"serve-sim, {result.replicas} replicas, router {result.router}")
+        ax.legend()

@@ -1,4 +1,4 @@
-"""The benchmark module: clean refusal without CUDA, and every code path at toy sizes."""
+"""``prefixkv bench-kernels``: clean refusal without CUDA, and every code path at toy sizes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import pytest
 import torch
 from prefixkv.kernels import bench
 
+from prefixkv.benchmarks.kernels import write_outputs
+from prefixkv.commands.bench_kernels import EXIT_NO_CUDA
+
 
 def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
@@ -21,7 +24,7 @@ def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
     else:
         env.pop("TRITON_INTERPRET", None)
     return subprocess.run(
-        [sys.executable, "-m", "prefixkv.kernels.bench", *args],
+        [sys.executable, "-m", "prefixkv", "bench-kernels", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -33,7 +36,7 @@ def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_without_cuda_exits_nonzero_with_message() -> None:
     r = _run(interpret=False)
-    assert r.returncode == bench.EXIT_NO_CUDA
+    assert r.returncode == EXIT_NO_CUDA
     assert "no CUDA device" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -80,6 +83,6 @@ def test_bench_code_paths_on_gpu(tmp_path: Path) -> None:
         decode_max_tokens=4096,
     )
     result = bench.run(torch.device("cuda"), sizes)
-    paths = bench.write_outputs(result, tmp_path)
+    paths = write_outputs(result, tmp_path)
     assert all(p.stat().st_size > 0 for p in paths)
     assert result["ceilings"]["copy_gbps"] > 0

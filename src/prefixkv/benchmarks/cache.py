@@ -1,19 +1,19 @@
-"""``prefixkv bench``: what the cache manager costs an engine, measured so that it holds up.
+"""What the cache manager costs an engine, measured so that it holds up (``prefixkv bench``).
 
 Three measurements, one run:
 
-1. **The engine life cycle** (:mod:`prefixkv.bench_lifecycle`): a multi-turn chat trace of
+1. **The engine life cycle** (:mod:`prefixkv.benchmarks.lifecycle`): a multi-turn chat trace of
    800 requests, block size 16, per-token decode, 32 finished requests kept live, the
    ``Request`` built inside the timer; microseconds per block touched, for each call shape
    the manager offers (per call, fused, batched), at pool sizes of 4,096, 65,536 and
    1,048,576 blocks. The spec runs beside the impl on a small trace and a small pool only:
    it is the readable definition, not a fast one.
-2. **Host memory per cached block** (:mod:`prefixkv.bench_memory`) at the same pool sizes,
+2. **Host memory per cached block** (:mod:`prefixkv.benchmarks.memory`) at the same pool sizes,
    each size and probe (RSS, tracemalloc) in a fresh process.
-3. **Crafted collisions** (:mod:`prefixkv.bench_collisions`): lookups against 4,000 prompts
+3. **Crafted collisions** (:mod:`prefixkv.benchmarks.collisions`): lookups against 4,000 prompts
    built to share one bucket of the index, against the same lookups without collisions.
 
-Timing is pyperf's (:mod:`prefixkv.bench_worker`): every case runs in several fresh worker
+Timing is pyperf's (:mod:`prefixkv.benchmarks.worker`): every case runs in several fresh worker
 processes, each with a warm-up and several values, and the report gives the median and the
 spread of all values, never the best one. To compare call shapes fairly on a machine whose
 load drifts, the cases are interleaved: each *round* runs every case once (pyperf appends
@@ -26,12 +26,10 @@ section of ``docs/benchmarks.md`` (the hand-written text around it is preserved)
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -42,23 +40,24 @@ from typing import Any
 
 import attrs
 
+from prefixkv.outputs import GeneratedSection, figure, machine_info, to_json, write_json
 from prefixkv.workloads import ChatConfig
 
-from .bench_lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
+from .errors import BenchmarkFailed
+from .lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
 
 __all__ = [
     "BEGIN",
     "END",
     "FULL",
     "QUICK",
+    "TARGETS",
+    "VARIANT_LABEL",
     "BenchConfig",
     "Timing",
-    "default_docs_dir",
-    "machine_info",
+    "format_us",
     "render_markdown",
     "run_bench",
-    "setup",
-    "splice_generated",
     "write_markdown",
     "write_outputs",
 ]
@@ -67,6 +66,8 @@ __all__ = [
 TARGET_US_FUSED = 1.0
 TARGET_US_PERCALL = 1.5
 TARGET_BYTES_PER_BLOCK = 256.0
+#: The acceptance checks a ``--strict`` run requires, keys of ``result["acceptance"]``.
+TARGETS = ("percall_ok", "fused_or_batched_ok", "growth_ok", "bytes_per_block_ok", "collision_ok")
 #: Crafted-collision lookups may cost at most this many control lookups (issue 17).
 TARGET_COLLISION_RATIO = 2.0
 #: "Does not grow with pool size": largest pool / smallest pool, median against median.
@@ -153,32 +154,6 @@ QUICK = BenchConfig(
 )
 
 
-# -- machine -----------------------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "processor\t: ")):
-                    _, _, value = line.partition(":")
-                    if value.strip() and not value.strip().isdigit():
-                        return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on: they mean little without it."""
-    return {
-        "cpu": _cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "os": f"{platform.system()} {platform.machine()}",
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-    }
-
-
 # -- timing through pyperf --------------------------------------------------------------
 
 
@@ -247,7 +222,7 @@ def run_cases(
     """Run every case ``config.rounds`` times, interleaved; returns each case's values."""
     import pyperf
 
-    from .bench_worker import case_name
+    from .worker import case_name
 
     paths = {case_name(c): workdir / f"{case_name(c)}.json" for c in cases}
     if len(paths) != len(cases):
@@ -256,14 +231,12 @@ def run_cases(
         for case in cases:
             name = case_name(case)
             log(f"round {r + 1}/{config.rounds}: {name}")
-            cmd = [sys.executable, "-m", "prefixkv.bench_worker", "--case", json.dumps(case)]
+            cmd = [sys.executable, "-m", "prefixkv.benchmarks.worker", "--case", json.dumps(case)]
             cmd += [*_case_options(case, config), "--quiet", "--append", str(paths[name])]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                from .cli import CommandError
-
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-                raise CommandError(f"benchmark {name} failed: " + " | ".join(tail))
+                raise BenchmarkFailed(f"benchmark {name} failed: " + " | ".join(tail))
     timings: dict[str, Timing] = {}
     for name, path in paths.items():
         bench = pyperf.Benchmark.load(str(path))
@@ -323,9 +296,7 @@ def _outcome(
             result.early_frees,
         )
     if len(set(seen.values())) != 1:
-        from .cli import CommandError
-
-        raise CommandError(f"call shapes disagree at {n:,} blocks: {seen}")
+        raise BenchmarkFailed(f"call shapes disagree at {n:,} blocks: {seen}")
     hit_rate, evictions, published, early = next(iter(seen.values()))
     return {
         "requests": len(trace.requests),
@@ -343,14 +314,12 @@ def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[dict[str, A
         row: dict[str, Any] = {"num_blocks": n}
         for probe in ("rss", "tracemalloc"):
             log(f"memory: {probe} at {n:,} blocks (fresh process)")
-            cmd = [sys.executable, "-m", "prefixkv.bench_memory", "--num-blocks", str(n)]
+            cmd = [sys.executable, "-m", "prefixkv.benchmarks.memory", "--num-blocks", str(n)]
             done = subprocess.run(
                 [*cmd, "--probe", probe], capture_output=True, text=True, check=False
             )
             if done.returncode != 0:
-                from .cli import CommandError
-
-                raise CommandError(f"memory probe failed: {done.stderr.strip()[-300:]}")
+                raise BenchmarkFailed(f"memory probe failed: {done.stderr.strip()[-300:]}")
             out = json.loads(done.stdout)
             row["cached_blocks"] = out["cached_blocks"]
             row[f"{probe}_bytes_per_block"] = out["bytes_per_cached_block"]
@@ -388,8 +357,8 @@ def _hasher_label(name: str | None) -> str:
 
 def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run the three measurements; returns everything ``cache.json`` holds."""
-    from .bench_collisions import largest_bucket, largest_index_bucket, lookup_setup
-    from .bench_worker import case_name
+    from .collisions import largest_bucket, largest_index_bucket, lookup_setup
+    from .worker import case_name
 
     load_before = os.getloadavg()
     started = dt.datetime.now(dt.UTC)
@@ -472,9 +441,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         "impl", config.spec_num_blocks, config.spec_trace, config.spec_live, spec_variants
     )
     if spec_outcome != impl_outcome:
-        from .cli import CommandError
-
-        raise CommandError(
+        raise BenchmarkFailed(
             f"spec and impl disagree on the small trace: {spec_outcome} != {impl_outcome}"
         )
 
@@ -534,7 +501,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
     }
     return {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(),
+        "machine": to_json(machine_info()),
         "load_average_1m": {"start": load_before[0], "end": load_after[0]},
         "wall_s": time.monotonic() - wall_start,
         "method": {
@@ -579,23 +546,27 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
 
 # -- outputs -------------------------------------------------------------------------------
 
-BEGIN = "<!-- BEGIN generated by `prefixkv bench`: edits between these markers are overwritten -->"
-END = "<!-- END generated by `prefixkv bench` -->"
-
-_HEADER = """# Benchmarks
+#: The section of ``docs/benchmarks.md`` that ``prefixkv bench`` rewrites.
+SECTION = GeneratedSection(
+    command="prefixkv bench",
+    header="""# Benchmarks
 
 Measured with `prefixkv bench` (`python -m prefixkv bench`), which rewrites the section between
 the markers below, `bench/cache.json` and `bench/cache_per_block.png`.
-"""
 
-_VARIANT_LABEL = {
+""",
+)
+BEGIN = SECTION.begin
+END = SECTION.end
+
+VARIANT_LABEL = {
     "percall": "per call (append + commit)",
     "fused": "fused (advance)",
     "batched": "batched (advance_batch)",
 }
 
 
-def _us(row: dict[str, Any]) -> str:
+def format_us(row: dict[str, Any]) -> str:
     return f"{row['median_us']:.2f} ({row['q1_us']:.2f}-{row['q3_us']:.2f})"
 
 
@@ -643,8 +614,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         cells = []
         for n in sizes:
             row = next(r for r in life["rows"] if r["num_blocks"] == n and r["variant"] == v)
-            cells.append(_us(row))
-        lines.append(f"| {_VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
+            cells.append(format_us(row))
+        lines.append(f"| {VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
     for v in life["variants"][1:]:
         cells = [f"{r[f'{v}_over_percall']:.2f}x" for r in life["ratios"]]
         lines.append(f"| {v} / per call | " + " | ".join(cells) + " |")
@@ -681,10 +652,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         ]
         for v in cb["variants"]:
             cells = [
-                _us(next(r for r in cb["rows"] if r["num_blocks"] == n and r["variant"] == v))
+                format_us(next(r for r in cb["rows"] if r["num_blocks"] == n and r["variant"] == v))
                 for n in bsizes
             ]
-            lines.append(f"| {_VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
         for v in cb["variants"][1:]:
             cells = [f"{r[f'{v}_over_percall']:.2f}x" for r in cb["ratios"]]
             lines.append(f"| {v} / per call | " + " | ".join(cells) + " |")
@@ -700,8 +671,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "| manager | µs per block touched |",
         "|---|---:|",
-        f"| impl | {_us(sp['impl'])} |",
-        f"| spec | {_us(sp['spec'])} |",
+        f"| impl | {format_us(sp['impl'])} |",
+        f"| spec | {format_us(sp['spec'])} |",
         f"| spec / impl | {sp['spec_over_impl']:,.0f}x |",
         "",
         "### Host memory per cached block",
@@ -729,7 +700,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     for r in result["lookups"]:
         lines.append(
             f"| {r['hasher']} | {r['largest_bucket']:,} | {r['largest_index_bucket']:,} | "
-            f"{_us(r['crafted'])} | {_us(r['control'])} | {r['ratio']:.1f}x |"
+            f"{format_us(r['crafted'])} | {format_us(r['control'])} | {r['ratio']:.1f}x |"
         )
     lines += [
         "",
@@ -763,35 +734,19 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice_generated(path: Path, section: str, *, begin: str, end: str, header: str) -> None:
-    """Replace the section of ``path`` between the markers ``begin`` and ``end``, keeping the
-    hand-written text around it; a file without them gets the section appended (after
-    ``header`` when it is empty or missing)."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if begin in text and end in text:
-        head, _, rest = text.partition(begin)
-        _, _, tail = rest.partition(end)
-        new = head + section.rstrip("\n") + tail
-        if not new.endswith("\n"):
-            new += "\n"
-    else:
-        new = (text.rstrip("\n") + "\n\n" if text.strip() else header) + section
-    path.write_text(new, encoding="utf-8")
-
-
 def write_markdown(path: Path, section: str) -> None:
     """Replace the generated section of ``path``, keeping the hand-written text around it."""
-    splice_generated(path, section, begin=BEGIN, end=END, header=_HEADER + "\n")
+    SECTION.write(path, section)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """µs per block touched (median, interquartile bars) and bytes per cached block against
     the pool size. This run's figures only: other engines' never share its axes."""
-    import matplotlib
+    with figure(path, metadata={"Software": None}) as plt:
+        _draw(plt, result)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw(plt: Any, result: dict[str, Any]) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
     life = result["lifecycle"]
     markers = {"percall": "o", "fused": "s", "batched": "^"}
@@ -801,7 +756,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ys = [r["median_us"] for r in rows]
         err = [[y - r["q1_us"] for y, r in zip(ys, rows, strict=True)],
                [r["q3_us"] - y for y, r in zip(ys, rows, strict=True)]]  # fmt: skip
-        left.errorbar(xs, ys, yerr=err, marker=markers[v], capsize=3, label=_VARIANT_LABEL[v])
+        left.errorbar(xs, ys, yerr=err, marker=markers[v], capsize=3, label=VARIANT_LABEL[v])
     left.axhline(TARGET_US_PERCALL, color="black", lw=0.8, ls="-.", label="target, per call")
     left.axhline(TARGET_US_FUSED, color="gray", lw=0.8, ls=":", label="target, fused or batched")
     left.set_xscale("log", base=2)
@@ -828,152 +783,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
         "and loaded: absolute times indicative only",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
     """Write ``bench/cache.json``, ``bench/cache_per_block.png`` and ``benchmarks.md``."""
     bench_dir = out / "bench"
     bench_dir.mkdir(parents=True, exist_ok=True)
-    json_path = bench_dir / "cache.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    json_path = write_json(bench_dir / "cache.json", result)
     png_path = bench_dir / "cache_per_block.png"
     plot(result, png_path)
     md_path = out / "benchmarks.md"
     write_markdown(md_path, render_markdown(result))
     return [md_path, json_path, png_path]
-
-
-# -- command line --------------------------------------------------------------------------
-
-
-def default_docs_dir() -> Path:
-    """The source checkout's ``docs/`` when running from one (editable install), else ./docs."""
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "docs").is_dir():
-        return checkout / "docs"
-    return Path("docs")
-
-
-def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Add the ``bench`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
-    # NOTE: imported here so that a missing optional dependency fails the command as it
-    # loads, with the registry's one-line message, before any work is done.
-    import numpy  # noqa: F401
-    import psutil  # noqa: F401
-    import pyperf  # noqa: F401
-
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="toy sizes, under a minute; writes nothing unless --out is given",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="docs directory to write benchmarks.md and bench/ into (default: the source "
-        "checkout's docs/, or ./docs, for a full run; nothing for --quick)",
-    )
-    parser.add_argument(
-        "--no-write", action="store_true", help="print the figures only, write no files"
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit 1 when a target is missed (µs per block, growth, memory, collisions)",
-    )
-    return _run
-
-
-_TARGETS = ("percall_ok", "fused_or_batched_ok", "growth_ok", "bytes_per_block_ok", "collision_ok")
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    err = Console(stderr=True)
-    config = QUICK if args.quick else FULL
-    out: Path | None = args.out
-    if out is None and not args.quick:
-        out = default_docs_dir()
-    if args.no_write:
-        out = None
-
-    def log(message: str) -> None:
-        if not args.json:
-            err.print(f"[dim]bench:[/dim] {message}", highlight=False)
-
-    result = run_bench(config, log)
-    result["quick"] = bool(args.quick)
-    written = write_outputs(result, out) if out is not None else []
-    result["written"] = [str(p) for p in written]
-    ok = all(result["acceptance"][k] for k in _TARGETS)
-    if args.json:
-        from prefixkv.cli import emit_json
-
-        emit_json({"command": "bench", "ok": bool(ok or not args.strict), **result})
-    else:
-        _print_summary(result)
-    return 0 if ok or not args.strict else 1
-
-
-def _print_summary(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    life = result["lifecycle"]
-    sizes = sorted({r["num_blocks"] for r in life["rows"]})
-    table = Table(
-        title="engine life cycle, µs per block touched: median (IQR)", title_justify="left"
-    )
-    table.add_column("call shape")
-    for n in sizes:
-        table.add_column(f"{n:,} blocks", justify="right")
-    for v in life["variants"]:
-        table.add_row(
-            _VARIANT_LABEL[v],
-            *(
-                _us(next(r for r in life["rows"] if r["num_blocks"] == n and r["variant"] == v))
-                for n in sizes
-            ),
-        )
-    for v in life["variants"][1:]:
-        table.add_row(
-            f"{v} / per call", *(f"{r[f'{v}_over_percall']:.2f}x" for r in life["ratios"])
-        )
-    console.print(table)
-    cb = result["continuous_batch"]
-    for n in sorted({r["num_blocks"] for r in cb["rows"]}):
-        cells = ", ".join(f"{r['variant']} {_us(r)}" for r in cb["rows"] if r["num_blocks"] == n)
-        console.print(f"continuous batch of {cb['running']} at {n:,} blocks: {cells}")
-    sp = result["spec_beside_impl"]
-    console.print(
-        f"spec beside impl ({sp['requests']} requests, {sp['num_blocks']:,} blocks): impl "
-        f"{_us(sp['impl'])}, spec {_us(sp['spec'])} µs per block, spec / impl "
-        f"{sp['spec_over_impl']:,.0f}x"
-    )
-    for r in result["memory"]:
-        console.print(
-            f"memory at {r['num_blocks']:,} blocks: {r['rss_bytes_per_block']:,.0f} B RSS, "
-            f"{r['tracemalloc_bytes_per_block']:,.0f} B tracemalloc per cached block"
-        )
-    for r in result["lookups"]:
-        console.print(
-            f"lookups, {r['hasher']}: {r['largest_bucket']:,} crafted blocks under one hash, "
-            f"{r['largest_index_bucket']:,} under one index key; "
-            f"crafted {_us(r['crafted'])} µs, control {_us(r['control'])} µs: {r['ratio']:.1f}x"
-        )
-    acc = result["acceptance"]
-    for key in _TARGETS:
-        console.print(f"{'met   ' if acc[key] else 'MISSED'} {key.removesuffix('_ok')}")
-    load = result["load_average_1m"]
-    console.print(
-        f"load average {load['start']:.1f} -> {load['end']:.1f} on "
-        f"{result['machine']['logical_cpus']} CPUs: absolute times are indicative only"
-    )
-    if result["written"]:
-        console.print("wrote " + ", ".join(result["written"]))

@@ -38,7 +38,7 @@ import attrs
 
 from prefixkv.spec import Request
 
-from .bench_lifecycle import NAMESPACE
+from .lifecycle import NAMESPACE
 
 __all__ = [
     "LookupSetup",
