@@ -102,9 +102,10 @@ class ChatConfig:
     image_rate: float = attrs.field(default=0.5, validator=_check_fraction)
     #: False when a model serves the workload and samples each reply itself: only the
     #: reply's length is drawn, and its tokens are placeholders (``vocab_size``, which no
-    #: model emits). NOTE: every other draw comes in the same order either way, so the
-    #: prompts of a served workload are exactly those of the same config's replayed one
-    #: up to the replies (which the serving model supplies).
+    #: model emits). NOTE: with no reply tokens drawn, every later draw differs from the
+    #: same config's replayed workload (a different trace of the same shape). The stream
+    #: is then exactly the one ``serve-sim``'s published figures were measured on
+    #: (``tests/test_serving.py`` pins it).
     draw_replies: bool = attrs.field(default=True, validator=_check_bool)
 
 

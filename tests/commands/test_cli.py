@@ -1,7 +1,7 @@
-"""The command line (simulate, bench, prove), its registry and exit codes, and the workloads.
+"""The command line: its registry, exit codes, ``--json`` errors and every command's help.
 
 No test here asserts a speed: speed is what ``prefixkv bench`` measures, on a quiet machine.
-These tests only keep the commands working (``bench`` has its own, in test_cache_bench.py).
+Each command has its own file beside this one.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import json
 import subprocess
 import sys
 
-import attrs
 import pytest
 
 from prefixkv import cli
-from prefixkv.simulation import WORKLOADS, make_cache, replay
-from prefixkv.workloads import ChatConfig, chat_workload, interleave
 
 SMALL = ["--conversations", "6", "--turns", "3"]
 
@@ -25,169 +22,6 @@ def _run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict
     code = cli.main([*argv, "--json"])
     out = capsys.readouterr().out
     return code, json.loads(out)  # the whole of stdout is one JSON document
-
-
-# -- workloads -----------------------------------------------------------------------------
-
-
-def test_workload_is_deterministic() -> None:
-    cfg = ChatConfig(conversations=7, turns=3, system_tokens=64, seed=11)
-    a, b = chat_workload(cfg), chat_workload(cfg)
-    assert a == b
-    assert a.schedule() == b.schedule()
-    other = chat_workload(ChatConfig(conversations=7, turns=3, system_tokens=64, seed=12))
-    assert other.system_prompts != a.system_prompts
-
-
-def test_workload_shape() -> None:
-    cfg = ChatConfig(conversations=9, turns=4, system_prompts=3, system_tokens=128)
-    w = chat_workload(cfg)
-    assert len(w.system_prompts) == 3 and all(len(s) == 128 for s in w.system_prompts)
-    assert w.num_requests == 36
-    for conv in w.conversations:
-        system = w.system_prompts[conv.system_prompt]
-        previous = None
-        for turn in conv.turns:
-            assert turn.prompt[: len(system)] == system
-            lo, hi = cfg.reply_tokens
-            assert lo <= len(turn.reply) <= hi
-            if previous is not None:
-                # every turn re-sends the whole history: previous prompt and reply
-                history = previous.prompt + previous.reply
-                assert turn.prompt[: len(history)] == history
-                lo, hi = cfg.user_tokens
-                assert lo <= len(turn.prompt) - len(history) <= hi
-            previous = turn
-    assert w.blocks_touched(16) == sum(-(-t.num_tokens // 16) for t in w.turns())
-
-
-def test_schedule_keeps_turn_order_and_interleaves() -> None:
-    w = chat_workload(ChatConfig(conversations=20, turns=4, system_tokens=16))
-    order = [(t.conversation, t.turn) for t in w.schedule()]
-    assert sorted(order) == [(c, t) for c in range(20) for t in range(4)]
-    seen: dict[int, int] = {}
-    for c, t in order:
-        assert t == seen.get(c, -1) + 1
-        seen[c] = t
-    assert order != sorted(order)  # actually shuffled
-    assert interleave([2, 0, 1], seed=5) == interleave([2, 0, 1], seed=5)
-
-
-def test_workload_config_rejects_bad_values() -> None:
-    with pytest.raises(ValueError):
-        ChatConfig(conversations=0)
-    with pytest.raises(ValueError):
-        ChatConfig(user_tokens=(5, 2))
-
-
-# -- simulate ------------------------------------------------------------------------------
-
-
-def test_simulate_json_reports_hits_and_checks_invariants(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    code, report = _run_json(
-        capsys, "simulate", *SMALL, "--num-blocks", "512", "--check-invariants", "400"
-    )
-    assert code == 0 and report["ok"] is True and report["cache"] == "impl"
-    assert isinstance(report["hit_rate"], float) and report["hit_rate"] > 0
-    assert (
-        report["prefill_tokens_computed"] + report["prefill_tokens_skipped"]
-        == (  # type: ignore[operator]
-            report["prefill_tokens"]
-        )
-    )
-    assert isinstance(report["invariant_checks"], int) and report["invariant_checks"] > 1
-    assert report["requests"] == 18
-    for key in ("evictions", "blocks_published", "peak_utilization", "wall_time_s"):
-        assert key in report
-
-
-def test_simulate_spec_small_default(capsys: pytest.CaptureFixture[str]) -> None:
-    code, report = _run_json(capsys, "simulate", "--spec", "--check-invariants", "25")
-    assert code == 0 and report["cache"] == "spec"
-    assert report["hit_rate"] > 0  # type: ignore[operator]
-    assert report["invariant_checks"] > 1  # type: ignore[operator]
-
-
-@pytest.mark.parametrize("name", ["multimodal", "speculative"])
-def test_feature_workloads_report_their_lost_reuse_split(
-    capsys: pytest.CaptureFixture[str], name: str
-) -> None:
-    """The multimodal and speculative workloads run on the spec, invariants checked, and
-    their lost-reuse split adds up to the prompt tokens computed."""
-    code, report = _run_json(
-        capsys, "simulate", "--workload", name, "--spec", "--check-invariants", "40"
-    )
-    assert code == 0 and report["workload_name"] == name
-    lost = sum(
-        report[f"lost_{c}"]  # type: ignore[misc]
-        for c in ("window", "span", "cap", "evicted", "never_cached")
-    )
-    assert lost == report["prefill_tokens_computed"]
-    assert 0 < report["hit_rate"] < 1  # type: ignore[operator]
-    if name == "speculative":
-        assert report["lost_window"] > 0 and report["drafts_proposed"] > 0  # type: ignore[operator]
-        assert 0 < report["drafts_accepted"] < report["drafts_proposed"]  # type: ignore[operator]
-    else:
-        assert report["prefill_chunks"] > 0  # type: ignore[operator]
-        assert report["workload"]["image_tokens"] > 0  # type: ignore[index]
-
-
-@pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_spec_and_impl_agree_on_every_workload(name: str) -> None:
-    """Spans, chunks, windows and drafts: the impl saves exactly what the spec saves."""
-    _, preset = WORKLOADS[name]
-    w = chat_workload(attrs.evolve(preset.workload, conversations=6, seed=3))
-    results = [
-        replay(make_cache(kind, 48, 4), w, live=2, drive=preset.drive, check_every=30)
-        for kind in ("spec", "impl")
-    ]
-    spec, impl = (attrs.asdict(r, filter=lambda a, _: a.name != "wall_time_s") for r in results)
-    assert spec == impl
-    assert results[0].evictions > 0
-
-
-def test_spec_and_impl_report_the_same_reuse() -> None:
-    """Same workload, same pool: the impl must save exactly what the spec saves."""
-    w = chat_workload(
-        ChatConfig(
-            conversations=5,
-            turns=3,
-            system_prompts=2,
-            system_tokens=32,
-            user_tokens=(4, 12),
-            reply_tokens=(3, 9),
-            seed=4,
-        )
-    )
-    results = [replay(make_cache(kind, 40, 4), w, live=2) for kind in ("spec", "impl")]
-    keys = (
-        "hit_rate",
-        "prefill_tokens_computed",
-        "evictions",
-        "blocks_published",
-        "peak_used_blocks",
-        "early_frees",
-    )
-    spec, impl = ({k: getattr(r, k) for k in keys} for r in results)
-    assert spec == impl
-    assert results[0].evictions > 0  # the pool is small enough to exercise eviction
-
-
-def test_weak_hash_changes_no_result(capsys: pytest.CaptureFixture[str]) -> None:
-    reports = []
-    for name in ("fast", "weak", "sha256"):
-        code, report = _run_json(capsys, "simulate", *SMALL, "--num-blocks", "300", "--hash", name)
-        assert code == 0
-        reports.append({k: report[k] for k in ("hit_rate", "evictions", "blocks_published")})
-    assert reports[0] == reports[1] == reports[2]
-
-
-def test_simulate_human_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["simulate", *SMALL]) == 0
-    out = capsys.readouterr().out
-    assert "hit rate" in out and "prefill tokens skipped" in out and "wall time" in out
 
 
 # -- exit codes and the registry -----------------------------------------------------------
@@ -250,6 +84,61 @@ def test_json_errors_are_json(argv: tuple[str, ...], capsys: pytest.CaptureFixtu
 def test_every_command_has_a_bad_argument_row() -> None:
     covered = {argv[0] for argv in BAD_ARGV if argv}
     assert {command.name for command in cli.commands()} <= covered
+
+
+@pytest.mark.parametrize("name", [c.name for c in cli.commands()])
+def test_every_command_loads_and_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # --help loads the command's module and runs its setup: a broken import or flag
+    # definition fails here, for every registered command.
+    assert cli.main([name, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: prefixkv {name}") and "--json" in out
+
+
+def test_a_command_error_carries_its_exit_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_REGISTRY", dict(cli._REGISTRY))
+
+    def setup(parser: argparse.ArgumentParser) -> cli.Runner:
+        def run(args: argparse.Namespace) -> int:
+            raise cli.CommandError("nothing to measure here", exit_code=3)
+
+        return run
+
+    cli.register("refuse", "always refuses", setup)
+    assert cli.main(["refuse"]) == 3
+    assert "nothing to measure here" in capsys.readouterr().err
+    assert cli.main(["refuse", "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report == {
+        "command": "refuse",
+        "ok": False,
+        "error": "CommandError: nothing to measure here",
+        "exit_code": 3,
+    }
+
+
+def test_a_configuration_error_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any error prefixkv raises on purpose is reported in one line, not a traceback."""
+    from prefixkv.errors import InvalidConfig
+
+    monkeypatch.setattr(cli, "_REGISTRY", dict(cli._REGISTRY))
+
+    def setup(parser: argparse.ArgumentParser) -> cli.Runner:
+        def run(args: argparse.Namespace) -> int:
+            raise InvalidConfig("num_blocks must be an int >= 1, got 0")
+
+        return run
+
+    cli.register("bad-config", "raises InvalidConfig", setup)
+    assert cli.main(["bad-config", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["error"] == "InvalidConfig: num_blocks must be an int >= 1, got 0"
+    with pytest.raises(InvalidConfig):
+        cli.register("bad name", "spaces are refused", setup)
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
