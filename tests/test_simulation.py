@@ -119,3 +119,23 @@ def test_simulate_replays_what_the_setup_says() -> None:
         live=setup.live,
     )
     assert (again.hit_rate, again.evictions) == (result.hit_rate, result.evictions)
+
+
+def test_checks_on_a_cache_without_a_snapshot_are_refused_up_front() -> None:
+    class Opaque:
+        """Delegates the cache protocol, but offers no snapshot() to check."""
+
+        def __init__(self) -> None:
+            self.inner = make_cache("impl", 128, 16)
+
+        def __getattr__(self, name: str) -> object:
+            if name == "snapshot":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    cache = Opaque()
+    workload = chat_workload(ChatConfig(conversations=1, turns=1, system_tokens=8))
+    with pytest.raises(InvalidConfig, match="cannot check invariants"):
+        replay(cache, workload, check_every=5)  # type: ignore[arg-type]
+    assert cache.inner.stats().admissions == 0
+    assert replay(cache, workload).requests == 1  # type: ignore[arg-type]

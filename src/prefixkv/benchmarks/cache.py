@@ -40,6 +40,7 @@ from typing import Any
 
 import attrs
 
+from prefixkv.errors import InvalidConfig
 from prefixkv.outputs import GeneratedSection, figure, machine_info, to_json, write_json
 from prefixkv.workloads import ChatConfig
 
@@ -226,7 +227,7 @@ def run_cases(
 
     paths = {case_name(c): workdir / f"{case_name(c)}.json" for c in cases}
     if len(paths) != len(cases):
-        raise ValueError("two cases share a name")
+        raise InvalidConfig("two cases share a name")
     for r in range(config.rounds):
         for case in cases:
             name = case_name(case)

@@ -29,6 +29,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from prefixkv.errors import InvalidConfig
+
 __all__ = ["case_name", "main", "prepare"]
 
 
@@ -94,7 +96,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
 
         return lookups, len(probes)
 
-    raise ValueError(f"unknown case kind {case['kind']!r}")
+    raise InvalidConfig(f"unknown case kind {case['kind']!r}")
 
 
 def main() -> None:
