@@ -8,6 +8,7 @@ probe counts cached blocks, and the quick run produces well-formed, positive, fi
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from prefixkv.spec.identity import fast_hash, sha256_hash
 
-from prefixkv.benchmarks.cache import BEGIN, END, write_markdown
+from prefixkv.benchmarks.cache import BEGIN, END, render_markdown, write_markdown
 from prefixkv.benchmarks.collisions import (
     craft_colliding_blocks,
     largest_bucket,
@@ -199,3 +200,13 @@ def test_bench_markdown_keeps_hand_written_text(tmp_path: Path) -> None:
     write_markdown(path, f"{BEGIN}\nnew figures\n{END}\n")
     text = path.read_text()
     assert text == f"# Mine\n\nnotes\n\n{BEGIN}\nnew figures\n{END}\n\nafter\n"
+
+
+def test_the_published_section_is_what_the_saved_result_renders() -> None:
+    """docs/benchmarks.md's generated section and docs/bench/cache.json come from one run:
+    rendering the saved JSON again gives the section byte for byte."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    saved = json.loads((docs / "bench" / "cache.json").read_text(encoding="utf-8"))
+    page = (docs / "benchmarks.md").read_text(encoding="utf-8")
+    section = BEGIN + page.partition(BEGIN)[2].partition(END)[0] + END + "\n"
+    assert render_markdown(saved) == section

@@ -41,7 +41,7 @@ from typing import Any
 import attrs
 
 from prefixkv.errors import InvalidConfig
-from prefixkv.outputs import GeneratedSection, figure, machine_info, to_json, write_json
+from prefixkv.outputs import GeneratedSection, Machine, figure, machine_info, to_json, write_json
 from prefixkv.workloads import ChatConfig
 
 from .errors import BenchmarkFailed
@@ -54,8 +54,17 @@ __all__ = [
     "QUICK",
     "TARGETS",
     "VARIANT_LABEL",
+    "Acceptance",
     "BenchConfig",
+    "CacheBenchResult",
+    "Lifecycle",
+    "LifecycleRow",
+    "LookupRow",
+    "MemoryRow",
+    "Outcome",
+    "SpecBesideImpl",
     "Timing",
+    "TimingSummary",
     "format_us",
     "render_markdown",
     "run_bench",
@@ -102,6 +111,8 @@ class BenchConfig:
     lookup_prompts: int
     lookup_num_blocks: int
     block_size: int = 16
+    #: The toy sizes of :data:`QUICK` (figures meaningless, every code path run).
+    quick: bool = False
 
 
 _SMALL_TRACE = ChatConfig(
@@ -152,6 +163,7 @@ QUICK = BenchConfig(
     batch_running=4,
     lookup_prompts=200,
     lookup_num_blocks=1_024,
+    quick=True,
 )
 
 
@@ -177,7 +189,7 @@ class Timing:
     def q3(self) -> float:
         return _quantile(self.values_us, 0.75)
 
-    def as_dict(self) -> dict[str, Any]:
+    def summary(self) -> TimingSummary:
         vals = self.values_us
         mean = sum(vals) / len(vals)
         stdev = (
@@ -185,17 +197,32 @@ class Timing:
             if len(vals) > 1
             else 0.0
         )
-        return {
-            "median_us": self.median,
-            "q1_us": self.q1,
-            "q3_us": self.q3,
-            "min_us": min(vals),
-            "max_us": max(vals),
-            "stdev_us": stdev,
-            "values": len(vals),
-            "processes": self.processes,
-            "values_us": list(vals),
-        }
+        return TimingSummary(
+            median_us=self.median,
+            q1_us=self.q1,
+            q3_us=self.q3,
+            min_us=min(vals),
+            max_us=max(vals),
+            stdev_us=stdev,
+            values=len(vals),
+            processes=self.processes,
+            values_us=vals,
+        )
+
+
+@attrs.frozen
+class TimingSummary:
+    """One case's values summarised, µs per unit: the median and the spread, never a best."""
+
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    stdev_us: float
+    values: int
+    processes: int
+    values_us: tuple[float, ...]
 
 
 def _quantile(values: Iterable[float], q: float) -> float:
@@ -246,6 +273,171 @@ def run_cases(
     return timings
 
 
+# -- the result, as records (``cache.json`` is their JSON form) ---------------------------
+
+
+@attrs.frozen
+class Outcome:
+    """What the cache did on a trace (an untimed replay): the same for every call shape."""
+
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+
+
+@attrs.frozen
+class LifecycleRow:
+    """One call shape at one pool size: its timing and what the cache did."""
+
+    num_blocks: int
+    variant: str
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    stdev_us: float
+    values: int
+    processes: int
+    values_us: tuple[float, ...]
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+
+    @classmethod
+    def of(cls, num_blocks: int, variant: str, t: Timing, o: Outcome) -> LifecycleRow:
+        return cls(num_blocks, variant, **attrs.asdict(t.summary()), **attrs.asdict(o))
+
+
+@attrs.frozen
+class Lifecycle:
+    """The engine life cycle at each pool size, one request at a time (or a batch)."""
+
+    trace: ChatConfig
+    live: int
+    block_size: int
+    running: int
+    variants: tuple[str, ...]
+    variants_missing: tuple[str, ...]
+    rows: tuple[LifecycleRow, ...]
+    #: Per pool size: ``num_blocks`` and ``<variant>_over_percall`` for every other shape.
+    ratios: tuple[dict[str, float], ...]
+
+
+@attrs.frozen
+class SpecBesideImpl:
+    """The spec and the impl on one small trace and pool, per-call shape."""
+
+    trace: ChatConfig
+    num_blocks: int
+    live: int
+    variant: str
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+    impl: TimingSummary
+    spec: TimingSummary
+    spec_over_impl: float
+
+
+@attrs.frozen
+class MemoryRow:
+    """Host memory per cached block at one pool size, each probe in a fresh process."""
+
+    num_blocks: int
+    cached_blocks: int
+    rss_bytes_per_block: float
+    tracemalloc_bytes_per_block: float
+
+
+@attrs.frozen
+class LookupRow:
+    """Crafted-collision lookups against the control, under one hasher."""
+
+    hasher: str
+    prompts: int
+    largest_bucket: int
+    largest_index_bucket: int
+    crafted: TimingSummary
+    control: TimingSummary
+    ratio: float
+
+
+@attrs.frozen
+class Acceptance:
+    """The targets and whether this run met them (see :data:`TARGETS`)."""
+
+    percall_us_at_most: float
+    percall_worst_us: float
+    percall_ok: bool
+    fused_or_batched_us_at_most: float
+    fused_or_batched_worst_us: float | None
+    fused_or_batched_ok: bool
+    growth_at_most: float
+    percall_growth: float
+    growth_ok: bool
+    bytes_per_block_at_most: float
+    largest_pool_rss_bytes_per_block: float
+    largest_pool_tracemalloc_bytes_per_block: float
+    bytes_per_block_ok: bool
+    collision_ratio_at_most: float
+    collision_ratio_default: float
+    collision_ok: bool
+
+    @property
+    def met(self) -> bool:
+        return all(getattr(self, key) for key in TARGETS)
+
+
+@attrs.frozen
+class Method:
+    """How the values were taken."""
+
+    timer: str
+    rounds: int
+    processes_per_round: int
+    values_per_process: int
+    warmups_per_process: int
+    spec_values_per_process: int
+    spec_warmups_per_process: int
+
+
+@attrs.frozen
+class LoadAverage:
+    """The machine's 1-minute load average when the run started and ended."""
+
+    start: float
+    end: float
+
+
+@attrs.frozen
+class CacheBenchResult:
+    """One run of ``prefixkv bench``; :func:`~prefixkv.outputs.to_json` of it is
+    ``docs/bench/cache.json``."""
+
+    date: str
+    machine: Machine
+    load_average_1m: LoadAverage
+    wall_s: float
+    method: Method
+    lifecycle: Lifecycle
+    continuous_batch: Lifecycle
+    spec_beside_impl: SpecBesideImpl
+    memory: tuple[MemoryRow, ...]
+    lookups: tuple[LookupRow, ...]
+    acceptance: Acceptance
+    quick: bool
+
+
 # -- the three measurements --------------------------------------------------------------
 
 
@@ -281,7 +473,7 @@ def _outcome(
     live: int,
     variants: tuple[str, ...],
     running: int = 1,
-) -> dict[str, Any]:
+) -> Outcome:
     """Replay once per variant, untimed: what the cache did, and a check that every call
     shape did exactly the same thing (same hits, evictions and published blocks)."""
     trace = trace_from_config(trace_config)
@@ -299,17 +491,17 @@ def _outcome(
     if len(set(seen.values())) != 1:
         raise BenchmarkFailed(f"call shapes disagree at {n:,} blocks: {seen}")
     hit_rate, evictions, published, early = next(iter(seen.values()))
-    return {
-        "requests": len(trace.requests),
-        "blocks_touched": trace.blocks_touched,
-        "hit_rate": hit_rate,
-        "evictions": evictions,
-        "blocks_published": published,
-        "early_frees": early,
-    }
+    return Outcome(
+        requests=len(trace.requests),
+        blocks_touched=trace.blocks_touched,
+        hit_rate=hit_rate,
+        evictions=evictions,
+        blocks_published=published,
+        early_frees=early,
+    )
 
 
-def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[MemoryRow]:
     rows = []
     for n in config.memory_sizes:
         row: dict[str, Any] = {"num_blocks": n}
@@ -324,7 +516,7 @@ def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[dict[str, A
             out = json.loads(done.stdout)
             row["cached_blocks"] = out["cached_blocks"]
             row[f"{probe}_bytes_per_block"] = out["bytes_per_cached_block"]
-        rows.append(row)
+        rows.append(MemoryRow(**row))
     return rows
 
 
@@ -356,7 +548,7 @@ def _hasher_label(name: str | None) -> str:
 # -- the run -------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> CacheBenchResult:
     """Run the three measurements; returns everything ``cache.json`` holds."""
     from .collisions import largest_bucket, largest_index_bucket, lookup_setup
     from .worker import case_name
@@ -398,22 +590,22 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         timings = run_cases(everything, config, Path(tmp), log)
 
     log("checking that the call shapes agree (untimed replays)")
-    lifecycle_rows = []
-    ratios = []
+    lifecycle_rows: list[LifecycleRow] = []
+    ratios: list[dict[str, float]] = []
     for n in config.sizes:
         outcome = _outcome("impl", n, config.trace, config.live, variants)
         by_variant = {}
         for v in variants:
             t = timings[case_name(_lifecycle_case("main", "impl", v, n, config.trace, config.live))]
             by_variant[v] = t.median
-            lifecycle_rows.append({"num_blocks": n, "variant": v, **t.as_dict(), **outcome})
-        ratio: dict[str, Any] = {"num_blocks": n}
+            lifecycle_rows.append(LifecycleRow.of(n, v, t, outcome))
+        ratio: dict[str, float] = {"num_blocks": n}
         for v in variants[1:]:
             ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
         ratios.append(ratio)
 
-    batch_rows = []
-    batch_ratios = []
+    batch_rows: list[LifecycleRow] = []
+    batch_ratios: list[dict[str, float]] = []
     for n in config.batch_sizes:
         outcome = _outcome(
             "impl", n, config.trace, config.live, variants, running=config.batch_running
@@ -425,16 +617,16 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
             )
             t = timings[case_name(case)]
             by_variant[v] = t.median
-            batch_rows.append({"num_blocks": n, "variant": v, **t.as_dict(), **outcome})
+            batch_rows.append(LifecycleRow.of(n, v, t, outcome))
         ratio = {"num_blocks": n}
         for v in variants[1:]:
             ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
         batch_ratios.append(ratio)
 
-    spec_rows = {}
-    for m in ("impl", "spec"):
-        t = timings[case_name(spec_cases[0 if m == "impl" else 1])]
-        spec_rows[m] = t.as_dict()
+    spec_rows = {
+        m: timings[case_name(spec_cases[0 if m == "impl" else 1])].summary()
+        for m in ("impl", "spec")
+    }
     spec_outcome = _outcome(
         "spec", config.spec_num_blocks, config.spec_trace, config.spec_live, spec_variants
     )
@@ -446,103 +638,106 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
             f"spec and impl disagree on the small trace: {spec_outcome} != {impl_outcome}"
         )
 
-    lookups: list[dict[str, Any]] = []
+    lookups: list[LookupRow] = []
     for h in hashers:
         crafted = timings[case_name(lookup_cases[2 * hashers.index(h)])]
         control = timings[case_name(lookup_cases[2 * hashers.index(h) + 1])]
         setup = lookup_setup(True, config.lookup_prompts)
         lookups.append(
-            {
-                "hasher": _hasher_label(h),
-                "prompts": config.lookup_prompts,
-                "largest_bucket": largest_bucket(_hasher_of(h), setup.prompts),
-                "largest_index_bucket": largest_index_bucket(
+            LookupRow(
+                hasher=_hasher_label(h),
+                prompts=config.lookup_prompts,
+                largest_bucket=largest_bucket(_hasher_of(h), setup.prompts),
+                largest_index_bucket=largest_index_bucket(
                     setup.prompts, config.lookup_num_blocks, _hasher_of(h)
                 ),
-                "crafted": crafted.as_dict(),
-                "control": control.as_dict(),
-                "ratio": crafted.median / control.median,
-            }
+                crafted=crafted.summary(),
+                control=control.summary(),
+                ratio=crafted.median / control.median,
+            )
         )
 
     memory = _memory(config, log)
     load_after = os.getloadavg()
 
-    percall = [r["median_us"] for r in lifecycle_rows if r["variant"] == "percall"]
+    percall = [r.median_us for r in lifecycle_rows if r.variant == "percall"]
     # The better of the fused and batched calls, per pool size (None: neither exists).
     fused = [
-        min(
-            r["median_us"]
-            for r in lifecycle_rows
-            if r["num_blocks"] == n and r["variant"] != "percall"
-        )
+        min(r.median_us for r in lifecycle_rows if r.num_blocks == n and r.variant != "percall")
         for n in config.sizes
         if len(variants) > 1
     ]
-    rss = memory[-1]["rss_bytes_per_block"]
-    traced = memory[-1]["tracemalloc_bytes_per_block"]
-    collision = float(lookups[0]["ratio"])
-    acceptance = {
-        "percall_us_at_most": TARGET_US_PERCALL,
-        "percall_worst_us": max(percall),
-        "percall_ok": max(percall) <= TARGET_US_PERCALL,
-        "fused_or_batched_us_at_most": TARGET_US_FUSED,
-        "fused_or_batched_worst_us": max(fused) if fused else None,
-        "fused_or_batched_ok": bool(fused) and max(fused) <= TARGET_US_FUSED,
-        "growth_at_most": TARGET_GROWTH,
-        "percall_growth": percall[-1] / percall[0],
-        "growth_ok": percall[-1] / percall[0] <= TARGET_GROWTH,
-        "bytes_per_block_at_most": TARGET_BYTES_PER_BLOCK,
-        "largest_pool_rss_bytes_per_block": rss,
-        "largest_pool_tracemalloc_bytes_per_block": traced,
-        "bytes_per_block_ok": max(rss, traced) <= TARGET_BYTES_PER_BLOCK,
-        "collision_ratio_at_most": TARGET_COLLISION_RATIO,
-        "collision_ratio_default": collision,
-        "collision_ok": collision <= TARGET_COLLISION_RATIO,
-    }
-    return {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": to_json(machine_info()),
-        "load_average_1m": {"start": load_before[0], "end": load_after[0]},
-        "wall_s": time.monotonic() - wall_start,
-        "method": {
-            "timer": "pyperf bench_time_func, values in fresh worker processes",
-            "rounds": config.rounds,
-            "processes_per_round": config.processes,
-            "values_per_process": config.values,
-            "warmups_per_process": config.warmups,
-            "spec_values_per_process": config.spec_values,
-            "spec_warmups_per_process": config.spec_warmups,
-        },
-        "lifecycle": {
-            "trace": _trace_dict(config.trace),
-            "live": config.live,
-            "block_size": config.block_size,
-            "variants": list(variants),
-            "variants_missing": [v for v in VARIANTS if v not in variants],
-            "rows": lifecycle_rows,
-            "ratios": ratios,
-        },
-        "continuous_batch": {
-            "running": config.batch_running,
-            "variants": list(variants),
-            "rows": batch_rows,
-            "ratios": batch_ratios,
-        },
-        "spec_beside_impl": {
-            "trace": _trace_dict(config.spec_trace),
-            "num_blocks": config.spec_num_blocks,
-            "live": config.spec_live,
-            "variant": "percall",
-            **impl_outcome,
-            "impl": spec_rows["impl"],
-            "spec": spec_rows["spec"],
-            "spec_over_impl": spec_rows["spec"]["median_us"] / spec_rows["impl"]["median_us"],
-        },
-        "memory": memory,
-        "lookups": lookups,
-        "acceptance": acceptance,
-    }
+    rss = memory[-1].rss_bytes_per_block
+    traced = memory[-1].tracemalloc_bytes_per_block
+    collision = lookups[0].ratio
+    acceptance = Acceptance(
+        percall_us_at_most=TARGET_US_PERCALL,
+        percall_worst_us=max(percall),
+        percall_ok=max(percall) <= TARGET_US_PERCALL,
+        fused_or_batched_us_at_most=TARGET_US_FUSED,
+        fused_or_batched_worst_us=max(fused) if fused else None,
+        fused_or_batched_ok=bool(fused) and max(fused) <= TARGET_US_FUSED,
+        growth_at_most=TARGET_GROWTH,
+        percall_growth=percall[-1] / percall[0],
+        growth_ok=percall[-1] / percall[0] <= TARGET_GROWTH,
+        bytes_per_block_at_most=TARGET_BYTES_PER_BLOCK,
+        largest_pool_rss_bytes_per_block=rss,
+        largest_pool_tracemalloc_bytes_per_block=traced,
+        bytes_per_block_ok=max(rss, traced) <= TARGET_BYTES_PER_BLOCK,
+        collision_ratio_at_most=TARGET_COLLISION_RATIO,
+        collision_ratio_default=collision,
+        collision_ok=collision <= TARGET_COLLISION_RATIO,
+    )
+    missing = tuple(v for v in VARIANTS if v not in variants)
+    return CacheBenchResult(
+        date=started.strftime("%Y-%m-%d %H:%M UTC"),
+        machine=machine_info(),
+        load_average_1m=LoadAverage(load_before[0], load_after[0]),
+        wall_s=time.monotonic() - wall_start,
+        method=Method(
+            timer="pyperf bench_time_func, values in fresh worker processes",
+            rounds=config.rounds,
+            processes_per_round=config.processes,
+            values_per_process=config.values,
+            warmups_per_process=config.warmups,
+            spec_values_per_process=config.spec_values,
+            spec_warmups_per_process=config.spec_warmups,
+        ),
+        lifecycle=Lifecycle(
+            trace=config.trace,
+            live=config.live,
+            block_size=config.block_size,
+            running=1,
+            variants=variants,
+            variants_missing=missing,
+            rows=tuple(lifecycle_rows),
+            ratios=tuple(ratios),
+        ),
+        continuous_batch=Lifecycle(
+            trace=config.trace,
+            live=config.live,
+            block_size=config.block_size,
+            running=config.batch_running,
+            variants=variants,
+            variants_missing=missing,
+            rows=tuple(batch_rows),
+            ratios=tuple(batch_ratios),
+        ),
+        spec_beside_impl=SpecBesideImpl(
+            trace=config.spec_trace,
+            num_blocks=config.spec_num_blocks,
+            live=config.spec_live,
+            variant="percall",
+            **attrs.asdict(impl_outcome),
+            impl=spec_rows["impl"],
+            spec=spec_rows["spec"],
+            spec_over_impl=spec_rows["spec"].median_us / spec_rows["impl"].median_us,
+        ),
+        memory=tuple(memory),
+        lookups=tuple(lookups),
+        acceptance=acceptance,
+        quick=config.quick,
+    )
 
 
 # -- outputs -------------------------------------------------------------------------------
@@ -580,7 +775,8 @@ def _met(ok: bool) -> str:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
-    """The generated section of ``docs/benchmarks.md``."""
+    """The generated section of ``docs/benchmarks.md``, from the JSON form of a result
+    (:func:`~prefixkv.outputs.to_json`), so that a saved ``cache.json`` renders again."""
     m = result["machine"]
     load = result["load_average_1m"]
     meth = result["method"]
@@ -742,7 +938,8 @@ def write_markdown(path: Path, section: str) -> None:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """µs per block touched (median, interquartile bars) and bytes per cached block against
-    the pool size. This run's figures only: other engines' never share its axes."""
+    the pool size, from the JSON form of a result. This run's figures only: other engines'
+    never share its axes."""
     with figure(path, metadata={"Software": None}) as plt:
         _draw(plt, result)
 
@@ -786,13 +983,13 @@ def _draw(plt: Any, result: dict[str, Any]) -> None:
     )
 
 
-def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
+def write_outputs(result: CacheBenchResult, out: Path) -> list[Path]:
     """Write ``bench/cache.json``, ``bench/cache_per_block.png`` and ``benchmarks.md``."""
+    data = to_json(result)
     bench_dir = out / "bench"
-    bench_dir.mkdir(parents=True, exist_ok=True)
-    json_path = write_json(bench_dir / "cache.json", result)
+    json_path = write_json(bench_dir / "cache.json", data)
     png_path = bench_dir / "cache_per_block.png"
-    plot(result, png_path)
+    plot(data, png_path)
     md_path = out / "benchmarks.md"
-    write_markdown(md_path, render_markdown(result))
+    write_markdown(md_path, render_markdown(data))
     return [md_path, json_path, png_path]
