@@ -1,8 +1,8 @@
 """Kernel benchmarks against the machine's own ceilings and torch SDPA.
 
-    python -m prefixkv.kernels.bench [--json] [--out docs/] [--dry-run]
-
-On a CUDA machine this measures, in one run:
+The measurements behind ``prefixkv bench-kernels [--json] [--out docs/] [--dry-run]``
+(:mod:`prefixkv.commands.bench_kernels`; :mod:`prefixkv.benchmarks.kernels` writes the
+report). On a CUDA machine :func:`run` measures, in one run:
 
 * the ceilings: device-to-device copy bandwidth (``Tensor.copy_`` of a large buffer,
   bytes read + written) and dense bf16 matmul TFLOP/s;
@@ -15,27 +15,21 @@ On a CUDA machine this measures, in one run:
 * split-K decode attention in GB/s (K/V bytes read) and as a fraction of copy bandwidth.
 
 Neither path counts writing the new tokens' K/V into the cache: both must do it.
-Results go to ``<out>/bench/kernels.json``, ``kernels.md`` and ``kernels_*.png``. Without
-CUDA it exits with status 2 and the message "no CUDA device". ``--dry-run`` runs every code
-path on the CPU under the Triton interpreter at toy sizes (timings meaningless), so the
-benchmark cannot rot unnoticed on machines without a GPU; it writes files only with --out.
+:data:`DRY_SIZES` on the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, set
+before triton is imported) runs every code path at toy sizes, timings meaningless, so the
+benchmark cannot rot unnoticed on machines without a GPU.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-EXIT_NO_CUDA = 2
+__all__ = ["DRY_SIZES", "GPU_SIZES", "BenchSizes", "causal_prefill_flops", "run"]
 
 
 @dataclass(frozen=True)
@@ -102,65 +96,6 @@ DRY_SIZES = BenchSizes(
 )
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m prefixkv.kernels.bench",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write bench/kernels.{json,md} and plots under this folder "
-        "(default: docs for a GPU run, nothing for --dry-run)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="toy sizes on the CPU under TRITON_INTERPRET=1; checks code paths only",
-    )
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    if args.dry_run:
-        # must precede the first triton import, which the kernel modules do
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    try:
-        import torch
-    except ImportError:
-        print("error: torch is not installed (pip install 'prefixkv[kernels]')", file=sys.stderr)
-        return EXIT_NO_CUDA
-    if not args.dry_run and not torch.cuda.is_available():
-        print(
-            "error: no CUDA device: the kernel benchmark needs a GPU "
-            "(use --dry-run to exercise the code paths on the CPU)",
-            file=sys.stderr,
-        )
-        return EXIT_NO_CUDA
-    if args.dry_run and os.environ.get("TRITON_INTERPRET", "") in ("", "0"):
-        print(
-            "error: --dry-run needs TRITON_INTERPRET=1 set before triton is imported",
-            file=sys.stderr,
-        )
-        return 1
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    results = run(device, DRY_SIZES if args.dry_run else GPU_SIZES, dry_run=args.dry_run)
-    out = args.out if args.out is not None else (None if args.dry_run else Path("docs"))
-    if out is not None:
-        paths = write_outputs(results, out / "bench")
-        if not args.json:
-            for path in paths:
-                print(f"wrote {path}")
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(markdown_report(results))
-    return 0
-
-
 # ---------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------
@@ -194,6 +129,7 @@ def _timer(device: Any) -> Callable[[Callable[[], object]], float]:
 
 
 def run(device: Any, sz: BenchSizes, *, dry_run: bool = False) -> dict[str, Any]:
+    """Every measurement at the sizes ``sz`` on ``device``, as one JSON-ready dict."""
     import torch
     import triton
 
@@ -546,126 +482,3 @@ def measure_decode(
 # ---------------------------------------------------------------------------------------
 # Reports
 # ---------------------------------------------------------------------------------------
-
-
-def _f(x: float | None, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def markdown_report(r: dict[str, Any]) -> str:
-    c = r["ceilings"]
-    lines = [
-        f"# prefixkv kernel benchmark: {r['device']}",
-        "",
-        f"torch {r['torch']}, triton {r['triton']}, {r['dtype']}, heads q/kv "
-        f"{r['heads']['q']}/{r['heads']['kv']}, head_dim {r['heads']['head_dim']}, "
-        f"page size {r['heads']['page_size']}, {r['timestamp']}"
-        + (" (DRY RUN: interpreter, timings meaningless)" if r["dry_run"] else ""),
-        "",
-        f"Ceilings: copy {_f(c['copy_gbps'], 1)} GB/s (read + write), "
-        f"bf16 matmul {_f(c['bf16_matmul_tflops'], 1)} TFLOP/s.",
-        "",
-        "## Data movement",
-        "",
-        "| kernel | shape | ms | GB/s | of copy |",
-        "| --- | --- | ---: | ---: | ---: |",
-    ]
-    lines += [
-        f"| {m['kernel']} | {m['shape']} | {_f(m['ms'], 3)} | {_f(m['gbps'], 1)} | "
-        f"{_f(100 * m['frac_of_copy'], 0)}% |"
-        for m in r["movement"]
-    ]
-    lines += [
-        "",
-        "## Prefix-prefill attention (TFLOP/s, causal FLOPs)",
-        "",
-        "| context | cached | batch | backend | ms | TFLOP/s | of matmul |",
-        "| ---: | ---: | ---: | --- | ---: | ---: | ---: |",
-    ]
-    for p in r["prefill"]:
-        if p["error"]:
-            lines.append(
-                f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
-                f"{p['backend']} | unsupported: {p['error'][:80]} | | |"
-            )
-        else:
-            lines.append(
-                f"| {p['context']} | {p['cached_frac']:.0%} | {p['batch']} | "
-                f"{p['backend']} | {_f(p['ms'], 3)} | {_f(p['tflops'], 1)} | "
-                f"{_f(100 * p['frac_of_matmul'], 0)}% |"
-            )
-    lines += [
-        "",
-        "## Decode attention (split-K)",
-        "",
-        "| batch | context | splits | ms | GB/s | of copy |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    lines += [
-        f"| {d['batch']} | {d['context']} | {d['splits']} | {_f(d['ms'], 3)} | "
-        f"{_f(d['gbps'], 1)} | {_f(100 * d['frac_of_copy'], 0)}% |"
-        for d in r["decode"]
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def write_outputs(r: dict[str, Any], folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "kernels.json", folder / "kernels.md"]
-    paths[0].write_text(json.dumps(r, indent=2) + "\n")
-    paths[1].write_text(markdown_report(r))
-    paths += plot(r, folder)
-    return paths
-
-
-def plot(r: dict[str, Any], folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    title = r["device"] + (" (dry run)" if r["dry_run"] else "")
-    paths = []
-    fracs = sorted({p["cached_frac"] for p in r["prefill"]})
-    fig, axes = plt.subplots(1, len(fracs), figsize=(5 * len(fracs), 4), squeeze=False)
-    for ax, frac in zip(axes[0], fracs, strict=True):
-        for backend in sorted({p["backend"] for p in r["prefill"]}):
-            pts = [
-                (p["context"], p["tflops"])
-                for p in r["prefill"]
-                if p["cached_frac"] == frac and p["backend"] == backend and p["tflops"]
-            ]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=backend)
-        ax.axhline(r["ceilings"]["bf16_matmul_tflops"], ls="--", c="grey", label="bf16 matmul")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"prefill, {frac:.0%} cached")
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    paths.append(folder / "kernels_prefill.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [m["kernel"] for m in r["movement"]] + [
-        f"decode b{d['batch']} {d['context']}" for d in r["decode"]
-    ]
-    values = [100 * m["frac_of_copy"] for m in r["movement"]] + [
-        100 * d["frac_of_copy"] for d in r["decode"]
-    ]
-    ax.barh(labels, values)
-    ax.axvline(100, ls="--", c="grey")
-    ax.set_xlabel("% of measured copy bandwidth")
-    ax.set_title(title)
-    fig.tight_layout()
-    paths.append(folder / "kernels_bandwidth.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
-"""The ``prefixkv`` command line: a small registry of subcommands.
+"""The ``prefixkv`` command line: a small registry of subcommands, and ``main``.
 
-Each subcommand lives in its own module and is registered here by name, with a one-line
-help and the dotted path of one *setup function*::
+Each subcommand lives in its own thin module of :mod:`prefixkv.commands` and is registered
+here by name, with a one-line help and the dotted path of one *setup function*::
 
     def setup(parser: argparse.ArgumentParser) -> Runner:
         parser.add_argument(...)          # the command's own flags
@@ -10,9 +10,14 @@ help and the dotted path of one *setup function*::
 The registry imports a command's module only when that command is invoked, so
 ``prefixkv --help`` stays fast, and a command whose optional dependencies are missing
 (Z3 for ``prove``, torch for the engine demo) fails alone, with a message, instead of
-breaking every other command. To add a command, write its setup function and add one
-:func:`register` call to :data:`_BUILTIN` (or call :func:`register` from a plugin before
-:func:`main`).
+breaking every other command. To add a command, write its module in
+:mod:`prefixkv.commands` and add one line to :data:`_BUILTIN` (or call :func:`register`
+from a plugin before :func:`main`).
+
+NOTE: the registry and ``main`` stay here, not in ``prefixkv.commands``: this module is the
+stable entry point (the console script, ``python -m prefixkv``, plugins that call
+:func:`register`), and the command modules import only its small public surface
+(:func:`emit_json`, :class:`CommandError`, the exit codes).
 
 Conventions every command follows, enforced here rather than trusted to each module:
 
@@ -20,9 +25,9 @@ Conventions every command follows, enforced here rather than trusted to each mod
   result goes to stdout as one JSON document and nothing else goes to stdout (progress and
   logs go to stderr).
 * The exit status is 0 on success and non-zero on failure: 1 when the command fails
-  (a :class:`CommandError`, a :class:`~prefixkv.spec.errors.PrefixCacheError` or an
-  invariant violation escaping it, reported in one line), 2 for bad usage (argparse's
-  convention), 130 when interrupted.
+  (any :class:`~prefixkv.errors.PrefixKVError` escaping it: a cache error, an invariant
+  violation, a bad configuration; reported in one line), a :class:`CommandError`'s own
+  ``exit_code``, 2 for bad usage (argparse's convention), 130 when interrupted.
 * With ``--json`` anywhere on the command line, *every* failure, a usage error included,
   also prints one JSON object on stdout, ``{"command": ..., "ok": false, "error": ...,
   "exit_code": ...}``, so a script that parses stdout always gets JSON. The exit status is
@@ -42,9 +47,7 @@ from typing import Any, NoReturn, TextIO
 
 import attrs
 
-from prefixkv.errors import PrefixKVError
-from prefixkv.spec.errors import PrefixCacheError
-from prefixkv.spec.invariants import InvariantViolation
+from prefixkv.errors import InvalidConfig, PrefixKVError
 
 __all__ = [
     "EXIT_FAILURE",
@@ -66,7 +69,12 @@ EXIT_USAGE = 2
 
 
 class CommandError(PrefixKVError):
-    """A command failed in an expected way; ``main`` prints the message and exits 1."""
+    """A command failed in an expected way; ``main`` prints the message and exits with
+    ``exit_code`` (1 unless the command documents another)."""
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 #: Runs a parsed command; returns the process exit status.
@@ -98,7 +106,7 @@ _REGISTRY: dict[str, SubCommand] = {}
 def register(name: str, help: str, target: str | Setup) -> SubCommand:
     """Add (or replace) the subcommand ``name``; returns its registry entry."""
     if not name or name.startswith("-") or any(ch.isspace() for ch in name):
-        raise ValueError(f"invalid command name {name!r}")
+        raise InvalidConfig(f"invalid command name {name!r}")
     command = SubCommand(name=name, help=help, target=target)
     _REGISTRY[name] = command
     return command
@@ -109,27 +117,33 @@ def commands() -> tuple[SubCommand, ...]:
     return tuple(_REGISTRY.values())
 
 
-# One line per built-in command.
+# One line per built-in command; each module is in prefixkv.commands (one per command).
+# NOTE: ``prove`` stays registered at the proofs' own command line until its module moves.
 _BUILTIN: tuple[tuple[str, str, str], ...] = (
     (
         "simulate",
         "replay a multi-turn chat workload through the cache and report reuse",
-        "prefixkv.simulate:setup",
+        "prefixkv.commands.simulate:setup",
     ),
     (
         "bench",
         "benchmark the cache manager against the spec and per block touched",
-        "prefixkv.bench:setup",
+        "prefixkv.commands.bench:setup",
     ),
     (
         "serve-sim",
         "serve a chat workload through scheduler, tiny model and cache; check cache on == off",
-        "prefixkv.serve_sim:setup",
+        "prefixkv.commands.serve_sim:setup",
     ),
     (
         "bench-engine",
         "benchmark prefill time against the cached fraction of the prompt (reference engine)",
-        "prefixkv.bench_engine:setup",
+        "prefixkv.commands.bench_engine:setup",
+    ),
+    (
+        "bench-kernels",
+        "benchmark the Triton kernels against the GPU's copy and matmul ceilings and SDPA",
+        "prefixkv.commands.bench_kernels:setup",
     ),
     (
         "prove",
@@ -256,8 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 emit_json({"command": name, "ok": False, "error": None, "exit_code": code})
             return code
         return _fail(name, str(exc.code), as_json, EXIT_USAGE)
-    except (CommandError, PrefixCacheError, InvariantViolation, OSError) as exc:
-        # Expected failures of a run: report them in one line.
+    except CommandError as exc:
+        return _fail(name, f"{type(exc).__name__}: {exc}", as_json, exc.exit_code)
+    except (PrefixKVError, OSError) as exc:
+        # Expected failures of a run, every error prefixkv raises on purpose (a cache
+        # error, an invariant violation, a bad configuration): report them in one line.
         return _fail(name, f"{type(exc).__name__}: {exc}", as_json)
     except Exception as exc:
         # A bug in prefixkv: the traceback goes to stderr; stdout stays JSON under --json.

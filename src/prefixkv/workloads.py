@@ -15,6 +15,10 @@ turn::
 
 The last reply token of a turn is sampled but never fed back through the model in that
 turn, so it has no KV yet; the next turn's prompt carries it and recomputes it.
+
+This is the one chat workload of the project: the simulator and the cache benchmark replay
+it as it is, and ``serve-sim`` (:func:`prefixkv.serving.chat_turns`) serves it through the
+reference engine, whose model samples the replies itself (``ChatConfig(draw_replies=False)``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from prefixkv.errors import InvalidConfig, require_int
 from prefixkv.spec import MultimodalSpan
 
 __all__ = [
@@ -49,22 +54,27 @@ def _check_range(_: object, attribute: attrs.Attribute[tuple[int, int]], value: 
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         or not 1 <= value[0] <= value[1]
     ):
-        raise ValueError(f"{attribute.name} must be a (low, high) pair with 1 <= low <= high")
+        raise InvalidConfig(
+            f"{attribute.name} must be a (low, high) pair with 1 <= low <= high, got {value!r}"
+        )
 
 
 def _check_positive(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
+    require_int(value, attribute.name, minimum=1)
 
 
 def _check_non_negative(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attribute.name} must be a non-negative int, got {value!r}")
+    require_int(value, attribute.name, minimum=0)
 
 
 def _check_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{attribute.name} must be a number in [0, 1], got {value!r}")
+        raise InvalidConfig(f"{attribute.name} must be a number in [0, 1], got {value!r}")
+
+
+def _check_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidConfig(f"{attribute.name} must be a bool, got {value!r}")
 
 
 @attrs.frozen
@@ -90,6 +100,13 @@ class ChatConfig:
     image_tokens: int = attrs.field(default=0, validator=_check_non_negative)
     image_pool: int = attrs.field(default=16, validator=_check_positive)
     image_rate: float = attrs.field(default=0.5, validator=_check_fraction)
+    #: False when a model serves the workload and samples each reply itself: only the
+    #: reply's length is drawn, and its tokens are placeholders (``vocab_size``, which no
+    #: model emits). NOTE: with no reply tokens drawn, every later draw differs from the
+    #: same config's replayed workload (a different trace of the same shape). The stream
+    #: is then exactly the one ``serve-sim``'s published figures were measured on
+    #: (``tests/test_serving.py`` pins it).
+    draw_replies: bool = attrs.field(default=True, validator=_check_bool)
 
 
 @attrs.frozen
@@ -219,7 +236,10 @@ def chat_workload(config: ChatConfig | None = None) -> ChatWorkload:
                 spans += (_image_span(start, cfg.image_tokens, image),)
                 cut = start - len(history)
                 user = user[:cut] + (vocab,) * cfg.image_tokens + user[cut:]
-            reply = _random_tokens(rng, rng.randint(*cfg.reply_tokens), vocab)
+            reply_len = rng.randint(*cfg.reply_tokens)
+            reply = (
+                _random_tokens(rng, reply_len, vocab) if cfg.draw_replies else (vocab,) * reply_len
+            )
             # Tuple concatenation shares the int objects, so long histories stay cheap.
             prompt = history + user
             turns.append(ChatTurn(conversation=c, turn=t, prompt=prompt, reply=reply, spans=spans))

@@ -38,7 +38,7 @@ from prefixkv.events.router import (
     make_index,
     make_router,
 )
-from prefixkv.serve_sim import ServeSimConfig, chat_turns
+from prefixkv.serving import ServeSimConfig, chat_turns
 
 SIM = ServeSimConfig(conversations=4, turns=2, system_prompts=2, system_tokens=32)
 CONFIG = EngineConfig(

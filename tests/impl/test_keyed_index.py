@@ -2,7 +2,7 @@
 
 ``fast_hash`` (the identity hash that KV events carry) is CPython's tuple hash: deterministic
 and invertible, so blocks can be crafted to collide under it
-(:func:`prefixkv.bench_collisions.craft_colliding_blocks`). The manager files blocks in its
+(:func:`prefixkv.benchmarks.collisions.craft_colliding_blocks`). The manager files blocks in its
 index under a keyed chain hash instead; these tests check that the crafted blocks collide
 under the public hash, land in distinct buckets of the index, and that the identity hashes
 the snapshot (and the events) carry are still the public, deterministic ones.
@@ -18,7 +18,7 @@ from prefixkv.spec import SpecCache
 from prefixkv.spec.hashing import weak_hash
 from prefixkv.spec.identity import fast_hash
 
-from prefixkv.bench_collisions import largest_bucket, lookup_setup, publish
+from prefixkv.benchmarks.collisions import largest_bucket, lookup_setup, publish
 
 NUM_PROMPTS = 256
 

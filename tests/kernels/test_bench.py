@@ -1,60 +1,15 @@
-"""The benchmark module: clean refusal without CUDA, and every code path at toy sizes."""
+"""The kernel benchmark's measurements: the FLOP count, and the timing path on a GPU."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from prefixkv.kernels import bench
 
-
-def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env.pop("TRITON_INTERPRET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "prefixkv.kernels.bench", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_without_cuda_exits_nonzero_with_message() -> None:
-    r = _run(interpret=False)
-    assert r.returncode == bench.EXIT_NO_CUDA
-    assert "no CUDA device" in r.stderr
-    assert "Traceback" not in r.stderr
-
-
-def test_dry_run_exercises_every_path(tmp_path: Path) -> None:
-    r = _run("--dry-run", "--json", "--out", str(tmp_path), interpret=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout)
-    assert result["dry_run"] is True
-    assert {"copy_gbps", "bf16_matmul_tflops"} <= set(result["ceilings"])
-    kernels = {m["kernel"] for m in result["movement"]}
-    assert {"write_kv", "gather_kv", "copy_blocks"} <= kernels
-    backends = {p["backend"] for p in result["prefill"]}
-    assert backends == {"prefixkv (paged)", "sdpa flash + gather", "sdpa cudnn + gather"}
-    assert {p["cached_frac"] for p in result["prefill"]} == {0.0, 0.5, 0.9}
-    assert all(p["tflops"] for p in result["prefill"] if p["backend"] == "prefixkv (paged)")
-    assert result["decode"]
-    folder = tmp_path / "bench"
-    for name in ("kernels.json", "kernels.md", "kernels_prefill.png", "kernels_bandwidth.png"):
-        assert (folder / name).stat().st_size > 0, name
-    assert "cpu (interpreter)" in (folder / "kernels.md").read_text()
+from prefixkv.benchmarks.kernels import write_outputs
 
 
 def test_causal_flops() -> None:
@@ -80,6 +35,6 @@ def test_bench_code_paths_on_gpu(tmp_path: Path) -> None:
         decode_max_tokens=4096,
     )
     result = bench.run(torch.device("cuda"), sizes)
-    paths = bench.write_outputs(result, tmp_path)
+    paths = write_outputs(result, tmp_path)
     assert all(p.stat().st_size > 0 for p in paths)
     assert result["ceilings"]["copy_gbps"] > 0

@@ -354,7 +354,7 @@ def test_spec_and_impl_agree_on_a_scenario() -> None:
 
 def test_hybrid_workload_spec_and_impl_agree() -> None:
     """The hybrid-model replay (chunks, drafts, restores) saves exactly as much on both."""
-    from prefixkv.simulate import WORKLOADS, make_cache, replay
+    from prefixkv.simulation import WORKLOADS, make_cache, replay
     from prefixkv.workloads import chat_workload
 
     _, preset = WORKLOADS["hybrid"]

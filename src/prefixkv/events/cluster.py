@@ -5,7 +5,7 @@ replica processes (:mod:`prefixkv.events.replicas`), each with its own cache, pu
 KV events over ZeroMQ; and the router, in this process, which subscribes to every replica,
 feeds one index per replica (:mod:`prefixkv.events.router`) and places each request.
 
-A multi-turn workload (:func:`prefixkv.serve_sim.chat_turns`) is served in lock step: a turn
+A multi-turn workload (:func:`prefixkv.serving.chat_turns`) is served in lock step: a turn
 arrives at its arrival tick, or the tick after the turn it follows finished, wherever that
 one ran; its prompt is that turn's prompt and output, then its own tokens.
 

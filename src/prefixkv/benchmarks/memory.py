@@ -1,6 +1,6 @@
 """Host memory per cached block: fill a pool with distinct prompts, measure what it holds.
 
-Run as ``python -m prefixkv.bench_memory --num-blocks N --probe rss|tracemalloc``; it
+Run as ``python -m prefixkv.benchmarks.memory --num-blocks N --probe rss|tracemalloc``; it
 prints one JSON object. ``prefixkv bench`` starts one fresh process per pool size and per
 probe, because a process's memory never fully returns to where it started: a second
 measurement in the same process would inherit the first one's arenas.
@@ -35,7 +35,7 @@ from typing import Any
 
 from prefixkv.spec import Request
 
-from .bench_lifecycle import NAMESPACE, make_cache
+from .lifecycle import NAMESPACE, make_cache
 
 __all__ = ["PROMPT_BLOCKS", "VOCAB", "fill", "main", "measure"]
 
@@ -106,7 +106,7 @@ def measure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prefixkv.bench_memory")
+    parser = argparse.ArgumentParser(prog="python -m prefixkv.benchmarks.memory")
     parser.add_argument("--num-blocks", type=int, required=True)
     parser.add_argument("--probe", choices=("rss", "tracemalloc"), required=True)
     parser.add_argument("--manager", choices=("impl", "spec"), default="impl")

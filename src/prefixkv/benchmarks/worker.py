@@ -1,6 +1,6 @@
 """The pyperf script behind ``prefixkv bench``: one benchmark case per invocation.
 
-``prefixkv bench`` runs ``python -m prefixkv.bench_worker --case JSON [pyperf options]``.
+``prefixkv bench`` runs ``python -m prefixkv.benchmarks.worker --case JSON [pyperf options]``.
 That process is pyperf's *master*: it starts fresh worker processes (the same command with
 ``--worker``), each of which builds its inputs, runs warm-up and timed values, and reports
 them back; pyperf then stores every value, so the caller reads the median and the spread
@@ -16,11 +16,11 @@ Cases (the ``--case`` JSON):
 
 * ``{"kind": "lifecycle", "tag": str, "manager": "impl"|"spec", "variant":
   "percall"|"fused"|"batched", "num_blocks": N, "trace": {ChatConfig fields}, "live": 32,
-  "running": 1}``: one replay of the engine life cycle (:mod:`prefixkv.bench_lifecycle`)
+  "running": 1}``: one replay of the engine life cycle (:mod:`prefixkv.benchmarks.lifecycle`)
   on a fresh cache per value; per block touched.
 * ``{"kind": "lookup", "crafted": true|false, "prompts": 4000, "num_blocks": N,
   "hasher": name|null}``: ``match`` of every probe against a cache holding the prompts
-  (:mod:`prefixkv.bench_collisions`); per lookup.
+  (:mod:`prefixkv.benchmarks.collisions`); per lookup.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+
+from prefixkv.errors import InvalidConfig
 
 __all__ = ["case_name", "main", "prepare"]
 
@@ -51,7 +53,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
     if case["kind"] == "lifecycle":
         from prefixkv.workloads import ChatConfig
 
-        from .bench_lifecycle import make_cache, replay, trace_from_config
+        from .lifecycle import make_cache, replay, trace_from_config
 
         fields: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in case["trace"].items()
@@ -76,8 +78,8 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
     if case["kind"] == "lookup":
         from prefixkv.spec.hashing import HASHERS
 
-        from .bench_collisions import lookup_setup, publish
-        from .bench_lifecycle import make_cache
+        from .collisions import lookup_setup, publish
+        from .lifecycle import make_cache
 
         setup = lookup_setup(bool(case["crafted"]), int(case["prompts"]))
         kwargs = {} if case.get("hasher") is None else {"hasher": HASHERS[case["hasher"]]}
@@ -94,7 +96,7 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
 
         return lookups, len(probes)
 
-    raise ValueError(f"unknown case kind {case['kind']!r}")
+    raise InvalidConfig(f"unknown case kind {case['kind']!r}")
 
 
 def main() -> None:
@@ -105,7 +107,7 @@ def main() -> None:
 
     runner = pyperf.Runner(
         add_cmdline_args=pass_case,
-        program_args=("-m", "prefixkv.bench_worker"),
+        program_args=("-m", "prefixkv.benchmarks.worker"),
     )
     runner.argparser.add_argument("--case", required=True, help="the case, as JSON")
     args = runner.parse_args()

@@ -1,9 +1,10 @@
-"""``prefixkv simulate``: replay a multi-turn chat workload through a cache, report reuse.
+"""Replay a multi-turn chat workload through a cache, the way an engine drives it.
 
-This is the "see it work" demo. It drives the cache exactly as a serving engine would (the
-decode protocol of ``docs/design.md``), on the synthetic chat workload of
-:mod:`prefixkv.workloads`, and reports what the cache saved: the hit rate, the prefill tokens
-computed and skipped, evictions, blocks published and the peak pool utilization.
+The driver behind ``prefixkv simulate``, the "see it work" demo. It drives the cache
+exactly as a serving engine would (the decode protocol of ``docs/design.md``), on the
+synthetic chat workload of :mod:`prefixkv.workloads`, and reports what the cache saved:
+the hit rate, the prefill tokens computed and skipped, evictions, blocks published and the
+peak pool utilization.
 
 Driving a cache, per request::
 
@@ -19,7 +20,6 @@ freed in one batch. When the pool runs dry, the oldest finished sequences are fr
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 import time
@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from prefixkv.errors import InvalidConfig, require_int
 from prefixkv.spec import (
     HASHERS,
     HybridPrefixCache,
@@ -52,9 +53,11 @@ __all__ = [
     "HybridModel",
     "Preset",
     "SimulationResult",
+    "SimulationSetup",
     "make_cache",
     "replay",
-    "setup",
+    "resolve",
+    "simulate",
 ]
 
 _T = TypeVar("_T")
@@ -176,6 +179,8 @@ def make_cache(
 ) -> PrefixCache:
     """A fresh ``"impl"`` (:class:`~prefixkv.impl.PrefixCacheManager`) or ``"spec"`` cache;
     their hybrid-model variants when ``hybrid`` is given."""
+    if hash_name not in HASHERS:
+        raise InvalidConfig(f"unknown hash {hash_name!r}: expected one of {sorted(HASHERS)}")
     hasher = HASHERS[hash_name]
     if hybrid is not None:
         kwargs = attrs.asdict(hybrid)
@@ -191,7 +196,7 @@ def make_cache(
         from prefixkv.impl import PrefixCacheManager
 
         return PrefixCacheManager(num_blocks, block_size, hasher=hasher)
-    raise ValueError(f"unknown cache kind {kind!r}: expected 'impl' or 'spec'")
+    raise InvalidConfig(f"unknown cache kind {kind!r}: expected 'impl' or 'spec'")
 
 
 @attrs.frozen
@@ -273,8 +278,8 @@ class _Driver:
 
     def check(self) -> None:
         cache = self.cache
-        if not isinstance(cache, Inspectable):
-            raise TypeError(f"{type(cache).__name__} has no snapshot(): cannot check invariants")
+        # replay() refuses a cache without snapshot() up front when checks are asked for
+        assert isinstance(cache, Inspectable)
         check(cache)
         self.checks += 1
 
@@ -389,8 +394,11 @@ def replay(
     operations and once at the end. ``on_request(i)`` is called after each request (progress).
     Every sequence is freed at the end, so the cache is left holding only cached blocks.
     """
-    if live < 0:
-        raise ValueError("live must be >= 0")
+    require_int(live, "live", minimum=0)
+    require_int(check_every, "check_every", minimum=0)
+    if check_every and not isinstance(cache, Inspectable):
+        # refused before the first request, not at the first check: nothing changes
+        raise InvalidConfig(f"{type(cache).__name__} has no snapshot(): cannot check invariants")
     turns = workload.schedule() if schedule is None else list(schedule)
     driver = _Driver(cache, live, check_every, drive)
     start = time.perf_counter()
@@ -444,253 +452,104 @@ def replay(
     )
 
 
-# -- command line ------------------------------------------------------------------------
+@attrs.frozen
+class SimulationSetup:
+    """Everything one simulation replays, resolved from a preset and the caller's overrides.
+
+    Its fields are the report's header (``prefixkv simulate --json``): which preset, which
+    cache, the pool, the workload, how it is driven and the hybrid model, if any.
+    """
+
+    workload_name: str
+    cache: str
+    hash: str
+    num_blocks: int
+    block_size: int
+    live: int
+    workload: ChatConfig
+    drive: Drive
+    hybrid_model: HybridModel | None
+
+    @property
+    def num_requests(self) -> int:
+        return self.workload.conversations * self.workload.turns
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def resolve(
+    workload_name: str = "chat",
+    *,
+    spec: bool = False,
+    hash_name: str = "fast",
+    num_blocks: int | None = None,
+    block_size: int | None = None,
+    conversations: int | None = None,
+    turns: int | None = None,
+    live: int | None = None,
+    seed: int = 0,
+) -> SimulationSetup:
+    """The preset of ``workload_name`` (``spec``: its toy size for the executable spec), with
+    every argument that is not None in place of the preset's value.
 
+    Raises :class:`~prefixkv.errors.InvalidConfig` for an unknown workload or hash, or a
+    count that is not an int in range; nothing is built before the checks pass.
+    """
+    if workload_name not in WORKLOADS:
+        raise InvalidConfig(
+            f"unknown workload {workload_name!r}: expected one of {sorted(WORKLOADS)}"
+        )
+    if hash_name not in HASHERS:
+        raise InvalidConfig(f"unknown hash {hash_name!r}: expected one of {sorted(HASHERS)}")
+    impl_preset, spec_preset = WORKLOADS[workload_name]
+    preset = spec_preset if spec else impl_preset
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+    def pick(value: int | None, default: int, what: str, minimum: int = 1) -> int:
+        return default if value is None else require_int(value, what, minimum=minimum)
 
-
-def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Add the ``simulate`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
-    d, s = IMPL_PRESET, SPEC_PRESET
-    parser.add_argument(
-        "--spec",
-        action="store_true",
-        help="drive the executable spec (slow: O(pool) per operation) on a toy workload "
-        f"({s.workload.conversations} conversations, {s.num_blocks} blocks of "
-        f"{s.block_size}) instead of the optimized cache manager",
-    )
-    parser.add_argument(
-        "--workload",
-        choices=sorted(WORKLOADS),
-        default="chat",
-        help="chat (default): the benchmark's multi-turn chat; multimodal: images in half "
-        "the user turns, shared across conversations, prefilled in chunks of 512 tokens; "
-        "speculative: 3 draft tokens a step and a one-block recompute window; hybrid: a "
-        "hybrid (attention + recurrent) model that hits only at saved state checkpoints",
-    )
-    parser.add_argument(
-        "--hash",
-        choices=sorted(HASHERS),
-        default="fast",
-        help="block hash (default: fast); 'weak' collides on purpose and must not change "
-        "any result, only the time",
-    )
-    parser.add_argument(
-        "--num-blocks",
-        type=_positive,
-        metavar="N",
-        help=f"pool size (default: {d.num_blocks}; spec {s.num_blocks})",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=_positive,
-        metavar="N",
-        help=f"tokens per block (default: {d.block_size}; spec {s.block_size})",
-    )
-    parser.add_argument(
-        "--conversations",
-        type=_positive,
-        metavar="N",
-        help=f"conversations (default: {d.workload.conversations}; spec "
-        f"{s.workload.conversations})",
-    )
-    parser.add_argument(
-        "--turns",
-        type=_positive,
-        metavar="N",
-        help=f"turns per conversation (default: {d.workload.turns}; spec {s.workload.turns})",
-    )
-    parser.add_argument(
-        "--live",
-        type=_non_negative,
-        metavar="N",
-        help="finished sequences kept live before they are freed "
-        f"(default: {d.live}; spec {s.live})",
-    )
-    parser.add_argument(
-        "--seed", type=_non_negative, default=0, metavar="N", help="workload seed (default: 0)"
-    )
-    parser.add_argument(
-        "--check-invariants",
-        type=_positive,
-        metavar="N",
-        default=0,
-        help="run prefixkv.spec.invariants.check on the cache every N cache operations "
-        "and at the end (O(pool) each)",
-    )
-    return _run
-
-
-def _run(args: argparse.Namespace) -> int:
-    kind = "spec" if args.spec else "impl"
-    impl_preset, spec_preset = WORKLOADS[args.workload]
-    preset = spec_preset if args.spec else impl_preset
     base = preset.workload
     config = attrs.evolve(
         base,
-        seed=args.seed,
-        conversations=base.conversations if args.conversations is None else args.conversations,
-        turns=base.turns if args.turns is None else args.turns,
+        seed=require_int(seed, "seed"),
+        conversations=pick(conversations, base.conversations, "conversations"),
+        turns=pick(turns, base.turns, "turns"),
     )
-    num_blocks = preset.num_blocks if args.num_blocks is None else args.num_blocks
-    block_size = preset.block_size if args.block_size is None else args.block_size
-    live = preset.live if args.live is None else args.live
-
-    workload = chat_workload(config)
+    size = pick(block_size, preset.block_size, "block_size")
+    kept = pick(live, preset.live, "live", minimum=0)
     hybrid = preset.hybrid
-    if hybrid is not None and hybrid.decode_state_interval % block_size:
-        # --block-size changed: keep the interval a whole number of blocks
-        interval = max(1, hybrid.decode_state_interval // block_size) * block_size
+    if hybrid is not None and hybrid.decode_state_interval % size:
+        # another block size: keep the interval a whole number of blocks
+        interval = max(1, hybrid.decode_state_interval // size) * size
         hybrid = attrs.evolve(hybrid, decode_state_interval=interval)
-    if hybrid is not None and hybrid.max_num_seqs <= live:
-        hybrid = attrs.evolve(hybrid, max_num_seqs=live + 8)
-    cache = make_cache(kind, num_blocks, block_size, args.hash, hybrid)
-    result = _replay_with_progress(
-        cache, workload, live, args.check_invariants, args.json, preset.drive
+    if hybrid is not None and hybrid.max_num_seqs <= kept:
+        # every finished sequence kept live holds a runtime slot
+        hybrid = attrs.evolve(hybrid, max_num_seqs=kept + 8)
+    return SimulationSetup(
+        workload_name=workload_name,
+        cache="spec" if spec else "impl",
+        hash=hash_name,
+        num_blocks=pick(num_blocks, preset.num_blocks, "num_blocks"),
+        block_size=size,
+        live=kept,
+        workload=config,
+        drive=preset.drive,
+        hybrid_model=hybrid,
     )
-    report = {
-        "command": "simulate",
-        "ok": True,
-        "workload_name": args.workload,
-        "cache": kind,
-        "hash": args.hash,
-        "num_blocks": num_blocks,
-        "block_size": block_size,
-        "live": live,
-        "workload": attrs.asdict(config),
-        "drive": attrs.asdict(preset.drive),
-        "hybrid_model": None if hybrid is None else attrs.asdict(hybrid),
-        **attrs.asdict(result),
-    }
-    if args.json:
-        from prefixkv.cli import emit_json
-
-        emit_json(report)
-    else:
-        _print_report(report)
-    return 0
 
 
-def _replay_with_progress(
-    cache: PrefixCache,
-    workload: ChatWorkload,
-    live: int,
-    check_every: int,
-    quiet: bool,
-    drive: Drive | None = None,
+def simulate(
+    setup: SimulationSetup,
+    *,
+    check_every: int = 0,
+    on_request: Callable[[int], None] | None = None,
 ) -> SimulationResult:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    schedule = workload.schedule()
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=quiet,
-        transient=True,
+    """Build the workload and a fresh cache as ``setup`` says, and :func:`replay` it."""
+    cache = make_cache(
+        setup.cache, setup.num_blocks, setup.block_size, setup.hash, setup.hybrid_model
     )
-    with progress:
-        task = progress.add_task("replaying requests", total=len(schedule))
-        return replay(
-            cache,
-            workload,
-            live=live,
-            check_every=check_every,
-            schedule=schedule,
-            on_request=lambda _: progress.advance(task),
-            drive=drive,
-        )
-
-
-def _print_report(r: dict[str, object]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    w = r["workload"]
-    assert isinstance(w, dict)
-    computed, skipped = r["prefill_tokens_computed"], r["prefill_tokens_skipped"]
-    assert isinstance(computed, int) and isinstance(skipped, int)
-    total = max(computed + skipped, 1)
-    title = (
-        f"prefixkv simulate: {r['cache']} cache, {r['num_blocks']:,} blocks x "
-        f"{r['block_size']} tokens, hash={r['hash']}"
+    return replay(
+        cache,
+        chat_workload(setup.workload),
+        live=setup.live,
+        check_every=check_every,
+        on_request=on_request,
+        drive=setup.drive,
     )
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    rows: list[tuple[str, str]] = [
-        (
-            "workload",
-            f"{r['workload_name']}: {w['conversations']} conversations x {w['turns']} turns, "
-            f"{w['system_prompts']} shared system prompts of {w['system_tokens']} tokens"
-            + (f", images of {w['image_tokens']} tokens" if w["image_tokens"] else ""),
-        ),
-        ("requests", f"{r['requests']:,}"),
-        ("prompt / reply tokens", f"{r['prompt_tokens']:,} / {r['reply_tokens']:,}"),
-        ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
-        *(
-            [
-                ("  checkpoint hit rate", f"{r['hit_rate']:.1%}  (hits restore a saved state)"),
-                ("  KV hit rate", f"{r['kv_hit_rate']:.1%}  (what the KV alone would hit)"),
-                (
-                    "checkpoints",
-                    f"saved {r['checkpoints_saved']:,} / restored {r['checkpoints_restored']:,}"
-                    f" / released stale {r['checkpoints_released_stale']:,} / evicted "
-                    f"{r['checkpoints_evicted']:,} / discarded {r['checkpoints_discarded']:,}",
-                ),
-                ("peak state-slot utilization", f"{r['peak_state_slot_utilization']:.1%}"),
-            ]
-            if r["hybrid"]
-            else []
-        ),
-        ("lost reuse (tokens)", _lost_split(r)),
-        ("prefill tokens computed", f"{computed:,}  ({computed / total:.1%})"),
-        ("prefill tokens skipped", f"{skipped:,}  ({skipped / total:.1%})"),
-        ("blocks published", f"{r['blocks_published']:,}"),
-        ("evictions", f"{r['evictions']:,}"),
-        ("peak utilization", f"{r['peak_utilization']:.1%}  ({r['peak_used_blocks']:,} blocks)"),
-        ("early frees (pool dry)", f"{r['early_frees']:,}"),
-        ("cache operations", f"{r['cache_ops']:,}"),
-    ]
-    if r["prefill_chunks"]:
-        rows.append(("prefill chunks after the first", f"{r['prefill_chunks']:,}"))
-    proposed, accepted = r["drafts_proposed"], r["drafts_accepted"]
-    assert isinstance(proposed, int) and isinstance(accepted, int)
-    if proposed:
-        rows.append(
-            ("draft tokens accepted", f"{accepted:,} of {proposed:,}  ({accepted / proposed:.1%})")
-        )
-    if r["invariant_checks"]:
-        rows.append(("invariant checks passed", f"{r['invariant_checks']:,}"))
-    rows.append(("wall time", f"{r['wall_time_s']:.2f} s"))
-    for key, value in rows:
-        table.add_row(key, value)
-    Console().print(table)
-
-
-def _lost_split(r: dict[str, object]) -> str:
-    """The lost-reuse split: ``window 1,234 / span 0 / ...`` (causes with no tokens omitted)."""
-    causes = ("window", "span", "cap", "evicted", "never_cached", "checkpoint")
-    parts = [f"{c.replace('_', ' ')} {r['lost_' + c]:,}" for c in causes if r["lost_" + c]]
-    return " / ".join(parts) or "none"

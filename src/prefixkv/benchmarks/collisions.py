@@ -36,9 +36,10 @@ from typing import Any
 
 import attrs
 
+from prefixkv.errors import InvalidConfig, require_int
 from prefixkv.spec import Request
 
-from .bench_lifecycle import NAMESPACE
+from .lifecycle import NAMESPACE
 
 __all__ = [
     "LookupSetup",
@@ -101,8 +102,10 @@ def craft_colliding_blocks(
     count: int, block_size: int = 16, seed: int = 0
 ) -> list[tuple[int, ...]]:
     """``count`` distinct blocks of ``block_size`` token ids with one CPython tuple hash."""
+    require_int(count, "count")
+    require_int(block_size, "block_size", minimum=2)
     if block_size % 2 or count > 2 ** (block_size // 2):
-        raise ValueError(f"at most 2**{block_size // 2} blocks of an even size {block_size}")
+        raise InvalidConfig(f"at most 2**{block_size // 2} blocks of an even size {block_size}")
     import numpy as np
 
     rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""``prefixkv bench``: the benchmark's code paths, its outputs, and the claims it rests on.
+"""The cache benchmark's drivers: their code paths, outputs, and the claims they rest on.
 
 No test here asserts a speed: the figures come from ``prefixkv bench`` itself. These tests
 check what the figures depend on: every call shape issues the same cache operations, the
@@ -17,18 +17,23 @@ from typing import Any
 import pytest
 from prefixkv.spec.identity import fast_hash, sha256_hash
 
-from prefixkv import cli
-from prefixkv.bench import BEGIN, END, write_markdown
-from prefixkv.bench_collisions import (
+from prefixkv.benchmarks.cache import BEGIN, END, render_markdown, write_markdown
+from prefixkv.benchmarks.collisions import (
     craft_colliding_blocks,
     largest_bucket,
     lookup_setup,
     publish,
     tuple_hash_model,
 )
-from prefixkv.bench_lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
-from prefixkv.bench_memory import measure
-from prefixkv.bench_worker import case_name, prepare
+from prefixkv.benchmarks.lifecycle import (
+    VARIANTS,
+    make_cache,
+    replay,
+    trace_from_config,
+    variants_of,
+)
+from prefixkv.benchmarks.memory import measure
+from prefixkv.benchmarks.worker import case_name, prepare
 from prefixkv.workloads import ChatConfig
 
 TINY = ChatConfig(
@@ -189,53 +194,19 @@ def test_worker_cases_time_positive_durations() -> None:
     assert len({case_name(c) for c in cases}) == 2
 
 
-# -- the command ---------------------------------------------------------------------------
-
-
-def test_bench_quick_json_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code = cli.main(["bench", "--quick", "--out", str(tmp_path), "--json"])
-    report = json.loads(capsys.readouterr().out)  # stdout is one JSON document
-    assert code == 0 and report["ok"] is True and report["quick"] is True
-    life = report["lifecycle"]
-    assert "percall" in life["variants"]
-    assert set(life["variants"]) | set(life["variants_missing"]) == set(VARIANTS)
-    sizes = {r["num_blocks"] for r in life["rows"]}
-    assert len(sizes) == 2 and len(life["rows"]) == 2 * len(life["variants"])
-    for row in life["rows"]:
-        for key in ("median_us", "q1_us", "q3_us", "min_us", "max_us"):
-            assert _positive_finite(row[key]), (key, row)
-        assert row["q1_us"] <= row["median_us"] <= row["q3_us"]
-        assert row["values"] == len(row["values_us"]) >= 2 and row["processes"] >= 1
-        assert 0 < row["hit_rate"] < 1 and row["blocks_touched"] > 0
-    for ratio in life["ratios"]:
-        assert all(_positive_finite(v) for v in ratio.values())
-    batch = report["continuous_batch"]
-    assert batch["running"] > 1 and batch["variants"] == life["variants"]
-    assert len(batch["rows"]) == len(batch["variants"])
-    for row in batch["rows"]:
-        assert _positive_finite(row["median_us"]) and 0 < row["hit_rate"] < 1
-    for ratio in batch["ratios"]:
-        assert all(_positive_finite(v) for v in ratio.values())
-    spec = report["spec_beside_impl"]
-    assert _positive_finite(spec["spec"]["median_us"]) and _positive_finite(spec["spec_over_impl"])
-    for row in report["memory"]:
-        assert row["cached_blocks"] > 0
-        assert math.isfinite(row["rss_bytes_per_block"])
-        assert _positive_finite(row["tracemalloc_bytes_per_block"])
-    lookups = report["lookups"]
-    assert lookups and all(_positive_finite(r["ratio"]) for r in lookups)
-    assert all(r["largest_bucket"] >= 1 for r in lookups)
-    assert report["machine"]["python"] and report["machine"]["cpu"]
-    saved = json.loads((tmp_path / "bench" / "cache.json").read_text())
-    assert saved["lifecycle"] == life
-    assert (tmp_path / "bench" / "cache_per_block.png").read_bytes()[:4] == b"\x89PNG"
-    md = (tmp_path / "benchmarks.md").read_text()
-    assert md.startswith("# Benchmarks") and BEGIN in md and END in md
-
-
 def test_bench_markdown_keeps_hand_written_text(tmp_path: Path) -> None:
     path = tmp_path / "benchmarks.md"
     path.write_text(f"# Mine\n\nnotes\n\n{BEGIN}\nold\n{END}\n\nafter\n")
     write_markdown(path, f"{BEGIN}\nnew figures\n{END}\n")
     text = path.read_text()
     assert text == f"# Mine\n\nnotes\n\n{BEGIN}\nnew figures\n{END}\n\nafter\n"
+
+
+def test_the_published_section_is_what_the_saved_result_renders() -> None:
+    """docs/benchmarks.md's generated section and docs/bench/cache.json come from one run:
+    rendering the saved JSON again gives the section byte for byte."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    saved = json.loads((docs / "bench" / "cache.json").read_text(encoding="utf-8"))
+    page = (docs / "benchmarks.md").read_text(encoding="utf-8")
+    section = BEGIN + page.partition(BEGIN)[2].partition(END)[0] + END + "\n"
+    assert render_markdown(saved) == section

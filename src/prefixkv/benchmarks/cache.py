@@ -1,19 +1,19 @@
-"""``prefixkv bench``: what the cache manager costs an engine, measured so that it holds up.
+"""What the cache manager costs an engine, measured so that it holds up (``prefixkv bench``).
 
 Three measurements, one run:
 
-1. **The engine life cycle** (:mod:`prefixkv.bench_lifecycle`): a multi-turn chat trace of
+1. **The engine life cycle** (:mod:`prefixkv.benchmarks.lifecycle`): a multi-turn chat trace of
    800 requests, block size 16, per-token decode, 32 finished requests kept live, the
    ``Request`` built inside the timer; microseconds per block touched, for each call shape
    the manager offers (per call, fused, batched), at pool sizes of 4,096, 65,536 and
    1,048,576 blocks. The spec runs beside the impl on a small trace and a small pool only:
    it is the readable definition, not a fast one.
-2. **Host memory per cached block** (:mod:`prefixkv.bench_memory`) at the same pool sizes,
+2. **Host memory per cached block** (:mod:`prefixkv.benchmarks.memory`) at the same pool sizes,
    each size and probe (RSS, tracemalloc) in a fresh process.
-3. **Crafted collisions** (:mod:`prefixkv.bench_collisions`): lookups against 4,000 prompts
+3. **Crafted collisions** (:mod:`prefixkv.benchmarks.collisions`): lookups against 4,000 prompts
    built to share one bucket of the index, against the same lookups without collisions.
 
-Timing is pyperf's (:mod:`prefixkv.bench_worker`): every case runs in several fresh worker
+Timing is pyperf's (:mod:`prefixkv.benchmarks.worker`): every case runs in several fresh worker
 processes, each with a warm-up and several values, and the report gives the median and the
 spread of all values, never the best one. To compare call shapes fairly on a machine whose
 load drifts, the cases are interleaved: each *round* runs every case once (pyperf appends
@@ -26,12 +26,10 @@ section of ``docs/benchmarks.md`` (the hand-written text around it is preserved)
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -42,23 +40,34 @@ from typing import Any
 
 import attrs
 
+from prefixkv.errors import InvalidConfig
+from prefixkv.outputs import GeneratedSection, Machine, figure, machine_info, to_json, write_json
 from prefixkv.workloads import ChatConfig
 
-from .bench_lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
+from .errors import BenchmarkFailed
+from .lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
 
 __all__ = [
     "BEGIN",
     "END",
     "FULL",
     "QUICK",
+    "TARGETS",
+    "VARIANT_LABEL",
+    "Acceptance",
     "BenchConfig",
+    "CacheBenchResult",
+    "Lifecycle",
+    "LifecycleRow",
+    "LookupRow",
+    "MemoryRow",
+    "Outcome",
+    "SpecBesideImpl",
     "Timing",
-    "default_docs_dir",
-    "machine_info",
+    "TimingSummary",
+    "format_us",
     "render_markdown",
     "run_bench",
-    "setup",
-    "splice_generated",
     "write_markdown",
     "write_outputs",
 ]
@@ -67,6 +76,8 @@ __all__ = [
 TARGET_US_FUSED = 1.0
 TARGET_US_PERCALL = 1.5
 TARGET_BYTES_PER_BLOCK = 256.0
+#: The acceptance checks a ``--strict`` run requires, keys of ``result["acceptance"]``.
+TARGETS = ("percall_ok", "fused_or_batched_ok", "growth_ok", "bytes_per_block_ok", "collision_ok")
 #: Crafted-collision lookups may cost at most this many control lookups (issue 17).
 TARGET_COLLISION_RATIO = 2.0
 #: "Does not grow with pool size": largest pool / smallest pool, median against median.
@@ -100,6 +111,8 @@ class BenchConfig:
     lookup_prompts: int
     lookup_num_blocks: int
     block_size: int = 16
+    #: The toy sizes of :data:`QUICK` (figures meaningless, every code path run).
+    quick: bool = False
 
 
 _SMALL_TRACE = ChatConfig(
@@ -150,33 +163,8 @@ QUICK = BenchConfig(
     batch_running=4,
     lookup_prompts=200,
     lookup_num_blocks=1_024,
+    quick=True,
 )
-
-
-# -- machine -----------------------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "processor\t: ")):
-                    _, _, value = line.partition(":")
-                    if value.strip() and not value.strip().isdigit():
-                        return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on: they mean little without it."""
-    return {
-        "cpu": _cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "os": f"{platform.system()} {platform.machine()}",
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-    }
 
 
 # -- timing through pyperf --------------------------------------------------------------
@@ -201,7 +189,7 @@ class Timing:
     def q3(self) -> float:
         return _quantile(self.values_us, 0.75)
 
-    def as_dict(self) -> dict[str, Any]:
+    def summary(self) -> TimingSummary:
         vals = self.values_us
         mean = sum(vals) / len(vals)
         stdev = (
@@ -209,17 +197,32 @@ class Timing:
             if len(vals) > 1
             else 0.0
         )
-        return {
-            "median_us": self.median,
-            "q1_us": self.q1,
-            "q3_us": self.q3,
-            "min_us": min(vals),
-            "max_us": max(vals),
-            "stdev_us": stdev,
-            "values": len(vals),
-            "processes": self.processes,
-            "values_us": list(vals),
-        }
+        return TimingSummary(
+            median_us=self.median,
+            q1_us=self.q1,
+            q3_us=self.q3,
+            min_us=min(vals),
+            max_us=max(vals),
+            stdev_us=stdev,
+            values=len(vals),
+            processes=self.processes,
+            values_us=vals,
+        )
+
+
+@attrs.frozen
+class TimingSummary:
+    """One case's values summarised, µs per unit: the median and the spread, never a best."""
+
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    stdev_us: float
+    values: int
+    processes: int
+    values_us: tuple[float, ...]
 
 
 def _quantile(values: Iterable[float], q: float) -> float:
@@ -247,29 +250,192 @@ def run_cases(
     """Run every case ``config.rounds`` times, interleaved; returns each case's values."""
     import pyperf
 
-    from .bench_worker import case_name
+    from .worker import case_name
 
     paths = {case_name(c): workdir / f"{case_name(c)}.json" for c in cases}
     if len(paths) != len(cases):
-        raise ValueError("two cases share a name")
+        raise InvalidConfig("two cases share a name")
     for r in range(config.rounds):
         for case in cases:
             name = case_name(case)
             log(f"round {r + 1}/{config.rounds}: {name}")
-            cmd = [sys.executable, "-m", "prefixkv.bench_worker", "--case", json.dumps(case)]
+            cmd = [sys.executable, "-m", "prefixkv.benchmarks.worker", "--case", json.dumps(case)]
             cmd += [*_case_options(case, config), "--quiet", "--append", str(paths[name])]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                from .cli import CommandError
-
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-                raise CommandError(f"benchmark {name} failed: " + " | ".join(tail))
+                raise BenchmarkFailed(f"benchmark {name} failed: " + " | ".join(tail))
     timings: dict[str, Timing] = {}
     for name, path in paths.items():
         bench = pyperf.Benchmark.load(str(path))
         values = tuple(v * 1e6 for v in bench.get_values())
         timings[name] = Timing(values, bench.get_nrun())
     return timings
+
+
+# -- the result, as records (``cache.json`` is their JSON form) ---------------------------
+
+
+@attrs.frozen
+class Outcome:
+    """What the cache did on a trace (an untimed replay): the same for every call shape."""
+
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+
+
+@attrs.frozen
+class LifecycleRow:
+    """One call shape at one pool size: its timing and what the cache did."""
+
+    num_blocks: int
+    variant: str
+    median_us: float
+    q1_us: float
+    q3_us: float
+    min_us: float
+    max_us: float
+    stdev_us: float
+    values: int
+    processes: int
+    values_us: tuple[float, ...]
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+
+    @classmethod
+    def of(cls, num_blocks: int, variant: str, t: Timing, o: Outcome) -> LifecycleRow:
+        return cls(num_blocks, variant, **attrs.asdict(t.summary()), **attrs.asdict(o))
+
+
+@attrs.frozen
+class Lifecycle:
+    """The engine life cycle at each pool size, one request at a time (or a batch)."""
+
+    trace: ChatConfig
+    live: int
+    block_size: int
+    running: int
+    variants: tuple[str, ...]
+    variants_missing: tuple[str, ...]
+    rows: tuple[LifecycleRow, ...]
+    #: Per pool size: ``num_blocks`` and ``<variant>_over_percall`` for every other shape.
+    ratios: tuple[dict[str, float], ...]
+
+
+@attrs.frozen
+class SpecBesideImpl:
+    """The spec and the impl on one small trace and pool, per-call shape."""
+
+    trace: ChatConfig
+    num_blocks: int
+    live: int
+    variant: str
+    requests: int
+    blocks_touched: int
+    hit_rate: float
+    evictions: int
+    blocks_published: int
+    early_frees: int
+    impl: TimingSummary
+    spec: TimingSummary
+    spec_over_impl: float
+
+
+@attrs.frozen
+class MemoryRow:
+    """Host memory per cached block at one pool size, each probe in a fresh process."""
+
+    num_blocks: int
+    cached_blocks: int
+    rss_bytes_per_block: float
+    tracemalloc_bytes_per_block: float
+
+
+@attrs.frozen
+class LookupRow:
+    """Crafted-collision lookups against the control, under one hasher."""
+
+    hasher: str
+    prompts: int
+    largest_bucket: int
+    largest_index_bucket: int
+    crafted: TimingSummary
+    control: TimingSummary
+    ratio: float
+
+
+@attrs.frozen
+class Acceptance:
+    """The targets and whether this run met them (see :data:`TARGETS`)."""
+
+    percall_us_at_most: float
+    percall_worst_us: float
+    percall_ok: bool
+    fused_or_batched_us_at_most: float
+    fused_or_batched_worst_us: float | None
+    fused_or_batched_ok: bool
+    growth_at_most: float
+    percall_growth: float
+    growth_ok: bool
+    bytes_per_block_at_most: float
+    largest_pool_rss_bytes_per_block: float
+    largest_pool_tracemalloc_bytes_per_block: float
+    bytes_per_block_ok: bool
+    collision_ratio_at_most: float
+    collision_ratio_default: float
+    collision_ok: bool
+
+    @property
+    def met(self) -> bool:
+        return all(getattr(self, key) for key in TARGETS)
+
+
+@attrs.frozen
+class Method:
+    """How the values were taken."""
+
+    timer: str
+    rounds: int
+    processes_per_round: int
+    values_per_process: int
+    warmups_per_process: int
+    spec_values_per_process: int
+    spec_warmups_per_process: int
+
+
+@attrs.frozen
+class LoadAverage:
+    """The machine's 1-minute load average when the run started and ended."""
+
+    start: float
+    end: float
+
+
+@attrs.frozen
+class CacheBenchResult:
+    """One run of ``prefixkv bench``; :func:`~prefixkv.outputs.to_json` of it is
+    ``docs/bench/cache.json``."""
+
+    date: str
+    machine: Machine
+    load_average_1m: LoadAverage
+    wall_s: float
+    method: Method
+    lifecycle: Lifecycle
+    continuous_batch: Lifecycle
+    spec_beside_impl: SpecBesideImpl
+    memory: tuple[MemoryRow, ...]
+    lookups: tuple[LookupRow, ...]
+    acceptance: Acceptance
+    quick: bool
 
 
 # -- the three measurements --------------------------------------------------------------
@@ -307,7 +473,7 @@ def _outcome(
     live: int,
     variants: tuple[str, ...],
     running: int = 1,
-) -> dict[str, Any]:
+) -> Outcome:
     """Replay once per variant, untimed: what the cache did, and a check that every call
     shape did exactly the same thing (same hits, evictions and published blocks)."""
     trace = trace_from_config(trace_config)
@@ -323,38 +489,34 @@ def _outcome(
             result.early_frees,
         )
     if len(set(seen.values())) != 1:
-        from .cli import CommandError
-
-        raise CommandError(f"call shapes disagree at {n:,} blocks: {seen}")
+        raise BenchmarkFailed(f"call shapes disagree at {n:,} blocks: {seen}")
     hit_rate, evictions, published, early = next(iter(seen.values()))
-    return {
-        "requests": len(trace.requests),
-        "blocks_touched": trace.blocks_touched,
-        "hit_rate": hit_rate,
-        "evictions": evictions,
-        "blocks_published": published,
-        "early_frees": early,
-    }
+    return Outcome(
+        requests=len(trace.requests),
+        blocks_touched=trace.blocks_touched,
+        hit_rate=hit_rate,
+        evictions=evictions,
+        blocks_published=published,
+        early_frees=early,
+    )
 
 
-def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _memory(config: BenchConfig, log: Callable[[str], None]) -> list[MemoryRow]:
     rows = []
     for n in config.memory_sizes:
         row: dict[str, Any] = {"num_blocks": n}
         for probe in ("rss", "tracemalloc"):
             log(f"memory: {probe} at {n:,} blocks (fresh process)")
-            cmd = [sys.executable, "-m", "prefixkv.bench_memory", "--num-blocks", str(n)]
+            cmd = [sys.executable, "-m", "prefixkv.benchmarks.memory", "--num-blocks", str(n)]
             done = subprocess.run(
                 [*cmd, "--probe", probe], capture_output=True, text=True, check=False
             )
             if done.returncode != 0:
-                from .cli import CommandError
-
-                raise CommandError(f"memory probe failed: {done.stderr.strip()[-300:]}")
+                raise BenchmarkFailed(f"memory probe failed: {done.stderr.strip()[-300:]}")
             out = json.loads(done.stdout)
             row["cached_blocks"] = out["cached_blocks"]
             row[f"{probe}_bytes_per_block"] = out["bytes_per_cached_block"]
-        rows.append(row)
+        rows.append(MemoryRow(**row))
     return rows
 
 
@@ -386,10 +548,10 @@ def _hasher_label(name: str | None) -> str:
 # -- the run -------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> CacheBenchResult:
     """Run the three measurements; returns everything ``cache.json`` holds."""
-    from .bench_collisions import largest_bucket, largest_index_bucket, lookup_setup
-    from .bench_worker import case_name
+    from .collisions import largest_bucket, largest_index_bucket, lookup_setup
+    from .worker import case_name
 
     load_before = os.getloadavg()
     started = dt.datetime.now(dt.UTC)
@@ -428,22 +590,22 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         timings = run_cases(everything, config, Path(tmp), log)
 
     log("checking that the call shapes agree (untimed replays)")
-    lifecycle_rows = []
-    ratios = []
+    lifecycle_rows: list[LifecycleRow] = []
+    ratios: list[dict[str, float]] = []
     for n in config.sizes:
         outcome = _outcome("impl", n, config.trace, config.live, variants)
         by_variant = {}
         for v in variants:
             t = timings[case_name(_lifecycle_case("main", "impl", v, n, config.trace, config.live))]
             by_variant[v] = t.median
-            lifecycle_rows.append({"num_blocks": n, "variant": v, **t.as_dict(), **outcome})
-        ratio: dict[str, Any] = {"num_blocks": n}
+            lifecycle_rows.append(LifecycleRow.of(n, v, t, outcome))
+        ratio: dict[str, float] = {"num_blocks": n}
         for v in variants[1:]:
             ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
         ratios.append(ratio)
 
-    batch_rows = []
-    batch_ratios = []
+    batch_rows: list[LifecycleRow] = []
+    batch_ratios: list[dict[str, float]] = []
     for n in config.batch_sizes:
         outcome = _outcome(
             "impl", n, config.trace, config.live, variants, running=config.batch_running
@@ -455,16 +617,16 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
             )
             t = timings[case_name(case)]
             by_variant[v] = t.median
-            batch_rows.append({"num_blocks": n, "variant": v, **t.as_dict(), **outcome})
+            batch_rows.append(LifecycleRow.of(n, v, t, outcome))
         ratio = {"num_blocks": n}
         for v in variants[1:]:
             ratio[f"{v}_over_percall"] = by_variant[v] / by_variant["percall"]
         batch_ratios.append(ratio)
 
-    spec_rows = {}
-    for m in ("impl", "spec"):
-        t = timings[case_name(spec_cases[0 if m == "impl" else 1])]
-        spec_rows[m] = t.as_dict()
+    spec_rows = {
+        m: timings[case_name(spec_cases[0 if m == "impl" else 1])].summary()
+        for m in ("impl", "spec")
+    }
     spec_outcome = _outcome(
         "spec", config.spec_num_blocks, config.spec_trace, config.spec_live, spec_variants
     )
@@ -472,130 +634,135 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         "impl", config.spec_num_blocks, config.spec_trace, config.spec_live, spec_variants
     )
     if spec_outcome != impl_outcome:
-        from .cli import CommandError
-
-        raise CommandError(
+        raise BenchmarkFailed(
             f"spec and impl disagree on the small trace: {spec_outcome} != {impl_outcome}"
         )
 
-    lookups: list[dict[str, Any]] = []
+    lookups: list[LookupRow] = []
     for h in hashers:
         crafted = timings[case_name(lookup_cases[2 * hashers.index(h)])]
         control = timings[case_name(lookup_cases[2 * hashers.index(h) + 1])]
         setup = lookup_setup(True, config.lookup_prompts)
         lookups.append(
-            {
-                "hasher": _hasher_label(h),
-                "prompts": config.lookup_prompts,
-                "largest_bucket": largest_bucket(_hasher_of(h), setup.prompts),
-                "largest_index_bucket": largest_index_bucket(
+            LookupRow(
+                hasher=_hasher_label(h),
+                prompts=config.lookup_prompts,
+                largest_bucket=largest_bucket(_hasher_of(h), setup.prompts),
+                largest_index_bucket=largest_index_bucket(
                     setup.prompts, config.lookup_num_blocks, _hasher_of(h)
                 ),
-                "crafted": crafted.as_dict(),
-                "control": control.as_dict(),
-                "ratio": crafted.median / control.median,
-            }
+                crafted=crafted.summary(),
+                control=control.summary(),
+                ratio=crafted.median / control.median,
+            )
         )
 
     memory = _memory(config, log)
     load_after = os.getloadavg()
 
-    percall = [r["median_us"] for r in lifecycle_rows if r["variant"] == "percall"]
+    percall = [r.median_us for r in lifecycle_rows if r.variant == "percall"]
     # The better of the fused and batched calls, per pool size (None: neither exists).
     fused = [
-        min(
-            r["median_us"]
-            for r in lifecycle_rows
-            if r["num_blocks"] == n and r["variant"] != "percall"
-        )
+        min(r.median_us for r in lifecycle_rows if r.num_blocks == n and r.variant != "percall")
         for n in config.sizes
         if len(variants) > 1
     ]
-    rss = memory[-1]["rss_bytes_per_block"]
-    traced = memory[-1]["tracemalloc_bytes_per_block"]
-    collision = float(lookups[0]["ratio"])
-    acceptance = {
-        "percall_us_at_most": TARGET_US_PERCALL,
-        "percall_worst_us": max(percall),
-        "percall_ok": max(percall) <= TARGET_US_PERCALL,
-        "fused_or_batched_us_at_most": TARGET_US_FUSED,
-        "fused_or_batched_worst_us": max(fused) if fused else None,
-        "fused_or_batched_ok": bool(fused) and max(fused) <= TARGET_US_FUSED,
-        "growth_at_most": TARGET_GROWTH,
-        "percall_growth": percall[-1] / percall[0],
-        "growth_ok": percall[-1] / percall[0] <= TARGET_GROWTH,
-        "bytes_per_block_at_most": TARGET_BYTES_PER_BLOCK,
-        "largest_pool_rss_bytes_per_block": rss,
-        "largest_pool_tracemalloc_bytes_per_block": traced,
-        "bytes_per_block_ok": max(rss, traced) <= TARGET_BYTES_PER_BLOCK,
-        "collision_ratio_at_most": TARGET_COLLISION_RATIO,
-        "collision_ratio_default": collision,
-        "collision_ok": collision <= TARGET_COLLISION_RATIO,
-    }
-    return {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(),
-        "load_average_1m": {"start": load_before[0], "end": load_after[0]},
-        "wall_s": time.monotonic() - wall_start,
-        "method": {
-            "timer": "pyperf bench_time_func, values in fresh worker processes",
-            "rounds": config.rounds,
-            "processes_per_round": config.processes,
-            "values_per_process": config.values,
-            "warmups_per_process": config.warmups,
-            "spec_values_per_process": config.spec_values,
-            "spec_warmups_per_process": config.spec_warmups,
-        },
-        "lifecycle": {
-            "trace": _trace_dict(config.trace),
-            "live": config.live,
-            "block_size": config.block_size,
-            "variants": list(variants),
-            "variants_missing": [v for v in VARIANTS if v not in variants],
-            "rows": lifecycle_rows,
-            "ratios": ratios,
-        },
-        "continuous_batch": {
-            "running": config.batch_running,
-            "variants": list(variants),
-            "rows": batch_rows,
-            "ratios": batch_ratios,
-        },
-        "spec_beside_impl": {
-            "trace": _trace_dict(config.spec_trace),
-            "num_blocks": config.spec_num_blocks,
-            "live": config.spec_live,
-            "variant": "percall",
-            **impl_outcome,
-            "impl": spec_rows["impl"],
-            "spec": spec_rows["spec"],
-            "spec_over_impl": spec_rows["spec"]["median_us"] / spec_rows["impl"]["median_us"],
-        },
-        "memory": memory,
-        "lookups": lookups,
-        "acceptance": acceptance,
-    }
+    rss = memory[-1].rss_bytes_per_block
+    traced = memory[-1].tracemalloc_bytes_per_block
+    collision = lookups[0].ratio
+    acceptance = Acceptance(
+        percall_us_at_most=TARGET_US_PERCALL,
+        percall_worst_us=max(percall),
+        percall_ok=max(percall) <= TARGET_US_PERCALL,
+        fused_or_batched_us_at_most=TARGET_US_FUSED,
+        fused_or_batched_worst_us=max(fused) if fused else None,
+        fused_or_batched_ok=bool(fused) and max(fused) <= TARGET_US_FUSED,
+        growth_at_most=TARGET_GROWTH,
+        percall_growth=percall[-1] / percall[0],
+        growth_ok=percall[-1] / percall[0] <= TARGET_GROWTH,
+        bytes_per_block_at_most=TARGET_BYTES_PER_BLOCK,
+        largest_pool_rss_bytes_per_block=rss,
+        largest_pool_tracemalloc_bytes_per_block=traced,
+        bytes_per_block_ok=max(rss, traced) <= TARGET_BYTES_PER_BLOCK,
+        collision_ratio_at_most=TARGET_COLLISION_RATIO,
+        collision_ratio_default=collision,
+        collision_ok=collision <= TARGET_COLLISION_RATIO,
+    )
+    missing = tuple(v for v in VARIANTS if v not in variants)
+    return CacheBenchResult(
+        date=started.strftime("%Y-%m-%d %H:%M UTC"),
+        machine=machine_info(),
+        load_average_1m=LoadAverage(load_before[0], load_after[0]),
+        wall_s=time.monotonic() - wall_start,
+        method=Method(
+            timer="pyperf bench_time_func, values in fresh worker processes",
+            rounds=config.rounds,
+            processes_per_round=config.processes,
+            values_per_process=config.values,
+            warmups_per_process=config.warmups,
+            spec_values_per_process=config.spec_values,
+            spec_warmups_per_process=config.spec_warmups,
+        ),
+        lifecycle=Lifecycle(
+            trace=config.trace,
+            live=config.live,
+            block_size=config.block_size,
+            running=1,
+            variants=variants,
+            variants_missing=missing,
+            rows=tuple(lifecycle_rows),
+            ratios=tuple(ratios),
+        ),
+        continuous_batch=Lifecycle(
+            trace=config.trace,
+            live=config.live,
+            block_size=config.block_size,
+            running=config.batch_running,
+            variants=variants,
+            variants_missing=missing,
+            rows=tuple(batch_rows),
+            ratios=tuple(batch_ratios),
+        ),
+        spec_beside_impl=SpecBesideImpl(
+            trace=config.spec_trace,
+            num_blocks=config.spec_num_blocks,
+            live=config.spec_live,
+            variant="percall",
+            **attrs.asdict(impl_outcome),
+            impl=spec_rows["impl"],
+            spec=spec_rows["spec"],
+            spec_over_impl=spec_rows["spec"].median_us / spec_rows["impl"].median_us,
+        ),
+        memory=tuple(memory),
+        lookups=tuple(lookups),
+        acceptance=acceptance,
+        quick=config.quick,
+    )
 
 
 # -- outputs -------------------------------------------------------------------------------
 
-BEGIN = "<!-- BEGIN generated by `prefixkv bench`: edits between these markers are overwritten -->"
-END = "<!-- END generated by `prefixkv bench` -->"
-
-_HEADER = """# Benchmarks
+#: The section of ``docs/benchmarks.md`` that ``prefixkv bench`` rewrites.
+SECTION = GeneratedSection(
+    command="prefixkv bench",
+    header="""# Benchmarks
 
 Measured with `prefixkv bench` (`python -m prefixkv bench`), which rewrites the section between
 the markers below, `bench/cache.json` and `bench/cache_per_block.png`.
-"""
 
-_VARIANT_LABEL = {
+""",
+)
+BEGIN = SECTION.begin
+END = SECTION.end
+
+VARIANT_LABEL = {
     "percall": "per call (append + commit)",
     "fused": "fused (advance)",
     "batched": "batched (advance_batch)",
 }
 
 
-def _us(row: dict[str, Any]) -> str:
+def format_us(row: dict[str, Any]) -> str:
     return f"{row['median_us']:.2f} ({row['q1_us']:.2f}-{row['q3_us']:.2f})"
 
 
@@ -608,7 +775,8 @@ def _met(ok: bool) -> str:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
-    """The generated section of ``docs/benchmarks.md``."""
+    """The generated section of ``docs/benchmarks.md``, from the JSON form of a result
+    (:func:`~prefixkv.outputs.to_json`), so that a saved ``cache.json`` renders again."""
     m = result["machine"]
     load = result["load_average_1m"]
     meth = result["method"]
@@ -643,8 +811,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         cells = []
         for n in sizes:
             row = next(r for r in life["rows"] if r["num_blocks"] == n and r["variant"] == v)
-            cells.append(_us(row))
-        lines.append(f"| {_VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
+            cells.append(format_us(row))
+        lines.append(f"| {VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
     for v in life["variants"][1:]:
         cells = [f"{r[f'{v}_over_percall']:.2f}x" for r in life["ratios"]]
         lines.append(f"| {v} / per call | " + " | ".join(cells) + " |")
@@ -681,10 +849,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         ]
         for v in cb["variants"]:
             cells = [
-                _us(next(r for r in cb["rows"] if r["num_blocks"] == n and r["variant"] == v))
+                format_us(next(r for r in cb["rows"] if r["num_blocks"] == n and r["variant"] == v))
                 for n in bsizes
             ]
-            lines.append(f"| {_VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {VARIANT_LABEL[v]} | " + " | ".join(cells) + " |")
         for v in cb["variants"][1:]:
             cells = [f"{r[f'{v}_over_percall']:.2f}x" for r in cb["ratios"]]
             lines.append(f"| {v} / per call | " + " | ".join(cells) + " |")
@@ -700,8 +868,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "| manager | µs per block touched |",
         "|---|---:|",
-        f"| impl | {_us(sp['impl'])} |",
-        f"| spec | {_us(sp['spec'])} |",
+        f"| impl | {format_us(sp['impl'])} |",
+        f"| spec | {format_us(sp['spec'])} |",
         f"| spec / impl | {sp['spec_over_impl']:,.0f}x |",
         "",
         "### Host memory per cached block",
@@ -729,7 +897,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     for r in result["lookups"]:
         lines.append(
             f"| {r['hasher']} | {r['largest_bucket']:,} | {r['largest_index_bucket']:,} | "
-            f"{_us(r['crafted'])} | {_us(r['control'])} | {r['ratio']:.1f}x |"
+            f"{format_us(r['crafted'])} | {format_us(r['control'])} | {r['ratio']:.1f}x |"
         )
     lines += [
         "",
@@ -763,35 +931,20 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice_generated(path: Path, section: str, *, begin: str, end: str, header: str) -> None:
-    """Replace the section of ``path`` between the markers ``begin`` and ``end``, keeping the
-    hand-written text around it; a file without them gets the section appended (after
-    ``header`` when it is empty or missing)."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if begin in text and end in text:
-        head, _, rest = text.partition(begin)
-        _, _, tail = rest.partition(end)
-        new = head + section.rstrip("\n") + tail
-        if not new.endswith("\n"):
-            new += "\n"
-    else:
-        new = (text.rstrip("\n") + "\n\n" if text.strip() else header) + section
-    path.write_text(new, encoding="utf-8")
-
-
 def write_markdown(path: Path, section: str) -> None:
     """Replace the generated section of ``path``, keeping the hand-written text around it."""
-    splice_generated(path, section, begin=BEGIN, end=END, header=_HEADER + "\n")
+    SECTION.write(path, section)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """µs per block touched (median, interquartile bars) and bytes per cached block against
-    the pool size. This run's figures only: other engines' never share its axes."""
-    import matplotlib
+    the pool size, from the JSON form of a result. This run's figures only: other engines'
+    never share its axes."""
+    with figure(path, metadata={"Software": None}) as plt:
+        _draw(plt, result)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw(plt: Any, result: dict[str, Any]) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
     life = result["lifecycle"]
     markers = {"percall": "o", "fused": "s", "batched": "^"}
@@ -801,7 +954,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ys = [r["median_us"] for r in rows]
         err = [[y - r["q1_us"] for y, r in zip(ys, rows, strict=True)],
                [r["q3_us"] - y for y, r in zip(ys, rows, strict=True)]]  # fmt: skip
-        left.errorbar(xs, ys, yerr=err, marker=markers[v], capsize=3, label=_VARIANT_LABEL[v])
+        left.errorbar(xs, ys, yerr=err, marker=markers[v], capsize=3, label=VARIANT_LABEL[v])
     left.axhline(TARGET_US_PERCALL, color="black", lw=0.8, ls="-.", label="target, per call")
     left.axhline(TARGET_US_FUSED, color="gray", lw=0.8, ls=":", label="target, fused or batched")
     left.set_xscale("log", base=2)
@@ -828,152 +981,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
         "and loaded: absolute times indicative only",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
 
 
-def write_outputs(result: dict[str, Any], out: Path) -> list[Path]:
+def write_outputs(result: CacheBenchResult, out: Path) -> list[Path]:
     """Write ``bench/cache.json``, ``bench/cache_per_block.png`` and ``benchmarks.md``."""
+    data = to_json(result)
     bench_dir = out / "bench"
-    bench_dir.mkdir(parents=True, exist_ok=True)
-    json_path = bench_dir / "cache.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    json_path = write_json(bench_dir / "cache.json", data)
     png_path = bench_dir / "cache_per_block.png"
-    plot(result, png_path)
+    plot(data, png_path)
     md_path = out / "benchmarks.md"
-    write_markdown(md_path, render_markdown(result))
+    write_markdown(md_path, render_markdown(data))
     return [md_path, json_path, png_path]
-
-
-# -- command line --------------------------------------------------------------------------
-
-
-def default_docs_dir() -> Path:
-    """The source checkout's ``docs/`` when running from one (editable install), else ./docs."""
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "docs").is_dir():
-        return checkout / "docs"
-    return Path("docs")
-
-
-def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Add the ``bench`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
-    # NOTE: imported here so that a missing optional dependency fails the command as it
-    # loads, with the registry's one-line message, before any work is done.
-    import numpy  # noqa: F401
-    import psutil  # noqa: F401
-    import pyperf  # noqa: F401
-
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="toy sizes, under a minute; writes nothing unless --out is given",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="docs directory to write benchmarks.md and bench/ into (default: the source "
-        "checkout's docs/, or ./docs, for a full run; nothing for --quick)",
-    )
-    parser.add_argument(
-        "--no-write", action="store_true", help="print the figures only, write no files"
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit 1 when a target is missed (µs per block, growth, memory, collisions)",
-    )
-    return _run
-
-
-_TARGETS = ("percall_ok", "fused_or_batched_ok", "growth_ok", "bytes_per_block_ok", "collision_ok")
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    err = Console(stderr=True)
-    config = QUICK if args.quick else FULL
-    out: Path | None = args.out
-    if out is None and not args.quick:
-        out = default_docs_dir()
-    if args.no_write:
-        out = None
-
-    def log(message: str) -> None:
-        if not args.json:
-            err.print(f"[dim]bench:[/dim] {message}", highlight=False)
-
-    result = run_bench(config, log)
-    result["quick"] = bool(args.quick)
-    written = write_outputs(result, out) if out is not None else []
-    result["written"] = [str(p) for p in written]
-    ok = all(result["acceptance"][k] for k in _TARGETS)
-    if args.json:
-        from prefixkv.cli import emit_json
-
-        emit_json({"command": "bench", "ok": bool(ok or not args.strict), **result})
-    else:
-        _print_summary(result)
-    return 0 if ok or not args.strict else 1
-
-
-def _print_summary(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    life = result["lifecycle"]
-    sizes = sorted({r["num_blocks"] for r in life["rows"]})
-    table = Table(
-        title="engine life cycle, µs per block touched: median (IQR)", title_justify="left"
-    )
-    table.add_column("call shape")
-    for n in sizes:
-        table.add_column(f"{n:,} blocks", justify="right")
-    for v in life["variants"]:
-        table.add_row(
-            _VARIANT_LABEL[v],
-            *(
-                _us(next(r for r in life["rows"] if r["num_blocks"] == n and r["variant"] == v))
-                for n in sizes
-            ),
-        )
-    for v in life["variants"][1:]:
-        table.add_row(
-            f"{v} / per call", *(f"{r[f'{v}_over_percall']:.2f}x" for r in life["ratios"])
-        )
-    console.print(table)
-    cb = result["continuous_batch"]
-    for n in sorted({r["num_blocks"] for r in cb["rows"]}):
-        cells = ", ".join(f"{r['variant']} {_us(r)}" for r in cb["rows"] if r["num_blocks"] == n)
-        console.print(f"continuous batch of {cb['running']} at {n:,} blocks: {cells}")
-    sp = result["spec_beside_impl"]
-    console.print(
-        f"spec beside impl ({sp['requests']} requests, {sp['num_blocks']:,} blocks): impl "
-        f"{_us(sp['impl'])}, spec {_us(sp['spec'])} µs per block, spec / impl "
-        f"{sp['spec_over_impl']:,.0f}x"
-    )
-    for r in result["memory"]:
-        console.print(
-            f"memory at {r['num_blocks']:,} blocks: {r['rss_bytes_per_block']:,.0f} B RSS, "
-            f"{r['tracemalloc_bytes_per_block']:,.0f} B tracemalloc per cached block"
-        )
-    for r in result["lookups"]:
-        console.print(
-            f"lookups, {r['hasher']}: {r['largest_bucket']:,} crafted blocks under one hash, "
-            f"{r['largest_index_bucket']:,} under one index key; "
-            f"crafted {_us(r['crafted'])} µs, control {_us(r['control'])} µs: {r['ratio']:.1f}x"
-        )
-    acc = result["acceptance"]
-    for key in _TARGETS:
-        console.print(f"{'met   ' if acc[key] else 'MISSED'} {key.removesuffix('_ok')}")
-    load = result["load_average_1m"]
-    console.print(
-        f"load average {load['start']:.1f} -> {load['end']:.1f} on "
-        f"{result['machine']['logical_cpus']} CPUs: absolute times are indicative only"
-    )
-    if result["written"]:
-        console.print("wrote " + ", ".join(result["written"]))
