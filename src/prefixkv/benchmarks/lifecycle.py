@@ -37,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from prefixkv.errors import InvalidConfig, require_int
 from prefixkv.spec import Namespace, OutOfBlocks, Request, SpecCache
 from prefixkv.workloads import ChatConfig, chat_workload
 
@@ -107,7 +108,7 @@ def make_cache(manager: str, num_blocks: int, block_size: int, **kwargs: Any) ->
     if manager == "spec":
         return SpecCache(num_blocks, block_size, **kwargs)
     if manager != "impl":
-        raise ValueError(f"unknown manager {manager!r}")
+        raise InvalidConfig(f"unknown manager {manager!r}: expected 'impl' or 'spec'")
     from prefixkv.impl import PrefixCacheManager
 
     return PrefixCacheManager(num_blocks, block_size, **kwargs)
@@ -140,9 +141,8 @@ def replay(
     more runs a scheduler's continuous batch (:func:`_steps`).
     """
     if variant not in variants_of(cache):
-        raise ValueError(f"{type(cache).__name__} has no {variant!r} calls")
-    if running < 1:
-        raise ValueError(f"running must be >= 1, got {running}")
+        raise InvalidConfig(f"{type(cache).__name__} has no {variant!r} calls")
+    require_int(running, "running", minimum=1)
     if running == 1:
         run = {"percall": _percall, "fused": _fused, "batched": _batched}[variant]
         early = run(cache, trace.requests, live)

@@ -33,8 +33,10 @@ import tracemalloc
 from collections.abc import Sequence
 from typing import Any
 
+from prefixkv.errors import InvalidConfig
 from prefixkv.spec import Request
 
+from .errors import BenchmarkFailed
 from .lifecycle import NAMESPACE, make_cache
 
 __all__ = ["PROMPT_BLOCKS", "VOCAB", "fill", "main", "measure"]
@@ -74,7 +76,7 @@ def measure(
 ) -> dict[str, Any]:
     """Bytes per cached block of a fresh ``manager`` filled to ``num_blocks`` (one probe)."""
     if probe not in ("rss", "tracemalloc"):
-        raise ValueError(f"unknown probe {probe!r}")
+        raise InvalidConfig(f"unknown probe {probe!r}")
     import numpy  # noqa: F401  (imported before the baseline: it is the fill's, not the cache's)
 
     gc.collect()
@@ -89,9 +91,9 @@ def measure(
     after = tracemalloc.get_traced_memory()[0] if probe == "tracemalloc" else _rss()
     stats = cache.stats()
     if stats.evictions:
-        raise RuntimeError("the fill evicted blocks: the per-block figure would be wrong")
+        raise BenchmarkFailed("the fill evicted blocks: the per-block figure would be wrong")
     if stats.blocks_published != cached:
-        raise RuntimeError(f"expected {cached} published blocks, got {stats.blocks_published}")
+        raise BenchmarkFailed(f"expected {cached} published blocks, got {stats.blocks_published}")
     if probe == "tracemalloc":
         tracemalloc.stop()
     return {
