@@ -59,19 +59,26 @@ def test_every_patch_applies(tmp_path: Path) -> None:
 def test_every_stage_builds() -> None:
     """Every configuration of the schedule builds, and a focus names only real rules and
     keeps the machine's checks (it only skips rules: ``skip`` refuses an unknown name)."""
-    from mutation.worker import CONFIGS, FOCUS, HYBRID_CONFIGS, MACHINES, build_stage_machine
+    from mutation.worker import (
+        CONFIGS,
+        FOCUS,
+        HYBRID_CONFIGS,
+        MACHINES,
+        STEP_CONFIGS,
+        build_stage_machine,
+    )
 
     from prefixkv.conformance.machines.differential import all_rule_names
 
     assert set(FOCUS) <= set(CONFIGS) | set(HYBRID_CONFIGS)
-    for config in [*CONFIGS, *HYBRID_CONFIGS]:
+    for config in [*CONFIGS, *HYBRID_CONFIGS, *STEP_CONFIGS]:
         machine, steps = build_stage_machine(config)
         assert steps > 0
         rules = set(all_rule_names(machine))
         if config in FOCUS:
             assert rules == {"init", *FOCUS[config]}, config
     used = {stage.config for stages in MACHINES.values() for stage in stages}
-    assert used == set(CONFIGS) | set(HYBRID_CONFIGS)
+    assert used == set(CONFIGS) | set(HYBRID_CONFIGS) | set(STEP_CONFIGS)
 
 
 def test_a_stale_patch_fails_loudly(tmp_path: Path) -> None:

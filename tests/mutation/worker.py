@@ -52,6 +52,7 @@ CONFIGS: dict[str, tuple[str, tuple[int, int], tuple[int, int], int]] = {
     "long": ("weak", (8, 32), (1, 3), 300),
     "rich_tokens": ("tokens", (4, 24), (1, 4), 50),
     "churn": ("weak", (8, 32), (1, 3), 100),
+    "decode": ("fast", (8, 32), (3, 4), 50),
 }
 
 _LIFECYCLE = ("admit", "advance", "commit", "free", "evict", "match", "observe")
@@ -89,6 +90,11 @@ FOCUS: dict[str, tuple[str, ...]] = {
         "append",
         "rollback",
     ),
+    # decode steps and bad counts, under the fast hash and blocks of 2 to 4 slots: a decode
+    # commit that completes no block is the path a manager may check apart (a fast path
+    # with nothing to publish), and bad_argument's commit_unknown_decode reaches it only in
+    # decode, inside a block, which the unfocused stages meet a few times a thousand rules
+    "decode": ("admit", "advance", "free", "next_turn", "bad_argument"),
 }
 
 #: Round robin over the configurations with fresh seeds, so a bug that only one
@@ -102,7 +108,11 @@ STAGES: tuple[Stage, ...] = tuple(
     for r in range(6)
     for stage in (
         Stage("fast", r, 15),
-        *((Stage("rich_tokens", r, 6), Stage("churn", r, 3)) if r < 3 else ()),
+        *(
+            (Stage("rich_tokens", r, 6), Stage("churn", r, 3), Stage("decode", r, 10))
+            if r < 3
+            else ()
+        ),
         Stage("weak", r, 15),
         Stage("tokens", r, 8),
         Stage("long", r, 2),

@@ -59,6 +59,7 @@ BAD_ARGUMENT_KINDS = (
     "can_admit_budget",
     "commit_past_reserved",
     "commit_unknown_tokens",
+    "commit_unknown_decode",
     "rollback_past_computed",
     "accepted_tokens",
     "reset_flag",
@@ -89,6 +90,7 @@ _SEQUENCE_ERRORS: dict[str, type[Exception]] = {
 _ARGUMENT_ERRORS: dict[str, type[Exception]] = {
     "commit_past_reserved": InvalidOperation,
     "commit_unknown_tokens": InvalidOperation,
+    "commit_unknown_decode": InvalidOperation,
     "rollback_past_computed": InvalidOperation,
     "accepted_tokens": InvalidRequest,
     "reset_flag": InvalidRequest,
@@ -184,6 +186,8 @@ class BadInputRules(ProtocolSteps):
                 seq, r - c + 1, (1,) * max(1, r - known + 1)
             ),
             "commit_unknown_tokens": lambda x: x.commit(seq, known - c + 1),
+            # one past the known tokens: commit(seq, 1) once the sequence is in decode
+            "commit_unknown_decode": lambda x: x.commit(seq, known - c + 1),
             "rollback_past_computed": lambda x: x.rollback(seq, r - c + 1),
             "accepted_tokens": lambda x: x.commit(seq, 0, accepted),
             "reset_flag": lambda x: x.reset(preserve_cache=1),
@@ -192,6 +196,8 @@ class BadInputRules(ProtocolSteps):
         if kind == "commit_unknown_tokens" and r - c < known - c + 1:
             # Not enough reserved slots to reach past the known tokens: reserve them first.
             self._append(seq, known - r + 1, only_if_possible=True)
+        if kind == "commit_unknown_decode":
+            c, r, known = self._to_decode(seq, c, r, known)  # read by the commit below
         if kind == "admit_over_capacity":
             can = self.oracle.op("can_admit", lambda x: x.can_admit(over), pure=True)
             if can.value:
@@ -201,6 +207,39 @@ class BadInputRules(ProtocolSteps):
         if kind.startswith("admit") and not out.raised:  # count=None is a valid budget
             self.oracle.op("free", lambda x: x.free([req.seq_id]))
         self.oracle.raised_in_rule = True
+
+    def _to_decode(self, seq: SeqId, c: int, r: int, known: int) -> tuple[int, int, int]:
+        """Bring ``seq`` to a decode step whose next token stays inside its block, by valid
+        calls; returns the computed, reserved and known counts reached.
+
+        ``commit_unknown_tokens`` commits up to one past the known tokens from wherever the
+        sequence is, which in prefill mostly completes a block. ``commit_unknown_decode``
+        commits one token past the known ones once every known token is computed: when that
+        completes no block, it is the commit a manager may check on a path of its own (a
+        decode fast path, with nothing to publish). So a known count that ends one slot
+        before a block boundary first takes one valid decode step, and a full pool
+        preempts the newest other sequence, as an engine does. Whatever the pool allows,
+        the commit that follows is past the known tokens and must raise.
+        """
+        if c < known and (r >= known or self._reserve(seq, known - r)):
+            self._commit(seq, known - c, ())
+        bs = self.block_size
+        view = self.oracle.view(seq)
+        assert view is not None  # valid appends and commits never drop a sequence
+        c, r = view.num_computed, view.num_reserved
+        # one decode step (a sampled token, its KV computed) moves off the boundary
+        if (
+            bs > 1
+            and c == known
+            and (known + 1) % bs == 0
+            and (r > known or self._reserve(seq, 1))
+            and self._commit(seq, 1, (1,))
+        ):
+            c = known = known + 1
+            r = max(r, known)
+        if r <= known and self._reserve(seq, known - r + 1):
+            r = known + 1
+        return c, r, known
 
     @precondition(bad_inputs_due)
     @rule(
