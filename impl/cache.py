@@ -70,7 +70,6 @@ from prefixkv.spec.contract import (
     check_reset,
     check_rollback,
     chunk_end,
-    commit_error,
     full_prompt_cap,
     live_seq,
     lost_reuse,
@@ -78,7 +77,6 @@ from prefixkv.spec.contract import (
 )
 from prefixkv.spec.errors import (
     DuplicateSequence,
-    InvalidOperation,
     InvalidRequest,
     OutOfBlocks,
     PrefixCacheError,
@@ -1017,10 +1015,6 @@ class PrefixCacheManager(PrefixCache):
                 return _new_outcome(BatchOutcome, (tuple(done), exc, seq_id))
             done.append(tuple(new))
         return _new_outcome(BatchOutcome, (tuple(done), None, None))
-
-    @staticmethod
-    def _commit_error(seq: SeqState, new_computed: int, known: int) -> InvalidOperation:
-        return commit_error(seq.seq_id, new_computed, seq.num_reserved, known)
 
     def _canonical(self, seq: SeqState, i: int) -> int:
         """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
