@@ -45,6 +45,46 @@ class LeafHeap:
         pool.leaf_version[b] = version
         heapq.heappush(self.heap, (pool.last_use[b], -pool.depth[b], b, version))
 
+    def pop(self, pool: BlockPool, count: int) -> list[int]:
+        """Take up to ``count`` live leaves off the heap, in order (see
+        :meth:`BlockPool.pop_leaves`); a parent left without children is queued in turn.
+
+        NOTE: the parent that a victim leaves childless is usually the next victim: it was
+        released with its child (same last use) and is one shallower. So it is not pushed
+        at once but held back and offered with ``heappushpop``, which hands it straight
+        back, with a single comparison, when it is the smallest; only otherwise does it go
+        into the heap. The order is exactly the heap's.
+        """
+        heap = self.heap
+        version, ref, children, depth = pool.leaf_version, pool.ref, pool.num_children, pool.depth
+        parent, last_use = pool.parent, pool.last_use
+        pop, pushpop = heapq.heappop, heapq.heappushpop
+        victims: list[int] = []
+        held: _Entry | None = None  # a new leaf not pushed yet
+        while len(victims) < count:
+            if held is not None:
+                _, _, b, v = pushpop(heap, held)
+                held = None
+            elif heap:
+                _, _, b, v = pop(heap)
+            else:
+                break
+            if version[b] != v or ref[b] or children[b] or not depth[b]:
+                continue  # stale entry: b stopped being a leaf since it was queued
+            victims.append(b)
+            p = parent[b]
+            if p >= 0:
+                left = children[p] - 1
+                children[p] = left
+                if not left and not ref[p]:
+                    # p just became a leaf (push, held back)
+                    pv = (version[p] + 1) & 0x7FFFFFFF
+                    version[p] = pv
+                    held = (last_use[p], -depth[p], p, pv)
+        if held is not None:
+            heapq.heappush(heap, held)
+        return victims
+
     @staticmethod
     def _live(pool: BlockPool, entry: _Entry) -> bool:
         b = entry[2]

@@ -55,7 +55,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
 from operator import and_, countOf, getitem, ne, sub, xor
-from struct import unpack_from
+from struct import Struct, unpack_from
 from typing import NamedTuple, cast
 
 from prefixkv.spec.contract import (
@@ -112,9 +112,11 @@ def _first_difference(a: Iterable[object], b: Iterable[object]) -> int:
     return next(compress(count(), map(ne, a, b)))
 
 
-#: ``(parent's serial, namespace, token ids, extra keys)``: an evicted identity, exactly
-#: (the token ids as the pool stores them: native uint32 bytes).
-_EvictedKey = tuple[int, bytes | None, bytes, tuple[tuple[int, bytes], ...]]
+#: An evicted identity, exactly: ``(parent's serial, token ids)``, or
+#: ``(parent's serial, token ids, extra keys)`` when the block has extra keys; a root block
+#: has its namespace in place of the parent's serial (the token ids as the pool stores them:
+#: native uint32 bytes). See the eviction record in ``PrefixCacheManager.__init__``.
+_EvictedKey = tuple[int | bytes, bytes] | tuple[int | bytes, bytes, tuple[tuple[int, bytes], ...]]
 
 
 class Walk(NamedTuple):
@@ -210,16 +212,24 @@ class PrefixCacheManager(PrefixCache):
         # Evicted identities, oldest first, at most num_blocks of them: only to tell
         # "evicted" from "never cached" in LostReuse. Keyed by identity, never by hash (a
         # result must not depend on the hasher). An identity is named by a *serial*: the
-        # key is (parent's serial, namespace, tokens, extra keys) and the value is the
-        # identity's own serial, so a chain of evicted identities is walked key by key.
+        # key is (parent's serial, tokens[, extra keys]) and the value is the identity's
+        # own serial, so a chain of evicted identities is walked key by key. A root block's
+        # key has its namespace (bytes, never equal to an int serial) in the parent's place.
         #
         # NOTE: serials are exact names. A published block carries its identity's serial
         # (pool.serial); republishing a remembered identity takes its remembered serial, so
         # children remembered under it are still found. A parent's latest eviction always
         # follows its children's (only leaves are evicted), so when a parent's entry falls
         # out of this record, no remembered child refers to its serial any more.
+        #
+        # NOTE: the namespace is in a root's key only. A parent's serial names the parent's
+        # whole identity, namespace included, and a block shares its parent's namespace, so
+        # the namespace would add nothing to a child's key but a reference to hash and
+        # compare. Keys without extra keys are pairs, with them triples: never equal.
         self._evicted: OrderedDict[_EvictedKey, int] = OrderedDict()
-        self._next_serial = 1  # 0: the parent serial of a root block
+        self._next_serial = 1
+        #: Cuts a block's token ids (bytes) out of the pool's buffer, at its byte offset.
+        self._cut_block = Struct(f"{self._pool.block_nbytes}s").unpack_from
 
     @property
     def num_blocks(self) -> int:
@@ -458,20 +468,21 @@ class PrefixCacheManager(PrefixCache):
 
     def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
         """How many blocks right after the matched ones were evicted (by identity)."""
-        ns, _, _ = self._ns_key(req.namespace)
         spans, bs = req.spans, self._block_size
-        buf = req.token_bytes
-        serial = self._pool.serial[blocks[-1]] if blocks else 0
-        remembered = self._evicted
+        buf, nb = req.token_bytes, 4 * bs
+        # The chain's name so far: the last matched block's serial, or the namespace.
+        name: int | bytes = (
+            self._pool.serial[blocks[-1]] if blocks else self._ns_key(req.namespace)[0]
+        )
+        get = self._evicted.get
         run = 0
         for j in range(len(blocks), stop):
-            start = j * bs
-            mine = buf[start * 4 : (start + bs) * 4]
-            key = (serial, ns, mine, block_extra_keys(spans, start, bs))
-            found = remembered.get(key)
+            mine = buf[j * nb : (j + 1) * nb]
+            extras = block_extra_keys(spans, j * bs, bs) if spans else ()
+            found = get((name, mine, extras) if extras else (name, mine))
             if found is None:
                 break
-            serial = found
+            name = found
             run += 1
         return run
 
@@ -531,37 +542,68 @@ class PrefixCacheManager(PrefixCache):
     # -- eviction, allocation, release -----------------------------------------------------
 
     def _evict(self, count: int) -> int:
-        """Evict up to ``count`` leaves in eviction order; returns how many were evicted."""
+        """Evict up to ``count`` leaves in eviction order; returns how many were evicted.
+
+        NOTE: the victims go as one batch through each part, one call per part (the pool
+        pops them, the index drops them, the record remembers them, the pool forgets them),
+        not several calls per victim: with a full pool every allocation evicts, so this is
+        on the decode path, where a single victim is the common case. Events and the evict
+        hook take a step per victim, and only when they are on.
+        """
         pool = self._pool
         victims = pool.pop_leaves(count)
-        if not victims:
+        if len(victims) == 1:
+            b = victims[0]
+            self._index.remove(pool.key[b], b)
+        elif victims:
+            self._index.remove_all(list(map(getitem, repeat(pool.key), victims)), victims)
+        else:
             return 0
-        pns, pextra, parent = pool.namespace, pool.extra, pool.parent
-        keys, serial = pool.key, pool.serial
-        wire = pool.block_hash if pool.wire_hashes else pool.key
-        index_remove = self._index.remove
-        events = self._events if self._record_events else None
-        remembered, forget_at = self._evicted, self._num_blocks
+        self._remember(victims)
         hook = self._evict_hook
-        for b in victims:
-            index_remove(keys[b], b)
-            p = parent[b]
-            key = (serial[p] if p >= 0 else 0, pns[b], pool.block_tokens(b), pextra.get(b, ()))
-            if key in remembered:
-                remembered.move_to_end(key)
-            else:
-                remembered[key] = serial[b]
-                if len(remembered) > forget_at:
-                    remembered.popitem(last=False)
-            if events is not None:
-                events.append(BlockRemoved((wire[b],)))
-            if hook is not None:
-                # NOTE: per victim, right after its BlockRemoved: a hybrid cache's checkpoint
-                # removal must follow its own block's removal, as the spec emits them.
-                hook(b)
+        if self._record_events or hook is not None:
+            wire = pool.block_hash if pool.wire_hashes else pool.key
+            events = self._events if self._record_events else None
+            for b in victims:
+                if events is not None:
+                    events.append(BlockRemoved((wire[b],)))
+                if hook is not None:
+                    # NOTE: per victim, right after its BlockRemoved: a hybrid cache's
+                    # checkpoint removal must follow its own block's removal, as the spec
+                    # emits them.
+                    hook(b)
         pool.forget(victims)
         self._counters.evictions += len(victims)
         return len(victims)
+
+    def _remember(self, victims: list[int]) -> None:
+        """Add the evicted ``victims``' identities to the eviction record, newest last.
+
+        Each victim's key is read from the pool while it is still published (its parent
+        too: only leaves are evicted, so a parent evicted in the same batch comes later).
+        A remembered identity moves to the newest end; past ``num_blocks`` identities the
+        oldest falls out, exactly as the spec's record.
+        """
+        pool = self._pool
+        parent, serial, pns, extra = pool.parent, pool.serial, pool.namespace, pool.extra
+        toks, nb, cut = pool.tokens, pool.block_nbytes, self._cut_block
+        remembered = self._evicted
+        drop, drop_oldest = remembered.pop, remembered.popitem
+        room = self._num_blocks - len(remembered)
+        key: _EvictedKey
+        for b in victims:
+            p = parent[b]
+            name = serial[p] if p >= 0 else pns[b]
+            assert name is not None  # a published root has a namespace
+            key = (name, cut(toks, b * nb)[0])
+            if extra and b in extra:
+                key = (name, key[1], extra[b])
+            if drop(key, None) is None:  # not remembered yet: one more, or the oldest goes
+                if room:
+                    room -= 1
+                else:
+                    drop_oldest(False)
+            remembered[key] = serial[b]
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` blocks, evicting leaves first if needed. Supply was checked."""
@@ -1118,7 +1160,8 @@ class PrefixCacheManager(PrefixCache):
             index.insert(h, b)
             serial = None
             if remembered:  # a remembered identity keeps its name (see __init__)
-                serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, mine, extras))
+                name = pool.serial[p] if p >= 0 else ns
+                serial = remembered.get((name, mine, extras) if extras else (name, mine))
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1

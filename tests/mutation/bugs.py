@@ -67,10 +67,12 @@ BUGS: tuple[Bug, ...] = (
         "stale_index_on_evict",
         "eviction recycles a block but leaves its index entry behind (stale hit on reuse)",
         (
+            ("cache.py", "            self._index.remove(pool.key[b], b)\n", "            pass\n"),
             (
                 "cache.py",
-                "            index_remove(keys[b], b)\n",
-                "",
+                "            self._index.remove_all("
+                "list(map(getitem, repeat(pool.key), victims)), victims)\n",
+                "            pass\n",
             ),
         ),
     ),
@@ -98,7 +100,7 @@ BUGS: tuple[Bug, ...] = (
                 """            self.leaves.push(self, b)""",
             ),
             (
-                "_pool.py",
+                "_leaves.py",
                 """            if version[b] != v or ref[b] or children[b] or not depth[b]:""",
                 """            if version[b] != v or ref[b] or not depth[b]:""",
             ),
@@ -393,11 +395,9 @@ BUGS: tuple[Bug, ...] = (
         "a parent that becomes a leaf when its last child is evicted is never queued",
         (
             (
-                "_pool.py",
-                """                if not left and not ref[p]:
-                    self.leaves.push(self, p)""",
-                """                if not left and not ref[p]:
-                    self.leaf_version[p] += 1""",
+                "_leaves.py",
+                """                    held = (last_use[p], -depth[p], p, pv)\n""",
+                "",
             ),
         ),
     ),
@@ -521,8 +521,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            else:\n                remembered[key] = serial[b]\n",
-                "            else:\n                pass\n",
+                "                    drop_oldest(False)\n            remembered[key] = serial[b]\n",
+                "                    drop_oldest(False)\n",
             ),
         ),
     ),
@@ -556,8 +556,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "            if events is not None:\n"
-                "                events.append(BlockRemoved((wire[b],)))\n",
+                "                if events is not None:\n"
+                "                    events.append(BlockRemoved((wire[b],)))\n",
                 "",
             ),
         ),
