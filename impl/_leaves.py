@@ -61,7 +61,7 @@ class LeafHeap:
         pop, pushpop = heapq.heappop, heapq.heappushpop
         victims: list[int] = []
         held: _Entry | None = None  # a new leaf not pushed yet
-        while len(victims) < count:
+        while count > 0:
             if held is not None:
                 _, _, b, v = pushpop(heap, held)
                 held = None
@@ -72,6 +72,7 @@ class LeafHeap:
             if version[b] != v or ref[b] or children[b] or not depth[b]:
                 continue  # stale entry: b stopped being a leaf since it was queued
             victims.append(b)
+            count -= 1
             p = parent[b]
             if p >= 0:
                 left = children[p] - 1
