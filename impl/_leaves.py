@@ -63,13 +63,16 @@ class LeafHeap:
         held: _Entry | None = None  # a new leaf not pushed yet
         while count > 0:
             if held is not None:
-                _, _, b, v = pushpop(heap, held)
+                e = pushpop(heap, held)
+                fresh = e is held  # the leaf just made, with its new version: live
                 held = None
             elif heap:
-                _, _, b, v = pop(heap)
+                e = pop(heap)
+                fresh = False
             else:
                 break
-            if version[b] != v or ref[b] or children[b] or not depth[b]:
+            _, _, b, v = e
+            if not fresh and (version[b] != v or ref[b] or children[b] or not depth[b]):
                 continue  # stale entry: b stopped being a leaf since it was queued
             victims.append(b)
             count -= 1

@@ -101,8 +101,9 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "_leaves.py",
-                """            if version[b] != v or ref[b] or children[b] or not depth[b]:""",
-                """            if version[b] != v or ref[b] or not depth[b]:""",
+                "            if not fresh and ("
+                "version[b] != v or ref[b] or children[b] or not depth[b]):",
+                "            if not fresh and (version[b] != v or ref[b] or not depth[b]):",
             ),
         ),
     ),
