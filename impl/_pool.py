@@ -39,10 +39,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain, repeat
-from operator import mul
-from struct import Struct
+from collections.abc import Sequence
 
 from ._leaves import LeafHeap
 
@@ -141,15 +138,6 @@ class BlockPool:
         """The token ids of published block ``b``, as native uint32 bytes."""
         start = b * self.block_nbytes
         return bytes(self.tokens[start : start + self.block_nbytes])
-
-    def tokens_of(self, blocks: Iterable[int]) -> Iterator[bytes]:
-        """The token ids of each of the published ``blocks``, as native uint32 bytes.
-
-        One pass of C-level iterators: a struct cuts each block's bytes out of the buffer.
-        """
-        nb = self.block_nbytes
-        cut = Struct(f"{nb}s").unpack_from
-        return chain.from_iterable(map(cut, repeat(self.tokens), map(mul, blocks, repeat(nb))))
 
     def token_ids(self, b: int) -> tuple[int, ...]:
         return tuple(array("I", self.block_tokens(b)))
