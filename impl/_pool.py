@@ -334,6 +334,82 @@ class BlockPool:
                 self.num_reclaimable -= 1
                 self.anchor_up(self.parent[parent])
 
+    def publish_plain(
+        self,
+        b: int,
+        tokens: bytes,
+        namespace: bytes,
+        parent: int,
+        key: int,
+        depth: int,
+        serial: int,
+    ) -> None:
+        """:meth:`publish` for a block without extra keys, in a pool that keeps no wire
+        hashes (the manager's plain case: the keyed index, no events)."""
+        start = b * self.block_nbytes
+        self.tokens[start : start + self.block_nbytes] = tokens
+        self.namespace[b] = namespace
+        self.parent[b] = parent
+        self.key[b] = key
+        self.depth[b] = depth
+        self.serial[b] = serial
+        self.num_published += 1
+        if parent >= 0:
+            self.num_children[parent] += 1
+            # b is held, hence anchored: tell the parent (inlined first step of anchor_up).
+            anchored = self.anchored_children
+            a = anchored[parent]
+            anchored[parent] = a + 1
+            if not a and not self.ref[parent]:
+                self.num_reclaimable -= 1
+                self.anchor_up(self.parent[parent])
+
+    def publish_run(
+        self,
+        run: list[int],
+        tokens: bytes,
+        namespace: bytes,
+        parent: int,
+        keys: list[int],
+        depth: int,
+        serials: list[int],
+    ) -> None:
+        """:meth:`publish_plain` of each block of ``run``, a chain: the first block's parent
+        is ``parent`` (published) at depth ``depth - 1``, every other's is the block before
+        it. ``tokens`` holds the run's token ids, ``block_nbytes`` per block, in order.
+        """
+        assert not self.wire_hashes, "publish_run keeps no wire hashes"
+        nb = self.block_nbytes
+        ptoks, names, parents = self.tokens, self.namespace, self.parent
+        keys_a, depths, serials_a = self.key, self.depth, self.serial
+        p, o = parent, 0
+        for b, key, serial in zip(run, keys, serials, strict=True):
+            start = b * nb
+            ptoks[start : start + nb] = tokens[o : o + nb]
+            o += nb
+            names[b] = namespace
+            parents[b] = p
+            keys_a[b] = key
+            depths[b] = depth
+            depth += 1
+            serials_a[b] = serial
+            p = b
+        self.num_published += len(run)
+        # Every block of the run but the last gains its one published child, held (so
+        # anchored) by the publishing sequence, as it is itself: nothing propagates.
+        children, anchored = self.num_children, self.anchored_children
+        for b in run[:-1]:
+            children[b] += 1
+            anchored[b] += 1
+        if parent >= 0:
+            children[parent] += 1
+            # The run's first block is held, hence anchored (inlined first step of anchor_up).
+            a = anchored[parent]
+            anchored[parent] = a + 1
+            if not a and not self.ref[parent]:
+                self.num_reclaimable -= 1
+                self.anchor_up(self.parent[parent])
+
     def pop_leaves(self, count: int) -> list[int]:
         """Take up to ``count`` leaves off the eviction order, each still published.
 
