@@ -93,6 +93,25 @@ def test_prefill_run_and_decode_block_take_the_fast_paths(calls: Calls) -> None:
     _decode(pair, 1, [20, 21, 22])  # completes block 3: one block
     assert calls.one == [True]
     assert pair.impl.stats().num_published_blocks == 4
+    pair.free([1])
+    # Every published block is reclaimable again, so a prompt needing the whole pool fits:
+    # the run's anchoring was undone exactly.
+    assert pair.can_admit(Request(2, list(range(500, 756)), NS))
+    assert not pair.can_admit(Request(2, list(range(500, 757)), NS))
+
+
+def test_runs_of_scattered_and_consecutive_ids_agree_with_the_spec(calls: Calls) -> None:
+    # A pool of 4: a sequence that never commits is freed, so its blocks come back tail
+    # first (3, 2, 1, 0); the next prompt's run is published over ids 3, 2, 1.
+    pair = Pair(4, 4)
+    pair.admit(Request(1, list(range(16)), NS))
+    pair.free([1])
+    adm = _prefill(pair, 2, list(range(50, 63)))
+    assert list(adm.block_ids[:3]) == [3, 2, 1]
+    pair.free([2])
+    _prefill(pair, 3, [*range(50, 63), 9, 9, 9])  # a hit on 3 blocks, then one more
+    assert calls.run == [True]
+    assert calls.one == [True]
 
 
 def test_a_one_block_prefill_takes_the_one_block_path(calls: Calls) -> None:
