@@ -20,7 +20,7 @@ __all__ = ["HashIndex"]
 
 
 class HashIndex:
-    __slots__ = ("_buckets", "get_one")
+    __slots__ = ("_buckets", "claim", "get_one")
 
     def __init__(self, buckets: dict[int, int | list[int]] | None = None) -> None:
         # A bucket is one block id (the common case) or a list of ids after a collision.
@@ -32,10 +32,20 @@ class HashIndex:
         #: it once per block. A single block is a candidate, not a hit: the caller verifies
         #: the identity exactly, as :meth:`find` does for every candidate of a shared bucket.
         self.get_one: Callable[[int], int | list[int] | None] = self._buckets.get
+        #: ``claim(key, b)`` files block ``b`` under ``key`` if nothing is filed there, and
+        #: returns the bucket under ``key`` either way: ``b`` itself (this very object) iff it
+        #: filed it. One dict operation for the lookup and the insert of a new block.
+        #:
+        #: NOTE: the bound ``dict.setdefault``, as ``get_one``. The caller passes a block that
+        #: is in no bucket (an unpublished one, INV-INDEX), so an existing bucket is never
+        #: that same object, and one that is not handed back untouched means a twin or a
+        #: collision, which the caller verifies as :meth:`find` does.
+        self.claim: Callable[[int, int], int | list[int]] = self._buckets.setdefault
 
     def __deepcopy__(self, memo: dict[int, object]) -> HashIndex:
-        # NOTE: ``get_one`` is bound to the bucket dict, and copy treats builtin methods as
-        # atomic: a plain deep copy would look up the *original* buckets. Rebind it.
+        # NOTE: ``get_one`` and ``claim`` are bound to the bucket dict, and copy treats
+        # builtin methods as atomic: a plain deep copy would use the *original* buckets.
+        # Rebind them.
         buckets: dict[int, int | list[int]] = {}
         for key, entry in self._buckets.items():
             buckets[key] = entry if type(entry) is int else list(entry)  # type: ignore[arg-type]
@@ -71,6 +81,27 @@ class HashIndex:
         else:
             assert isinstance(entry, list)
             entry.append(b)
+
+    def file_new(self, keys: list[int], blocks: list[int]) -> bool:
+        """File each of ``blocks`` (unpublished) under its key, if none of ``keys`` is filed
+        yet and no two of them are equal; otherwise change nothing and return False.
+
+        Two C-level passes (a disjointness test and a dict update) instead of a lookup and
+        an insert per block. A key filed already, or one key twice in ``keys``, may be a
+        twin or a collision: the caller then goes block by block, verifying each.
+        """
+        buckets = self._buckets
+        if not buckets.keys().isdisjoint(keys):
+            return False
+        before = len(buckets)
+        buckets.update(zip(keys, blocks, strict=True))
+        if len(buckets) - before == len(keys):
+            return True
+        # A key twice in ``keys`` (a collision inside the run): none of them was filed
+        # before, so removing them all restores the index exactly.
+        for key in keys:
+            buckets.pop(key, None)
+        return False
 
     def remove(self, key: int, b: int) -> None:
         """Forget block ``b`` under ``key`` (it is in the index)."""

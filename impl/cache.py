@@ -1094,6 +1094,19 @@ class PrefixCacheManager(PrefixCache):
                                               private duplicate, choice 2) or its parent
                                               identity is gone (an orphan, INV-ANCESTOR)
         """
+        # NOTE: two fast paths for the plain case (the keyed index, no events, no multimodal
+        # spans): one block (a decode step completing its block) and a run of prompt blocks
+        # whose keys the admission computed (a prefill). Each handles only what it can
+        # finish: a block filed under a key already (a twin or a collision) or a private
+        # parent (a canonical twin to find, or an orphan) sends the call, before anything
+        # changed, to the general loop below, which alone handles duplicates, orphans,
+        # events and extra keys.
+        if self._keyed and not self._record_events and not seq.spans:
+            if stop - first == 1:
+                if self._publish_one(seq, first):
+                    return
+            elif self._publish_run(seq, first, stop):
+                return
         bs, tokens, blocks, hashes, ns = (
             self._block_size,
             seq.tokens,
@@ -1172,6 +1185,92 @@ class PrefixCacheManager(PrefixCache):
                     tup = tuple(tokens[j * bs : (j + 1) * bs])
                 self._events.append(stored_event(w, parent_w, tup, bs, ns, extras))
         self._counters.blocks_published += published
+
+    def _publish_one(self, seq: SeqState, j: int) -> bool:
+        """:meth:`_publish` of the one block ``j`` in the plain case, if it is new and its
+        parent is published; otherwise change nothing and return False."""
+        bs = self._block_size
+        mine = seq.tokens[j * bs : (j + 1) * bs].tobytes()
+        prompt_keys = seq.prompt_keys
+        if j < len(prompt_keys):
+            h = prompt_keys[j]  # hashed up front by the admission's lookup
+        else:
+            parent_key = seq.hashes[j - 1] if j else seq.seed
+            h = parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)  # see _chain_key
+        pool = self._pool
+        blocks = seq.blocks
+        if j:
+            p = blocks[j - 1]
+            if not pool.depth[p]:
+                return False  # a private parent: its canonical twin or an orphan
+        else:
+            p = NO_PARENT
+        b = blocks[j]
+        # File b under h unless h is filed already. b is unpublished, so it is in no
+        # bucket (INV-INDEX): ``claim`` hands back this very object iff it filed it.
+        if self._index.claim(h, b) is not b:
+            return False  # a twin or a colliding key: the general loop verifies which
+        seq.hashes.append(h)
+        ns = seq.namespace
+        serial = None
+        remembered = self._evicted
+        if remembered:  # a remembered identity keeps its name (see __init__)
+            serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, mine, ()))
+        if serial is None:
+            serial = self._next_serial
+            self._next_serial = serial + 1
+        pool.publish_plain(b, mine, ns, p, h, j + 1, serial)
+        self._counters.blocks_published += 1
+        return True
+
+    def _publish_run(self, seq: SeqState, first: int, stop: int) -> bool:
+        """:meth:`_publish` of the prompt blocks ``first..stop-1`` in the plain case, if the
+        admission computed their keys, none is filed yet and block ``first``'s parent is
+        published; otherwise change nothing and return False.
+
+        Then every block of the run is new, so each is published under its own parent, the
+        block before it in the run.
+        """
+        prompt_keys = seq.prompt_keys
+        if stop > len(prompt_keys):
+            return False
+        pool = self._pool
+        blocks = seq.blocks
+        if first:
+            p = blocks[first - 1]
+            if not pool.depth[p]:
+                return False  # a private parent: its canonical twin or an orphan
+        else:
+            p = NO_PARENT
+        keys = prompt_keys[first:stop]
+        run = blocks[first:stop]
+        if not self._index.file_new(keys, run):
+            return False  # a key filed already (a twin or a collision), or twice in the run
+        seq.hashes.extend(keys)
+        bs, nb = self._block_size, pool.block_nbytes
+        raw = seq.tokens[first * bs : stop * bs].tobytes()
+        k = stop - first
+        fresh = self._next_serial
+        serials: list[int] = []
+        remembered = self._evicted
+        if remembered:  # a remembered identity keeps its name (see __init__)
+            # NOTE: only while the parent's serial is a remembered one. A fresh serial was
+            # never any block's, so no remembered identity has it as its parent's serial:
+            # below the first block that gets a fresh serial, every lookup would miss.
+            ns = seq.namespace
+            parent_serial = pool.serial[p] if p >= 0 else 0
+            for o in range(0, k * nb, nb):
+                serial = remembered.get((parent_serial, ns, raw[o : o + nb], ()))
+                if serial is None:
+                    break
+                serials.append(serial)
+                parent_serial = serial
+        held = len(serials)
+        serials.extend(range(fresh, fresh + k - held))
+        self._next_serial = fresh + k - held
+        pool.publish_run(run, raw, seq.namespace, p, keys, first + 1, serials)
+        self._counters.blocks_published += k
+        return True
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)

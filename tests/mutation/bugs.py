@@ -627,6 +627,25 @@ BUGS: tuple[Bug, ...] = (
             ),
         ),
     ),
+    # -- the publication fast paths (one block; a run of prompt blocks) ---------------------
+    Bug(
+        "one_block_under_private_parent",
+        "the one-block publication path publishes under the sequence's own parent even when "
+        "that parent is a private duplicate (INV-ANCESTOR)",
+        (
+            (
+                "cache.py",
+                """            if not pool.depth[p]:
+                return False  # a private parent: its canonical twin or an orphan
+        else:
+            p = NO_PARENT
+        b = blocks[j]""",
+                """        else:
+            p = NO_PARENT
+        b = blocks[j]""",
+            ),
+        ),
+    ),
     # -- recurrent-state checkpoints and routed experts (impl/hybrid.py) ---------------------
     Bug(
         "release_pinned_checkpoint",
