@@ -1215,7 +1215,7 @@ class PrefixCacheManager(PrefixCache):
         serial = None
         remembered = self._evicted
         if remembered:  # a remembered identity keeps its name (see __init__)
-            serial = remembered.get((pool.serial[p] if p >= 0 else 0, ns, mine, ()))
+            serial = remembered.get((pool.serial[p] if p >= 0 else ns, mine))
         if serial is None:
             serial = self._next_serial
             self._next_serial = serial + 1
@@ -1257,14 +1257,14 @@ class PrefixCacheManager(PrefixCache):
             # NOTE: only while the parent's serial is a remembered one. A fresh serial was
             # never any block's, so no remembered identity has it as its parent's serial:
             # below the first block that gets a fresh serial, every lookup would miss.
-            ns = seq.namespace
-            parent_serial = pool.serial[p] if p >= 0 else 0
+            # A root's identity is named by its namespace (see _remember).
+            name: int | bytes = pool.serial[p] if p >= 0 else seq.namespace
             for o in range(0, k * nb, nb):
-                serial = remembered.get((parent_serial, ns, raw[o : o + nb], ()))
+                serial = remembered.get((name, raw[o : o + nb]))
                 if serial is None:
                     break
                 serials.append(serial)
-                parent_serial = serial
+                name = serial
         held = len(serials)
         serials.extend(range(fresh, fresh + k - held))
         self._next_serial = fresh + k - held
