@@ -340,11 +340,12 @@ class PrefixCacheManager(PrefixCache):
         ns, _, seed = self._ns_key(req.namespace)
         keys = self._prompt_keys(req, ns, seed)
         self._prompt_keys_memo = (req, keys)
-        # The candidates up to the first miss (``iter`` stops at the sentinel None, in C).
-        # A collision bucket (a list) among them is resolved in place by _verified_slow.
-        found = cast("list[int]", list(map(self._index.get_one, keys)))
-        if None in found:  # NOTE: a lookup past the first miss is cheaper than stopping
-            del found[found.index(None) :]  # at it through a Python-level sentinel call
+        # The candidates up to the first miss. A collision bucket (a list) among them is
+        # resolved in place by _verified_slow.
+        entries = list(map(self._index.get_one, keys))
+        if None in entries:  # NOTE: a lookup past the first miss is cheaper than stopping
+            del entries[entries.index(None) :]  # at it through a Python-level sentinel call
+        found = cast("list[int]", entries)
         m = self._verified(found, keys, req.token_bytes, ns)
         cap = (req.num_tokens - 1) // self._block_size
         capped = m > cap
