@@ -54,7 +54,7 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import and_, countOf, getitem, ne, sub, xor
+from operator import and_, getitem, ne, sub, xor
 from struct import Struct, unpack_from
 from typing import NamedTuple, cast
 
@@ -290,7 +290,10 @@ class PrefixCacheManager(PrefixCache):
         # One C call cuts the prompt into its blocks' bytes: ``"64s64s..."``, one per block.
         blocks = unpack_from(f"{nb}s" * (stop // nb), buf)
         leaves = map(hash, zip(repeat(self._salt), count(), blocks))
-        chain = map(and_, accumulate(leaves, xor, initial=seed), repeat(_KEY_MASK))
+        # NOTE: each leaf is masked before the xor, as ``_chain_key`` does (masking
+        # distributes over xor, so the keys are the same): a hash is negative half the
+        # time, and CPython's xor of a negative int takes a slower path than two masked ones.
+        chain = accumulate(map(and_, leaves, repeat(_KEY_MASK)), xor, initial=seed)
         next(chain)  # the seed itself
         return list(chain)
 
@@ -347,9 +350,12 @@ class PrefixCacheManager(PrefixCache):
         ns, _, seed = self._ns_key(req.namespace)
         keys = self._prompt_keys(req, ns, seed)
         self._prompt_keys_memo = (req, keys)
-        # The candidates up to the first miss (``iter`` stops at the sentinel None, in C).
-        # A collision bucket (a list) among them is resolved in place by _verified_slow.
-        found = cast("list[int]", list(iter(map(self._index.get_one, keys).__next__, None)))
+        # The candidates up to the first miss. A collision bucket (a list) among them is
+        # resolved in place by _verified_slow.
+        entries = list(map(self._index.get_one, keys))
+        if None in entries:  # NOTE: a lookup past the first miss is cheaper than stopping
+            del entries[entries.index(None) :]  # at it through a Python-level sentinel call
+        found = cast("list[int]", entries)
         m = self._verified(found, keys, req.token_bytes, ns)
         cap = (req.num_tokens - 1) // self._block_size
         capped = m > cap
@@ -379,26 +385,41 @@ class PrefixCacheManager(PrefixCache):
         if not m:
             return 0
         pool = self._pool
-        try:
-            # (an array's bound __getitem__ is a slot wrapper: operator.getitem is faster)
-            parents = list(map(getitem, repeat(pool.parent), found))
-        except TypeError:  # a collision bucket
-            return self._verified_slow(found, keys, buf, ns)
+        pns = pool.namespace
+        c = found[0]
+        # One run of consecutive block ids (a chain admitted at once, the common case):
+        # its parents and namespaces are slices of the pool's columns, no gather.
+        last = found[m - 1]
+        one_run = (
+            type(c) is int
+            and type(last) is int
+            and last - c == m - 1
+            and found == list(range(c, c + m))
+        )
+        if one_run:
+            parents = pool.parent[c : c + m].tolist()
+            namespaces = pns[c : c + m]
+        else:
+            try:
+                # (an array's bound __getitem__ is a slot wrapper: operator.getitem is faster)
+                parents = list(map(getitem, repeat(pool.parent), found))
+            except TypeError:  # a collision bucket
+                return self._verified_slow(found, keys, buf, ns)
+            namespaces = list(map(pns.__getitem__, found))
         # The first failing candidate of any part ends the match.
         if parents[0] != NO_PARENT:
             return 0
         if parents[1:] != found[: m - 1]:
             m = 1 + _first_difference(parents[1:], found)
-        pns = pool.namespace
-        if countOf(map(pns.__getitem__, found[:m]), ns) != m:
-            m = _first_difference(map(pns.__getitem__, found), repeat(ns, m))
+        # (``count`` compares by identity first: a published block shares ``ns``'s object)
+        if namespaces.count(ns) != len(namespaces):
+            m = next(compress(count(), map(ne, namespaces, repeat(ns, m))), m)
         extra = pool.extra
         if extra and not extra.keys().isdisjoint(found[:m]):
             m = next(compress(count(), map(extra.__contains__, found)))
         # Token ids, one run of consecutive block ids at a time.
         nb, ptoks = pool.block_nbytes, pool.tokens
-        c = found[0]
-        if found[m - 1] - c == m - 1 and found[:m] == list(range(c, c + m)):
+        if one_run:
             breaks: Iterable[int] = ()  # one run: the common case of a chain admitted at once
         else:
             breaks = compress(count(1), map(ne, map(sub, islice(found, 1, m), found), repeat(1)))
