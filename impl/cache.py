@@ -107,16 +107,10 @@ _new_outcome = tuple.__new__
 _KEY_MASK = (1 << 60) - 1
 
 
-#: ``((),) * n`` for small batches: the outcome of n steps that allocated nothing.
-_NOTHING_NEW: tuple[tuple[tuple[int, ...], ...], ...] = tuple(((),) * n for n in range(65))
-
-
 def _applied(n: int, allocated: list[tuple[int, tuple[int, ...]]]) -> tuple[tuple[int, ...], ...]:
-    """``new_blocks`` of a batch's first ``n`` steps, given the steps that allocated."""
-    out = _NOTHING_NEW[n] if n < len(_NOTHING_NEW) else ((),) * n
-    if not allocated:
-        return out
-    steps = list(out)
+    """``new_blocks`` of a batch's first ``n`` steps, given (by position) the steps that
+    allocated: () for every other step."""
+    steps: list[tuple[int, ...]] = [()] * n
     for i, new in allocated:
         steps[i] = new
     return tuple(steps)
@@ -751,10 +745,11 @@ class PrefixCacheManager(PrefixCache):
                 seq.kv_token_limit,
                 seq.spans,
             )
-        need = -(-reserved // self._block_size) - len(seq.blocks)
-        if need <= 0:
+        bs = self._block_size
+        if reserved <= len(seq.blocks) * bs:  # the held blocks (ceil(reserved / bs)) suffice
             seq.num_reserved = reserved
             return []
+        need = -(-reserved // bs) - len(seq.blocks)
         supply = self._pool.supply
         if need > supply:
             raise self._out_of_blocks(need, supply)
@@ -1092,7 +1087,9 @@ class PrefixCacheManager(PrefixCache):
             if new:
                 allocated.append((i, tuple(new)))
             i += 1
-        return _new_outcome(BatchOutcome, (_applied(i, allocated), None, None))
+        if allocated:
+            return _new_outcome(BatchOutcome, (_applied(i, allocated), None, None))
+        return _new_outcome(BatchOutcome, (((),) * i, None, None))
 
     def _canonical(self, seq: SeqState, i: int) -> int:
         """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
