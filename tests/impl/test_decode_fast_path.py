@@ -168,3 +168,137 @@ def test_check_batch_accepts_only_decode_steps() -> None:
     out = BatchOutcome(((), (3,)))
     assert out.ok and out.num_applied == 2 and out.error is None and out.failed_seq_id is None
     out.raise_for_error()
+
+
+# -- the steps that complete a block (advance's and commit's lean paths) -----------------
+
+
+def _checked_paths_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a valid step reaches the general (checked) paths."""
+
+    def forbidden(*_: Any) -> Any:
+        raise AssertionError("a valid step took the general path")
+
+    for name in ("_advance_general", "_check_commit_args"):
+        monkeypatch.setattr(PrefixCacheManager, name, forbidden)
+
+
+@pytest.mark.parametrize("shape", ["percall", "fused", "batched"])
+@pytest.mark.parametrize("block_size", [1, 2, 4])
+def test_valid_steps_never_take_the_general_path(
+    monkeypatch: pytest.MonkeyPatch, shape: str, block_size: int
+) -> None:
+    """The prefill commit (several blocks), every block-completing step (publish, then
+    reserve the next block) and every step inside a block run without the general path,
+    and leave the spec's state, events and statistics."""
+    spec = SpecCache(48, block_size, record_events=True)
+    impl = PrefixCacheManager(48, block_size, record_events=True)
+    for cache in (spec, impl):
+        cache.admit(Request(1, list(range(9)), NS))
+        # The same prompt, committed second: its blocks stay private duplicates, so its
+        # decode blocks publish under sequence 1's (canonical) blocks.
+        cache.admit(Request(2, list(range(9)), NS))
+    _checked_paths_forbidden(monkeypatch)
+    for step in range(3 * block_size + 2):
+        for sid in (1, 2):
+            c, tok = (9, (50 + sid,)) if step == 0 else (1, (100 + step,))
+            spec.commit(sid, c, tok)
+            want = spec.append(sid, 1)
+            if shape == "percall":
+                impl.commit(sid, c, tok)
+                assert impl.append(sid, 1) == want
+            elif shape == "fused":
+                assert impl.advance(sid, c, tok) == want
+            else:
+                out = impl.advance_batch([DecodeStep(sid, c, tok)])
+                assert out == BatchOutcome((tuple(want),))
+            assert impl.snapshot() == spec.snapshot(), (step, sid)
+    assert impl.take_events() == spec.take_events()
+    assert impl.stats() == spec.stats()
+
+
+def test_a_batch_reports_each_steps_new_blocks_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a batch where only some steps complete a block and allocate, the outcome holds
+    each step's new blocks at its own position and () elsewhere."""
+    spec, impl = SpecCache(64, 4), PrefixCacheManager(64, 4)
+    for cache in (spec, impl):
+        for sid, n in ((1, 7), (2, 5), (3, 3), (4, 6)):  # 1 and 3 fill a block next step
+            adm = cache.admit(Request(sid, [sid * 10 + i for i in range(n)], NS))
+            cache.commit(sid, adm.num_scheduled_tokens, [9])
+            cache.append(sid, 1)
+    _checked_paths_forbidden(monkeypatch)
+    batch = [DecodeStep(sid, 1, (70 + sid,)) for sid in (1, 2, 3, 4)]
+    out = impl.advance_batch(batch)
+    want = spec.advance_batch(batch)
+    assert out == want and out.ok
+    assert [bool(b) for b in out.new_blocks] == [True, False, True, False]
+    assert impl.snapshot() == spec.snapshot()
+
+
+#: A valid step that completes block 1 (slots 4..7) and reserves into block 2, on
+#: ``_decoding(cls, pending=3)``: 5 computed, 6 tokens known, 8 reserved.
+BOUNDARY_STEP = (1, 3, (7, 8))
+
+#: Each bad input, at that boundary: each fails one predicate of the lean path.
+BAD_AT_BOUNDARY: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "float num_computed": ((1, 3.0, (7, 8)), {}),
+    "bool num_computed": ((1, True, (7, 8, 9)), {}),
+    "one past the reservation": ((1, 4, (7, 8, 9)), {}),
+    "one past the known tokens": ((1, 3, (7,)), {}),
+    "negative token": ((1, 3, (7, -1)), {}),
+    "token past uint32": ((1, 3, (7, 2**32)), {}),
+    "bool token": ((1, 3, (7, False)), {}),
+    "negative num_reserve": ((1, 3, (7, 8)), {"num_reserve": -1}),
+    "bool num_reserve": ((1, 3, (7, 8)), {"num_reserve": True}),
+    "float num_rejected": ((1, 3, (7, 8)), {"num_rejected": 0.0}),
+    "unknown seq id": ((2, 3, (7, 8)), {}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_AT_BOUNDARY))
+def test_bad_step_at_a_block_boundary_raises_as_the_spec(kind: str) -> None:
+    """At the step that would publish and allocate, each bad input is refused with the
+    spec's error by advance, advance_batch and commit, and changes nothing."""
+    args, kwargs = BAD_AT_BOUNDARY[kind]
+    assert not _raised(lambda: _decoding(PrefixCacheManager, pending=3).advance(*BOUNDARY_STEP))
+    spec, impl = _decoding(SpecCache, pending=3), _decoding(PrefixCacheManager, pending=3)
+    want = _raised(lambda: spec.advance(*args, **kwargs))
+    assert want is not None and issubclass(want, PrefixCacheError)
+    before, stats = impl.snapshot(), impl.stats()
+    assert _raised(lambda: impl.advance(*args, **kwargs)) is want
+    assert impl.snapshot() == before and impl.stats() == stats
+    out = impl.advance_batch([DecodeStep(*args, **kwargs)])
+    assert out.num_applied == 0 and type(out.error) is want
+    assert impl.snapshot() == before and impl.stats() == stats
+    if not kwargs:
+        assert _raised(lambda: impl.commit(*args)) is _raised(lambda: spec.commit(*args))
+        assert impl.snapshot() == before and impl.stats() == stats
+
+
+@pytest.mark.parametrize("free", [0, 1])
+@pytest.mark.parametrize("shape", ["fused", "batched"])
+def test_boundary_step_at_the_edge_of_the_supply(
+    monkeypatch: pytest.MonkeyPatch, free: int, shape: str
+) -> None:
+    """The step that publishes a block and needs the next one: with one block left it runs
+    on the lean path; with none, the spec's OutOfBlocks and nothing changed."""
+    spec, impl = (cls(6, 4) for cls in (SpecCache, PrefixCacheManager))
+    for cache in (spec, impl):
+        adm = cache.admit(Request(1, [3, 1, 4, 1, 5], NS))  # 2 blocks
+        cache.commit(1, adm.num_scheduled_tokens, [9])
+        cache.append(1, 3)  # 8 reserved: the blocks are full
+        cache.admit(Request(2, list(range(100, 100 + 4 * (4 - free))), NS))
+    assert impl.stats().num_free_blocks == free
+    before = impl.snapshot()
+    if free:
+        _checked_paths_forbidden(monkeypatch)
+    want = _raised(lambda: spec.advance(*BOUNDARY_STEP))
+    if shape == "fused":
+        got = _raised(lambda: impl.advance(*BOUNDARY_STEP))
+    else:
+        out = impl.advance_batch([DecodeStep(*BOUNDARY_STEP)])
+        got = None if out.error is None else type(out.error)
+    assert got is want and (want is None) == bool(free)
+    assert impl.snapshot() == (spec.snapshot() if free else before)

@@ -594,8 +594,13 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "                and now // bs == done // bs\n",
-                "",
+                "                    # blocks: ceil(reserved / bs), so this is "
+                '"nothing to allocate"\n'
+                "                    if now // bs == done // bs"
+                " and grown <= len(seq.blocks) * bs:\n",
+                "                    # blocks: ceil(reserved / bs), so this is "
+                '"nothing to allocate"\n'
+                "                    if grown <= len(seq.blocks) * bs:\n",
             ),
         ),
         machine="steps",
@@ -607,8 +612,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "                    and reserved <= grown <= len(seq.blocks) * bs\n",
-                "                    and reserved <= grown\n",
+                "                        if now // bs == done // bs"
+                " and grown <= len(seq.blocks) * bs:\n",
+                "                        if now // bs == done // bs:\n",
             ),
         ),
         machine="steps",
@@ -619,11 +625,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """                and now // bs == held // bs
-                and now <= len(seq.tokens) + len(accepted_tokens)
-""",
-                """                and now // bs == held // bs
-""",
+                "            if held <= now <= seq.num_reserved"
+                " and now <= len(seq.tokens) + len(accepted_tokens):\n",
+                "            if held <= now <= seq.num_reserved:\n",
             ),
         ),
     ),
@@ -645,6 +649,23 @@ BUGS: tuple[Bug, ...] = (
         b = blocks[j]""",
             ),
         ),
+    ),
+    Bug(
+        "lean_step_skips_allocate",
+        "the decode step that completes a block sizes its reservation by the slots it held, "
+        "not the slots it grows to: it publishes but allocates no next block (INV-LIMIT)",
+        (
+            (
+                "cache.py",
+                "        need = -(-grown // bs) - len(blocks)\n"
+                "        if need > 0:\n"
+                "            pool = self._pool\n",
+                "        need = -(-seq.num_reserved // bs) - len(blocks)\n"
+                "        if need > 0:\n"
+                "            pool = self._pool\n",
+            ),
+        ),
+        machine="steps",
     ),
     # -- recurrent-state checkpoints and routed experts (impl/hybrid.py) ---------------------
     Bug(
