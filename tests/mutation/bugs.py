@@ -366,6 +366,31 @@ BUGS: tuple[Bug, ...] = (
         ),
     ),
     Bug(
+        "reused_block_unheld",
+        "a block taken again from the free queue is handed out without its hold (INV-REF)",
+        (
+            (
+                "_pool.py",
+                """                b = popleft()
+                ref[b] = 1
+                taken.append(b)""",
+                """                b = popleft()
+                taken.append(b)""",
+            ),
+        ),
+    ),
+    Bug(
+        "fresh_range_unheld",
+        "never-used blocks are handed out without their hold (INV-REF)",
+        (
+            (
+                "_pool.py",
+                """            self.ref[start : start + fresh] = _HELD_ONCE * fresh\n""",
+                "",
+            ),
+        ),
+    ),
+    Bug(
         "last_use_not_updated",
         "a block's last use is not refreshed when it is released, so hot prefixes age out",
         (
