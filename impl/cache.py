@@ -876,7 +876,9 @@ class PrefixCacheManager(PrefixCache):
     # -- engine-shaped calls (prefixkv.spec.steps) -----------------------------------------
 
     #: NOTE: a subclass whose commit, rollback or append does more (the hybrid manager)
-    #: sets this to False: its ``advance`` then runs the public calls under a saved state.
+    #: sets this to False: its ``advance`` then checks every part as usual and runs its
+    #: public calls in turn (under a saved state only in the one case the checks cannot
+    #: settle up front; see :meth:`_advance_general`).
     _fused_inline = True
 
     def advance(
@@ -1013,10 +1015,6 @@ class PrefixCacheManager(PrefixCache):
         seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
         if seq is None:
             seq = self._seq(seq_id)
-        if not self._fused_inline:
-            return self._advance_saved(
-                seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
-            )
         accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
         bs = self._block_size
         reserved = seq.num_reserved
@@ -1052,6 +1050,15 @@ class PrefixCacheManager(PrefixCache):
                             seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
                         )
         # Nothing below can raise.
+        if not self._fused_inline:
+            # NOTE: a subclass whose calls do more (the hybrid manager moves checkpoints)
+            # runs its own public calls, in the definition's order. Every check they make
+            # passed above, on the values they will see, so none of them raises and no saved
+            # copy of the state is needed: a copy would cost O(pool) per decode step.
+            self.commit(seq_id, num_computed, accepted_tokens)
+            if num_rejected:
+                self.rollback(seq_id, num_rejected)
+            return self.append(seq_id, num_reserve) if num_reserve else []
         self._apply_commit(seq, accepted, new_computed)
         if num_rejected:
             seq.num_reserved = reserved

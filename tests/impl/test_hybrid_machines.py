@@ -20,6 +20,7 @@ from prefixkv.conformance.machines import (
     build_hybrid_machine,
     hybrid_spec_vs_impl,
 )
+from prefixkv.conformance.machines.step_calls import StepCallRules
 
 
 def _examples(fraction: float, minimum: int = 5) -> int:
@@ -111,3 +112,15 @@ def test_every_bad_hybrid_input_kind() -> None:
     for kind in BAD_HYBRID_KINDS:
         assert SpecVsImplHybrid.coverage.variants[f"bad_hybrid_input:{kind}"] >= 1
     state.teardown()
+
+
+# The engine-shaped calls (advance, advance_batch) on the hybrid caches: the impl's hybrid
+# advance checks every part up front and then runs its own commit, rollback and append,
+# which move checkpoints, so the machine holds it to the spec's definition step by step.
+SpecVsImplHybridSteps: Any = type(
+    "SpecVsImplHybridSteps",
+    (StepCallRules, build_hybrid_machine("SpecVsImplHybridSteps", hybrid_spec_vs_impl("fast"))),
+    {},
+)
+TestSpecVsImplHybridSteps = SpecVsImplHybridSteps.TestCase
+TestSpecVsImplHybridSteps.settings = settings(max_examples=_examples(1.0), stateful_step_count=60)

@@ -173,3 +173,22 @@ def test_saved_state_restores_the_index() -> None:
     assert saved.get_one(5) == [1, 2]
     assert saved.get_one(7) is None
     assert index.get_one(5) == 2
+
+
+def test_hybrid_advance_copies_no_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hybrid manager's advance checks every part up front, then runs its commit,
+    rollback and append in turn: a decode step, a speculative one and a batched one copy
+    no state (a saved copy costs time in proportion to the pool, per step)."""
+    import copy
+
+    cache = HybridPrefixCacheManager(64, 4, max_num_seqs=2, state_budget=2)
+    adm = cache.admit(Request("s", list(range(10)), Namespace("m")))
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("advance copied the whole state")
+
+    monkeypatch.setattr(copy, "deepcopy", no_copy)
+    assert cache.advance("s", adm.num_scheduled_tokens, [42], num_reserve=3) == [3]
+    cache.advance("s", 1, [7], num_rejected=2, num_reserve=3)
+    assert cache.advance_batch([DecodeStep("s", 1, [8], 0, 1)]).ok
+    assert cache.num_computed_tokens("s") == 12
