@@ -349,27 +349,11 @@ class BlockPool:
         serial: int,
     ) -> None:
         """Store the identity of the held block ``b`` (its parent is published)."""
-        start = b * self.block_nbytes
-        self.tokens[start : start + self.block_nbytes] = tokens
-        self.namespace[b] = namespace
         if extra:
             self.extra[b] = extra
-        self.parent[b] = parent
-        self.key[b] = key
         if self.wire_hashes:
             self.block_hash[b] = block_hash
-        self.depth[b] = depth
-        self.serial[b] = serial
-        self.num_published += 1
-        if parent >= 0:
-            self.num_children[parent] += 1
-            # b is held, hence anchored: tell the parent (inlined first step of anchor_up).
-            anchored = self.anchored_children
-            a = anchored[parent]
-            anchored[parent] = a + 1
-            if not a and not self.ref[parent]:
-                self.num_reclaimable -= 1
-                self.anchor_up(self.parent[parent])
+        self.publish_plain(b, tokens, namespace, parent, key, depth, serial)
 
     def publish_plain(
         self,
@@ -381,8 +365,8 @@ class BlockPool:
         depth: int,
         serial: int,
     ) -> None:
-        """:meth:`publish` for a block without extra keys, in a pool that keeps no wire
-        hashes (the manager's plain case: the keyed index, no events)."""
+        """:meth:`publish` without extra keys or a wire hash (the manager's plain case: the
+        keyed index, no events; :meth:`publish` stores those first, then calls this)."""
         start = b * self.block_nbytes
         self.tokens[start : start + self.block_nbytes] = tokens
         self.namespace[b] = namespace

@@ -1302,12 +1302,9 @@ class PrefixCacheManager(PrefixCache):
             h = parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)  # see _chain_key
         pool = self._pool
         blocks = seq.blocks
-        if j:
-            p = blocks[j - 1]
-            if not pool.depth[p]:
-                return False  # a private parent: its canonical twin or an orphan
-        else:
-            p = NO_PARENT
+        p = self._own_parent(seq, j)
+        if p == _MISSING:
+            return False
         b = blocks[j]
         # File b under h unless h is filed already. b is unpublished, so it is in no
         # bucket (INV-INDEX): ``claim`` hands back this very object iff it filed it.
@@ -1326,6 +1323,16 @@ class PrefixCacheManager(PrefixCache):
         self._counters.blocks_published += 1
         return True
 
+    def _own_parent(self, seq: SeqState, j: int) -> int:
+        """The parent a fast publication path files ``seq``'s block ``j`` under: its own
+        block ``j - 1`` when that is published (NO_PARENT for a root block), else _MISSING
+        (a private parent: its canonical twin or an orphan, which only the general loop
+        resolves)."""
+        if not j:
+            return NO_PARENT
+        p = seq.blocks[j - 1]
+        return p if self._pool.depth[p] else _MISSING
+
     def _publish_run(self, seq: SeqState, first: int, stop: int) -> bool:
         """:meth:`_publish` of the prompt blocks ``first..stop-1`` in the plain case, if the
         admission computed their keys, none is filed yet and block ``first``'s parent is
@@ -1339,12 +1346,9 @@ class PrefixCacheManager(PrefixCache):
             return False
         pool = self._pool
         blocks = seq.blocks
-        if first:
-            p = blocks[first - 1]
-            if not pool.depth[p]:
-                return False  # a private parent: its canonical twin or an orphan
-        else:
-            p = NO_PARENT
+        p = self._own_parent(seq, first)
+        if p == _MISSING:
+            return False
         keys = prompt_keys[first:stop]
         run = blocks[first:stop]
         if not self._index.file_new(keys, run):

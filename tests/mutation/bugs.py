@@ -658,20 +658,14 @@ BUGS: tuple[Bug, ...] = (
     ),
     # -- the publication fast paths (one block; a run of prompt blocks) ---------------------
     Bug(
-        "one_block_under_private_parent",
-        "the one-block publication path publishes under the sequence's own parent even when "
-        "that parent is a private duplicate (INV-ANCESTOR)",
+        "fast_publish_under_private_parent",
+        "the publication fast paths (one block, a run of prompt blocks) publish under the "
+        "sequence's own parent even when that parent is a private duplicate (INV-ANCESTOR)",
         (
             (
                 "cache.py",
-                """            if not pool.depth[p]:
-                return False  # a private parent: its canonical twin or an orphan
-        else:
-            p = NO_PARENT
-        b = blocks[j]""",
-                """        else:
-            p = NO_PARENT
-        b = blocks[j]""",
+                "        return p if self._pool.depth[p] else _MISSING\n",
+                "        return p\n",
             ),
         ),
     ),
