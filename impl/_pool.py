@@ -377,13 +377,7 @@ class BlockPool:
         self.num_published += 1
         if parent >= 0:
             self.num_children[parent] += 1
-            # b is held, hence anchored: tell the parent (inlined first step of anchor_up).
-            anchored = self.anchored_children
-            a = anchored[parent]
-            anchored[parent] = a + 1
-            if not a and not self.ref[parent]:
-                self.num_reclaimable -= 1
-                self.anchor_up(self.parent[parent])
+            self.anchor_up(parent)  # b is held, hence anchored: tell the parent
 
     def publish_run(
         self,
@@ -430,12 +424,7 @@ class BlockPool:
             children[b] = anchored[b] = 1
         if parent >= 0:
             children[parent] += 1
-            # The run's first block is held, hence anchored (inlined first step of anchor_up).
-            a = anchored[parent]
-            anchored[parent] = a + 1
-            if not a and not self.ref[parent]:
-                self.num_reclaimable -= 1
-                self.anchor_up(self.parent[parent])
+            self.anchor_up(parent)  # the run's first block is held, hence anchored
 
     def _publish_span(
         self,
@@ -475,13 +464,7 @@ class BlockPool:
             self.anchored_children[b0 : stop - 1] = ones
         if parent >= 0:
             self.num_children[parent] += 1
-            # The run's first block is held, hence anchored (inlined first step of anchor_up).
-            anchored = self.anchored_children
-            a = anchored[parent]
-            anchored[parent] = a + 1
-            if not a and not self.ref[parent]:
-                self.num_reclaimable -= 1
-                self.anchor_up(self.parent[parent])
+            self.anchor_up(parent)  # the run's first block is held, hence anchored
 
     def pop_leaves(self, count: int) -> list[int]:
         """Take up to ``count`` leaves off the eviction order, each still published.
