@@ -128,6 +128,14 @@ def _first_difference(a: Iterable[object], b: Iterable[object]) -> int:
 _EvictedKey = tuple[int | bytes, bytes] | tuple[int | bytes, bytes, tuple[tuple[int, bytes], ...]]
 
 
+def _evicted_key(
+    name: int | bytes, tokens: bytes, extras: tuple[tuple[int, bytes], ...] = ()
+) -> _EvictedKey:
+    """The eviction record's key of an identity (see :data:`_EvictedKey`): the one place
+    its shape is written, for the record and every lookup in it."""
+    return (name, tokens, extras) if extras else (name, tokens)
+
+
 class Walk(NamedTuple):
     """What the index walk along a prompt found (before the cap, clamp and window)."""
 
@@ -509,7 +517,7 @@ class PrefixCacheManager(PrefixCache):
         for j in range(len(blocks), stop):
             mine = buf[j * nb : (j + 1) * nb]
             extras = block_extra_keys(spans, j * bs, bs) if spans else ()
-            found = get((name, mine, extras) if extras else (name, mine))
+            found = get(_evicted_key(name, mine, extras))
             if found is None:
                 break
             name = found
@@ -620,14 +628,11 @@ class PrefixCacheManager(PrefixCache):
         remembered = self._evicted
         drop, drop_oldest = remembered.pop, remembered.popitem
         room = self._num_blocks - len(remembered)
-        key: _EvictedKey
         for b in victims:
             p = parent[b]
             name = serial[p] if p >= 0 else pns[b]
             assert name is not None  # a published root has a namespace
-            key = (name, cut(toks, b * nb)[0])
-            if extra and b in extra:
-                key = (name, key[1], extra[b])
+            key = _evicted_key(name, cut(toks, b * nb)[0], extra.get(b, ()) if extra else ())
             if drop(key, None) is None:  # not remembered yet: one more, or the oldest goes
                 if room:
                     room -= 1
@@ -1277,7 +1282,7 @@ class PrefixCacheManager(PrefixCache):
             serial = None
             if remembered:  # a remembered identity keeps its name (see __init__)
                 name = pool.serial[p] if p >= 0 else ns
-                serial = remembered.get((name, mine, extras) if extras else (name, mine))
+                serial = remembered.get(_evicted_key(name, mine, extras))
             if serial is None:
                 serial = self._next_serial
                 self._next_serial = serial + 1
@@ -1292,6 +1297,9 @@ class PrefixCacheManager(PrefixCache):
     def _publish_one(self, seq: SeqState, j: int) -> bool:
         """:meth:`_publish` of the one block ``j`` in the plain case, if it is new and its
         parent is published; otherwise change nothing and return False."""
+        p = self._own_parent(seq, j)
+        if p == _MISSING:
+            return False  # before hashing: the general loop hashes the block itself
         bs = self._block_size
         mine = seq.tokens[j * bs : (j + 1) * bs].tobytes()
         prompt_keys = seq.prompt_keys
@@ -1301,11 +1309,7 @@ class PrefixCacheManager(PrefixCache):
             parent_key = seq.hashes[j - 1] if j else seq.seed
             h = parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)  # see _chain_key
         pool = self._pool
-        blocks = seq.blocks
-        p = self._own_parent(seq, j)
-        if p == _MISSING:
-            return False
-        b = blocks[j]
+        b = seq.blocks[j]
         # File b under h unless h is filed already. b is unpublished, so it is in no
         # bucket (INV-INDEX): ``claim`` hands back this very object iff it filed it.
         if self._index.claim(h, b) is not b:
@@ -1315,7 +1319,7 @@ class PrefixCacheManager(PrefixCache):
         serial = None
         remembered = self._evicted
         if remembered:  # a remembered identity keeps its name (see __init__)
-            serial = remembered.get((pool.serial[p] if p >= 0 else ns, mine))
+            serial = remembered.get(_evicted_key(pool.serial[p] if p >= 0 else ns, mine))
         if serial is None:
             serial = self._next_serial
             self._next_serial = serial + 1
@@ -1367,7 +1371,7 @@ class PrefixCacheManager(PrefixCache):
             # A root's identity is named by its namespace (see _remember).
             name: int | bytes = pool.serial[p] if p >= 0 else seq.namespace
             for o in range(0, k * nb, nb):
-                serial = remembered.get((name, raw[o : o + nb]))
+                serial = remembered.get(_evicted_key(name, raw[o : o + nb]))
                 if serial is None:
                     break
                 serials.append(serial)
