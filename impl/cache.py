@@ -12,19 +12,23 @@ its own fields (a test checks that no impl module reaches into another's private
   no block that was never published), anchoring, pinning, release and the eviction order
   (a heap of leaves with lazy deletion, :mod:`._leaves`).
 * :mod:`._index` (``HashIndex``): index key -> block, every candidate verified exactly.
-* this module: requests, the match walk, admission planning, publication, transactions,
-  events and statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+* :mod:`._keys` (``ChainKeys``): how blocks are keyed, a prompt's keys in one pass.
+* :mod:`._walk` (``PrefixWalk``): the longest cached prefix of a prompt, each hit verified
+  exactly against the pool's stored identities.
+* :mod:`._record` (``EvictionRecord``): evicted identities and the serials naming them.
+* this module: requests, admission planning, publication, transactions, events and
+  statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
 * :mod:`prefixkv.spec.contract`: every precondition and sizing rule, shared with the spec
   (so the two can only differ in their transitions, which the machines compare).
 
 How it stays cheap without giving anything up:
 
 * A request carries its prompt once, as native uint32 bytes. The walk computes every full
-  block's index key in one pass of C-level iterators (``_prompt_keys``), looks them all up,
-  and verifies the candidates exactly with one comparison per run of consecutive block ids
-  (``_verified``): no Python-level step per prompt block. The admitted sequence keeps the
-  keys, so publishing its prompt blocks hashes nothing again, and a decode block hashes
-  only itself.
+  block's index key in one pass of C-level iterators (``ChainKeys.prompt_keys``), looks
+  them all up, and verifies the candidates exactly with one comparison per run of
+  consecutive block ids (``PrefixWalk.verified``): no Python-level step per prompt block.
+  The admitted sequence keeps the keys, so publishing its prompt blocks hashes nothing
+  again, and a decode block hashes only itself.
 * ``can_admit`` is exact in O(blocks matched) thanks to *anchoring*:
 
   A published block is **anchored** when a sequence holds it or one of its published
@@ -48,15 +52,11 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
-import os
 from array import array
-from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate, chain, compress, count, islice, repeat
-from operator import and_, getitem, ne, sub, xor
-from struct import Struct, unpack_from
-from typing import NamedTuple, cast
+from itertools import repeat
+from operator import getitem
+from typing import NamedTuple
 
 from prefixkv.spec.contract import (
     blocks_for,
@@ -77,14 +77,12 @@ from prefixkv.spec.contract import (
 )
 from prefixkv.spec.errors import (
     DuplicateSequence,
-    InvalidRequest,
     OutOfBlocks,
     PrefixCacheError,
 )
 from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
-from prefixkv.spec.identity import NS_DIGEST_CACHE_SIZE, BlockHasher, fast_hash, ns_digest
+from prefixkv.spec.identity import BlockHasher, fast_hash
 from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans
-from prefixkv.spec.namespace import Namespace
 from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
@@ -92,9 +90,12 @@ from prefixkv.spec.state import BlockView, CacheState, seq_view
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from ._index import HashIndex
+from ._keys import KEY_MASK, ChainKeys
 from ._pool import NO_PARENT, BlockPool
+from ._record import EvictionRecord
 from ._sequence import SeqState
 from ._stats import Counters
+from ._walk import PrefixWalk
 
 __all__ = ["PrefixCacheManager"]
 
@@ -102,9 +103,6 @@ _MISSING = -2
 
 #: Builds a NamedTuple result from its fields without a Python frame.
 _new_outcome = tuple.__new__
-
-#: Keyed index keys are masked to 60 bits (see ``_chain_key``).
-_KEY_MASK = (1 << 60) - 1
 
 
 def _applied(n: int, allocated: list[tuple[int, tuple[int, ...]]]) -> tuple[tuple[int, ...], ...]:
@@ -114,39 +112,6 @@ def _applied(n: int, allocated: list[tuple[int, tuple[int, ...]]]) -> tuple[tupl
     for i, new in allocated:
         steps[i] = new
     return tuple(steps)
-
-
-def _first_difference(a: Iterable[object], b: Iterable[object]) -> int:
-    """The first position where ``a`` and ``b`` differ (C-level; they must differ)."""
-    return next(compress(count(), map(ne, a, b)))
-
-
-#: An evicted identity, exactly: ``(parent's serial, token ids)``, or
-#: ``(parent's serial, token ids, extra keys)`` when the block has extra keys; a root block
-#: has its namespace in place of the parent's serial (the token ids as the pool stores them:
-#: native uint32 bytes). See the eviction record in ``PrefixCacheManager.__init__``.
-_EvictedKey = tuple[int | bytes, bytes] | tuple[int | bytes, bytes, tuple[tuple[int, bytes], ...]]
-
-
-def _evicted_key(
-    name: int | bytes, tokens: bytes, extras: tuple[tuple[int, bytes], ...] = ()
-) -> _EvictedKey:
-    """The eviction record's key of an identity (see :data:`_EvictedKey`): the one place
-    its shape is written, for the record and every lookup in it."""
-    return (name, tokens, extras) if extras else (name, tokens)
-
-
-class Walk(NamedTuple):
-    """What the index walk along a prompt found (before the cap, clamp and window)."""
-
-    blocks: list[int]
-    hashes: list[int]
-    #: Position of the first unanchored matched block (unanchored blocks form a suffix).
-    first_unanchored: int
-    #: Whether the full-prompt cap (choice 4) stopped the walk.
-    capped: bool
-    #: The index key of every full block of the prompt (empty when not computed up front).
-    keys: list[int]
 
 
 class Matched(NamedTuple):
@@ -193,31 +158,21 @@ class PrefixCacheManager(PrefixCache):
         record_events: bool = False,
     ) -> None:
         self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
-        self._hasher = hasher
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         self._record_events = bool(record_events)
-        # NOTE: with the default hasher the index files blocks under a *keyed* chain hash,
-        # not under the identity hash. fast_hash is deterministic (KV events from two workers
-        # must agree) and CPython's tuple hash is invertible, so a client who knows the code
-        # could craft thousands of blocks into one bucket and make every lookup linear. The
-        # keyed hash (SipHash of each block's token bytes, salted per process by Python and
-        # per manager here) cannot be steered. The identity hash is still what events and
-        # snapshots carry: kept per block while events are recorded, otherwise derived on
-        # demand by :meth:`snapshot`. Any other hasher (sha256, and the weak ones tests use
-        # to force collisions) is the index key itself.
-        self._keyed = hasher is fast_hash
-        # NOTE: bytes, not an int: a bytes object caches its hash, so mixing the salt into
-        # every block's key costs nothing per block.
-        self._salt = os.urandom(8)
+        # NOTE: with the default hasher the index files blocks under a *keyed* chain hash
+        # (see ._keys). The identity hash is still what events and snapshots carry: kept per
+        # block while events are recorded, otherwise derived on demand by :meth:`snapshot`.
+        self._keys = ChainKeys(self._block_size, hasher)
         self._pool = BlockPool(
-            self._num_blocks, self._block_size, wire_hashes=self._keyed and self._record_events
+            self._num_blocks, self._block_size, wire_hashes=self._keys.keyed and self._record_events
         )
         self._index = HashIndex()
+        self._walk = PrefixWalk(self._pool, self._index, self._keys)
         #: The pool's eviction order (the machines tune its compaction slack).
         self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
-        self._ns_keys: dict[Namespace, tuple[bytes, int, int]] = {}
         #: The last request looked up and the index keys of its prompt's full blocks: an
         #: admission looks the prompt up, then hands the keys to the sequence, so that
         #: publishing its prompt blocks hashes nothing again.
@@ -226,27 +181,9 @@ class PrefixCacheManager(PrefixCache):
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
         self._evict_hook: Callable[[int], None] | None = None
-        # Evicted identities, oldest first, at most num_blocks of them: only to tell
-        # "evicted" from "never cached" in LostReuse. Keyed by identity, never by hash (a
-        # result must not depend on the hasher). An identity is named by a *serial*: the
-        # key is (parent's serial, tokens[, extra keys]) and the value is the identity's
-        # own serial, so a chain of evicted identities is walked key by key. A root block's
-        # key has its namespace (bytes, never equal to an int serial) in the parent's place.
-        #
-        # NOTE: serials are exact names. A published block carries its identity's serial
-        # (pool.serial); republishing a remembered identity takes its remembered serial, so
-        # children remembered under it are still found. A parent's latest eviction always
-        # follows its children's (only leaves are evicted), so when a parent's entry falls
-        # out of this record, no remembered child refers to its serial any more.
-        #
-        # NOTE: the namespace is in a root's key only. A parent's serial names the parent's
-        # whole identity, namespace included, and a block shares its parent's namespace, so
-        # the namespace would add nothing to a child's key but a reference to hash and
-        # compare. Keys without extra keys are pairs, with them triples: never equal.
-        self._evicted: OrderedDict[_EvictedKey, int] = OrderedDict()
-        self._next_serial = 1
-        #: Cuts a block's token ids (bytes) out of the pool's buffer, at its byte offset.
-        self._cut_block = Struct(f"{self._pool.block_nbytes}s").unpack_from
+        # Evicted identities, at most num_blocks of them: only to tell "evicted" from
+        # "never cached" in LostReuse (see ._record).
+        self._record = EvictionRecord(self._num_blocks, self._pool.block_nbytes)
 
     @property
     def num_blocks(self) -> int:
@@ -258,28 +195,9 @@ class PrefixCacheManager(PrefixCache):
 
     @property
     def hasher(self) -> BlockHasher:
-        return self._hasher
+        return self._keys.hasher
 
     # -- lookups ---------------------------------------------------------------------------
-
-    def _ns_key(self, namespace: Namespace) -> tuple[bytes, int, int]:
-        """The namespace's identity key, its digest (for the inline fast hash) and the seed
-        of its keyed index chain."""
-        entry = self._ns_keys.get(namespace)
-        if entry is None:
-            # NOTE: a server that isolates every user by salt sees unboundedly many
-            # namespaces; the memo is only a memo, so it starts over at the bound rather than
-            # growing forever (clearing is O(1) amortised and needs no LRU bookkeeping).
-            if len(self._ns_keys) >= NS_DIGEST_CACHE_SIZE:
-                self._ns_keys.clear()
-            key = namespace.key()
-            digest = ns_digest(key)
-            entry = self._ns_keys[namespace] = (
-                key,
-                digest,
-                hash((self._salt, digest)) & _KEY_MASK,
-            )
-        return entry
 
     def _seq(self, seq_id: object) -> SeqState:
         # A plain int or str id skips check_seq_id (same verdicts, no call); any other
@@ -287,246 +205,10 @@ class PrefixCacheManager(PrefixCache):
         seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
         return seq if seq is not None else live_seq(self._seqs, seq_id)
 
-    def _prompt_keys(self, req: Request, ns: bytes, seed: int) -> list[int]:
-        """The index key of every full block of ``req``'s prompt (a prompt without spans).
-
-        With the keyed index this is one pass of C-level iterators over the prompt's bytes:
-        each block's bytes are hashed once with its position, and the chain is a running xor
-        (see ``_chain_key``). Any other hasher is called block by block, as it must be.
-        """
-        buf, nb = req.token_bytes, self._pool.block_nbytes
-        stop = len(buf) - len(buf) % nb
-        if not self._keyed:
-            tokens, bs, hasher = req.token_ids, self._block_size, self._hasher
-            keys: list[int] = []
-            h: int | None = None
-            for j in range(stop // nb):
-                h = hasher(h, ns, tokens[j * bs : (j + 1) * bs], ())
-                keys.append(h)
-            return keys
-        # One C call cuts the prompt into its blocks' bytes: ``"64s64s..."``, one per block.
-        blocks = unpack_from(f"{nb}s" * (stop // nb), buf)
-        leaves = map(hash, zip(repeat(self._salt), count(), blocks))
-        # NOTE: each leaf is masked before the xor, as ``_chain_key`` does (masking
-        # distributes over xor, so the keys are the same): a hash is negative half the
-        # time, and CPython's xor of a negative int takes a slower path than two masked ones.
-        chain = accumulate(map(and_, leaves, repeat(_KEY_MASK)), xor, initial=seed)
-        next(chain)  # the seed itself
-        return list(chain)
-
-    def _chain_key(
-        self,
-        parent_key: int | None,
-        j: int,
-        ns: bytes,
-        tokens: Sequence[int],
-        mine: bytes,
-        extras: tuple[tuple[int, bytes], ...],
-    ) -> int:
-        """The index key of block ``j``: keyed (see ``__init__``) or the hasher's hash.
-
-        ``parent_key`` is the key of block ``j - 1``, or the namespace's seed (keyed) or
-        None (a hasher) for a root block; ``mine`` is the block's token ids as native uint32
-        bytes, ``tokens`` the same ids as ints.
-
-        NOTE: the keyed key of block j is ``seed ^ leaf(0) ^ ... ^ leaf(j)`` where
-        ``leaf(i) = hash((salt, i, block i's bytes[, extra keys]))``: Python's SipHash of the
-        bytes, salted per process, inside a tuple hash that mixes in this manager's secret
-        salt and the position. Every leaf is unpredictable without both secrets and differs
-        by position, so the xor cannot be steered, and a whole prompt's keys come out of one
-        ``accumulate`` in C (:meth:`_prompt_keys`) instead of one Python step per block. The
-        key is masked to 60 bits, so that it fits in a two-digit int (32 bytes, not 40).
-        """
-        if not self._keyed:
-            return self._hasher(parent_key, ns, tuple(tokens), extras)
-        assert parent_key is not None  # a root block chains from its namespace's seed
-        if extras:
-            return parent_key ^ (hash((self._salt, j, mine, extras)) & _KEY_MASK)
-        return parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)
-
-    def _lookup(self, req: Request) -> Walk:
-        """Walk the index along ``req``'s prompt.
-
-        Returns the matched blocks, their chain hashes, the position of the first unanchored
-        one (unanchored blocks form a suffix of any chain), and whether the full-prompt cap
-        (choice 4) stopped the walk.
-
-        ::
-
-            keys        k0   k1   k2   k3   k4 ...   every full block's key, in one pass
-            candidates  b0   b1   b2   --            the index, up to its first miss
-            verified    b0   b1                      exact identity, checked per run of ids
-
-        Every candidate is verified exactly (:meth:`_verified`), so the hash decides only
-        which blocks are looked at, never which are served.
-        """
-        if not isinstance(req, Request):
-            raise InvalidRequest(f"expected a Request, got {type(req).__name__}")
-        if req.spans:
-            return self._lookup_spans(req)
-        ns, _, seed = self._ns_key(req.namespace)
-        keys = self._prompt_keys(req, ns, seed)
-        self._prompt_keys_memo = (req, keys)
-        # The candidates up to the first miss. A collision bucket (a list) among them is
-        # resolved in place by _verified_slow.
-        entries = list(map(self._index.get_one, keys))
-        if None in entries:  # NOTE: a lookup past the first miss is cheaper than stopping
-            del entries[entries.index(None) :]  # at it through a Python-level sentinel call
-        found = cast("list[int]", entries)
-        m = self._verified(found, keys, req.token_bytes, ns)
-        cap = (req.num_tokens - 1) // self._block_size
-        capped = m > cap
-        if capped:
-            m = cap
-        del found[m:]
-        pool = self._pool
-        ref, anchored = pool.ref, pool.anchored_children
-        # Anchored blocks form a prefix of any chain (a parent of an anchored block is
-        # anchored), so the first unanchored one is found by bisection.
-        first_unanchored = bisect_left(found, True, key=lambda b: not (ref[b] or anchored[b]))
-        return Walk(found, keys[:m], first_unanchored, capped, keys)
-
-    def _verified(self, found: list[int], keys: list[int], buf: bytes, ns: bytes) -> int:
-        """How many of the leading candidates ``found`` are exactly the prompt's blocks
-        (``buf``: its uint32 bytes; ``keys``: its blocks' index keys).
-
-        Candidate j is block j of the prompt iff its stored identity is the prompt's: its
-        parent is candidate j - 1 (none for j = 0), its namespace is ``ns``, it carries no
-        extra keys, and its token ids equal the prompt's block j (INV-INDEX, INV-MATCH).
-        Each part is checked over the whole chain with C-level iterators; the token ids of a
-        run of consecutive block ids are one slice of the pool's buffer, so they take one
-        comparison per run. A candidate that is a collision bucket (a list) sends the chain
-        to :meth:`_verified_slow`, which resolves buckets block by block.
-        """
-        m = len(found)
-        if not m:
-            return 0
-        pool = self._pool
-        pns = pool.namespace
-        c = found[0]
-        # One run of consecutive block ids (a chain admitted at once, the common case):
-        # its parents and namespaces are slices of the pool's columns, no gather.
-        last = found[m - 1]
-        one_run = (
-            type(c) is int
-            and type(last) is int
-            and last - c == m - 1
-            and found == list(range(c, c + m))
-        )
-        if one_run:
-            parents = pool.parent[c : c + m].tolist()
-            namespaces = pns[c : c + m]
-        else:
-            try:
-                # (an array's bound __getitem__ is a slot wrapper: operator.getitem is faster)
-                parents = list(map(getitem, repeat(pool.parent), found))
-            except TypeError:  # a collision bucket
-                return self._verified_slow(found, keys, buf, ns)
-            namespaces = list(map(pns.__getitem__, found))
-        # The first failing candidate of any part ends the match.
-        if parents[0] != NO_PARENT:
-            return 0
-        if parents[1:] != found[: m - 1]:
-            m = 1 + _first_difference(parents[1:], found)
-        # (``count`` compares by identity first: a published block shares ``ns``'s object)
-        if namespaces.count(ns) != len(namespaces):
-            m = next(compress(count(), map(ne, namespaces, repeat(ns, m))), m)
-        extra = pool.extra
-        if extra and not extra.keys().isdisjoint(found[:m]):
-            m = next(compress(count(), map(extra.__contains__, found)))
-        # Token ids, one run of consecutive block ids at a time.
-        nb, ptoks = pool.block_nbytes, pool.tokens
-        if one_run:
-            breaks: Iterable[int] = ()  # one run: the common case of a chain admitted at once
-        else:
-            breaks = compress(count(1), map(ne, map(sub, islice(found, 1, m), found), repeat(1)))
-        start = 0
-        for stop in chain(breaks, (m,)):
-            c = found[start]
-            if ptoks[c * nb : (c + stop - start) * nb] != buf[start * nb : stop * nb]:
-                for j in range(start, stop):
-                    c = found[j]
-                    if ptoks[c * nb : (c + 1) * nb] != buf[j * nb : (j + 1) * nb]:
-                        return j
-            start = stop
-        return m
-
-    def _verified_slow(self, found: list[int], keys: list[int], buf: bytes, ns: bytes) -> int:
-        """:meth:`_verified`, block by block: a bucket is resolved by exact comparison."""
-        pool, index = self._pool, self._index
-        nb = pool.block_nbytes
-        parent = NO_PARENT
-        for j, entry in enumerate(found):
-            mine = buf[j * nb : (j + 1) * nb]
-            if type(entry) is int:
-                b = entry
-                if not pool.has_identity(b, mine, parent, ns, ()):
-                    return j
-            else:
-                b = index.find(pool, keys[j], parent, mine, ns, ())
-                if b < 0:
-                    return j
-                found[j] = b
-            parent = b
-        return len(found)
-
-    def _lookup_spans(self, req: Request) -> Walk:
-        """``_lookup`` for prompts with multimodal spans: blocks carry extra keys."""
-        ns, _, seed = self._ns_key(req.namespace)
-        spans, buf = req.spans, req.token_bytes
-        bs, n = self._block_size, req.num_tokens
-        cap = (n - 1) // bs
-        pool = self._pool
-        nb = pool.block_nbytes
-        tokens = req.token_ids if not self._keyed else ()
-        blocks: list[int] = []
-        hashes: list[int] = []
-        parent = NO_PARENT
-        h: int | None = seed if self._keyed else None
-        first_unanchored = -1
-        capped = False
-        for j in range(n // bs):
-            mine = buf[j * nb : (j + 1) * nb]
-            extras = block_extra_keys(spans, j * bs, bs)
-            h = self._chain_key(h, j, ns, tokens[j * bs : (j + 1) * bs], mine, extras)
-            b = self._index.find(pool, h, parent, mine, ns, extras)
-            if b < 0:
-                break
-            if j >= cap:
-                capped = True
-                break
-            blocks.append(b)
-            hashes.append(h)
-            parent = b
-            if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:
-                first_unanchored = j
-        return Walk(
-            blocks, hashes, len(blocks) if first_unanchored < 0 else first_unanchored, capped, []
-        )
-
-    def _evicted_run(self, req: Request, blocks: list[int], stop: int) -> int:
-        """How many blocks right after the matched ones were evicted (by identity)."""
-        spans, bs = req.spans, self._block_size
-        buf, nb = req.token_bytes, 4 * bs
-        # The chain's name so far: the last matched block's serial, or the namespace.
-        name: int | bytes = (
-            self._pool.serial[blocks[-1]] if blocks else self._ns_key(req.namespace)[0]
-        )
-        get = self._evicted.get
-        run = 0
-        for j in range(len(blocks), stop):
-            mine = buf[j * nb : (j + 1) * nb]
-            extras = block_extra_keys(spans, j * bs, bs) if spans else ()
-            found = get(_evicted_key(name, mine, extras))
-            if found is None:
-                break
-            name = found
-            run += 1
-        return run
-
     def _match(self, req: Request) -> Matched:
         """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec)."""
-        blocks, hashes, first_unanchored, capped, _ = self._lookup(req)
+        blocks, hashes, first_unanchored, capped, keys = self._walk.lookup(req)
+        self._prompt_keys_memo = (req, keys)
         bs, n, spans = self._block_size, req.num_tokens, req.spans
         m = len(blocks)
         k1 = clamp_out_of_spans(m, spans, bs) if spans else m
@@ -535,8 +217,16 @@ class PrefixCacheManager(PrefixCache):
         if spans:
             attached = clamp_out_of_spans(attached, spans, bs)
         evicted = 0
-        if not capped and self._evicted:
-            evicted = self._evicted_run(req, blocks, full_prompt_cap(n, bs))
+        if not capped and self._record:
+            # The chain's name so far: the last matched block's serial, or the namespace.
+            name: int | bytes = (
+                self._pool.serial[blocks[-1]]
+                if blocks
+                else self._keys.namespace_key(req.namespace)[0]
+            )
+            evicted = self._record.evicted_run(
+                name, req.token_bytes, spans, bs, m, full_prompt_cap(n, bs)
+            )
         lost = lost_reuse(n, bs, m, window, attached, capped, evicted)
         if attached < m:
             del blocks[attached:]
@@ -597,7 +287,7 @@ class PrefixCacheManager(PrefixCache):
             self._index.remove_all(list(map(getitem, repeat(pool.key), victims)), victims)
         else:
             return 0
-        self._remember(victims)
+        self._record.remember(pool, victims)
         hook = self._evict_hook
         if self._record_events or hook is not None:
             wire = pool.block_hash if pool.wire_hashes else pool.key
@@ -613,32 +303,6 @@ class PrefixCacheManager(PrefixCache):
         pool.forget(victims)
         self._counters.evictions += len(victims)
         return len(victims)
-
-    def _remember(self, victims: list[int]) -> None:
-        """Add the evicted ``victims``' identities to the eviction record, newest last.
-
-        Each victim's key is read from the pool while it is still published (its parent
-        too: only leaves are evicted, so a parent evicted in the same batch comes later).
-        A remembered identity moves to the newest end; past ``num_blocks`` identities the
-        oldest falls out, exactly as the spec's record.
-        """
-        pool = self._pool
-        parent, serial, pns, extra = pool.parent, pool.serial, pool.namespace, pool.extra
-        toks, nb, cut = pool.tokens, pool.block_nbytes, self._cut_block
-        remembered = self._evicted
-        drop, drop_oldest = remembered.pop, remembered.popitem
-        room = self._num_blocks - len(remembered)
-        for b in victims:
-            p = parent[b]
-            name = serial[p] if p >= 0 else pns[b]
-            assert name is not None  # a published root has a namespace
-            key = _evicted_key(name, cut(toks, b * nb)[0], extra.get(b, ()) if extra else ())
-            if drop(key, None) is None:  # not remembered yet: one more, or the oldest goes
-                if room:
-                    room -= 1
-                else:
-                    drop_oldest(False)
-            remembered[key] = serial[b]
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` blocks, evicting leaves first if needed. Supply was checked."""
@@ -696,7 +360,7 @@ class PrefixCacheManager(PrefixCache):
         blocks.extend(new)
         token_array = array("I")
         token_array.frombytes(req.token_bytes)
-        ns, nsd, seed = self._ns_key(req.namespace)
+        ns, nsd, seed = self._keys.namespace_key(req.namespace)
         pool = self._pool
         memo = self._prompt_keys_memo
         self._prompt_keys_memo = None
@@ -1209,7 +873,8 @@ class PrefixCacheManager(PrefixCache):
         # parent (a canonical twin to find, or an orphan) sends the call, before anything
         # changed, to the general loop below, which alone handles duplicates, orphans,
         # events and extra keys.
-        if self._keyed and not self._record_events and not seq.spans:
+        keys = self._keys
+        if keys.keyed and not self._record_events and not seq.spans:
             if stop - first == 1:
                 if self._publish_one(seq, first):
                     return
@@ -1224,9 +889,9 @@ class PrefixCacheManager(PrefixCache):
         )
         pool, index = self._pool, self._index
         get_one = index.get_one
-        remembered = self._evicted
-        keyed, events = self._keyed, self._record_events
-        hasher, salt = self._hasher, self._salt
+        record = self._record
+        keyed, events = keys.keyed, self._record_events
+        hasher, salt = keys.hasher, keys.salt
         wire = seq.wire if pool.wire_hashes else None
         nsd = seq.ns_digest
         pdepth = pool.depth
@@ -1244,9 +909,9 @@ class PrefixCacheManager(PrefixCache):
             elif keyed:
                 parent_key = hashes[j - 1] if j else seq.seed
                 if extras:
-                    h = parent_key ^ (hash((salt, j, mine, extras)) & _KEY_MASK)
+                    h = parent_key ^ (hash((salt, j, mine, extras)) & KEY_MASK)
                 else:
-                    h = parent_key ^ (hash((salt, j, mine)) & _KEY_MASK)
+                    h = parent_key ^ (hash((salt, j, mine)) & KEY_MASK)
             else:
                 tup = tuple(tokens[j * bs : (j + 1) * bs])
                 h = hasher(hashes[j - 1] if j else None, ns, tup, extras)
@@ -1279,13 +944,8 @@ class PrefixCacheManager(PrefixCache):
                     continue
             b = blocks[j]
             index.insert(h, b)
-            serial = None
-            if remembered:  # a remembered identity keeps its name (see __init__)
-                name = pool.serial[p] if p >= 0 else ns
-                serial = remembered.get(_evicted_key(name, mine, extras))
-            if serial is None:
-                serial = self._next_serial
-                self._next_serial = serial + 1
+            # A remembered identity keeps its name (see ._record).
+            serial = record.serial_for(pool.serial[p] if p >= 0 else ns, mine, extras)
             pool.publish(b, mine, ns, extras, p, h, w, j + 1, serial)
             published += 1
             if events:
@@ -1307,7 +967,7 @@ class PrefixCacheManager(PrefixCache):
             h = prompt_keys[j]  # hashed up front by the admission's lookup
         else:
             parent_key = seq.hashes[j - 1] if j else seq.seed
-            h = parent_key ^ (hash((self._salt, j, mine)) & _KEY_MASK)  # see _chain_key
+            h = parent_key ^ (hash((self._keys.salt, j, mine)) & KEY_MASK)  # see ChainKeys
         pool = self._pool
         b = seq.blocks[j]
         # File b under h unless h is filed already. b is unpublished, so it is in no
@@ -1316,13 +976,8 @@ class PrefixCacheManager(PrefixCache):
             return False  # a twin or a colliding key: the general loop verifies which
         seq.hashes.append(h)
         ns = seq.namespace
-        serial = None
-        remembered = self._evicted
-        if remembered:  # a remembered identity keeps its name (see __init__)
-            serial = remembered.get(_evicted_key(pool.serial[p] if p >= 0 else ns, mine))
-        if serial is None:
-            serial = self._next_serial
-            self._next_serial = serial + 1
+        # A remembered identity keeps its name (see ._record).
+        serial = self._record.serial_for(pool.serial[p] if p >= 0 else ns, mine)
         pool.publish_plain(b, mine, ns, p, h, j + 1, serial)
         self._counters.blocks_published += 1
         return True
@@ -1358,29 +1013,13 @@ class PrefixCacheManager(PrefixCache):
         if not self._index.file_new(keys, run):
             return False  # a key filed already (a twin or a collision), or twice in the run
         seq.hashes.extend(keys)
-        bs, nb = self._block_size, pool.block_nbytes
+        bs = self._block_size
         raw = seq.tokens[first * bs : stop * bs].tobytes()
-        k = stop - first
-        fresh = self._next_serial
-        serials: list[int] = []
-        remembered = self._evicted
-        if remembered:  # a remembered identity keeps its name (see __init__)
-            # NOTE: only while the parent's serial is a remembered one. A fresh serial was
-            # never any block's, so no remembered identity has it as its parent's serial:
-            # below the first block that gets a fresh serial, every lookup would miss.
-            # A root's identity is named by its namespace (see _remember).
-            name: int | bytes = pool.serial[p] if p >= 0 else seq.namespace
-            for o in range(0, k * nb, nb):
-                serial = remembered.get(_evicted_key(name, raw[o : o + nb]))
-                if serial is None:
-                    break
-                serials.append(serial)
-                name = serial
-        held = len(serials)
-        serials.extend(range(fresh, fresh + k - held))
-        self._next_serial = fresh + k - held
+        # A remembered identity keeps its name (see ._record); a root's is its namespace.
+        name: int | bytes = pool.serial[p] if p >= 0 else seq.namespace
+        serials = self._record.serials_for_run(name, raw, pool.block_nbytes)
         pool.publish_run(run, raw, seq.namespace, p, keys, first + 1, serials)
-        self._counters.blocks_published += k
+        self._counters.blocks_published += stop - first
         return True
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
@@ -1417,7 +1056,7 @@ class PrefixCacheManager(PrefixCache):
             return
         self._pool.clear(self._index.blocks())
         self._index.clear()
-        self._evicted.clear()
+        self._record.clear()
         if self._record_events:
             self._events.append(AllBlocksCleared())
 
@@ -1435,7 +1074,8 @@ class PrefixCacheManager(PrefixCache):
         published = self._index.blocks()
         if pool.wire_hashes:
             return {b: pool.block_hash[b] for b in published}
-        if not self._keyed:
+        hasher = self._keys.hasher
+        if not self._keys.keyed:
             return {b: pool.key[b] for b in published}
         # Derived root first: a parent's depth is one less than its child's.
         out: dict[int, int] = {}
@@ -1444,7 +1084,7 @@ class PrefixCacheManager(PrefixCache):
             parent_hash = None if p == NO_PARENT else out[p]
             ns = pool.namespace[b]
             assert ns is not None
-            out[b] = self._hasher(parent_hash, ns, pool.token_ids(b), pool.extra.get(b, ()))
+            out[b] = hasher(parent_hash, ns, pool.token_ids(b), pool.extra.get(b, ()))
         return out
 
     def snapshot(self) -> CacheState:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from prefixkv.impl import PrefixCacheManager
+from prefixkv.impl import _keys as keys_module
 from prefixkv.impl import cache as cache_module
 from prefixkv.impl._index import HashIndex
 from prefixkv.spec import Namespace, Request, SpecCache
@@ -215,7 +216,9 @@ CollidingKeys = build_machine(
 def test_machines_with_colliding_keyed_keys(mask: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The keyed index shrunk to ``mask``: every run and every block meets filed keys, and
     runs meet their own keys twice. The impl must still be the spec, step for step."""
-    monkeypatch.setattr(cache_module, "_KEY_MASK", mask)
+    # The mask is read where prompt keys are computed and where publication keys a block.
+    monkeypatch.setattr(keys_module, "KEY_MASK", mask)
+    monkeypatch.setattr(cache_module, "KEY_MASK", mask)
     run_state_machine_as_test(
         CollidingKeys,
         settings=settings(

@@ -1,4 +1,4 @@
-"""Exact verification of hit chains, on both of ``_verified``'s paths.
+"""Exact verification of hit chains, on both of ``PrefixWalk.verified``'s paths.
 
 A chain of candidates with consecutive block ids (one run) reads its parents and namespaces
 as slices of the pool's columns; any other chain gathers them block by block. Each test

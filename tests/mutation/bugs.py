@@ -29,7 +29,7 @@ class Bug:
     machine: str = "text"
 
 
-#: The start of the exact checks of the candidates in ``impl/cache.py``'s ``_verified``.
+#: The start of the exact checks of the candidates in ``impl/_walk.py``'s ``verified``.
 _VERIFY_START = "        # The first failing candidate of any part ends the match.\n"
 #: The parent check there.
 _VERIFY_PARENT = """        if parents[0] != NO_PARENT:
@@ -111,9 +111,9 @@ BUGS: tuple[Bug, ...] = (
         "hit_by_hash_only",
         "a hit is trusted on the hash alone, never verified against the stored identity",
         (
-            ("cache.py", _VERIFY_START, "        return m  # trusted on the hash alone\n"),
+            ("_walk.py", _VERIFY_START, "        return m  # trusted on the hash alone\n"),
             (
-                "cache.py",
+                "_walk.py",
                 _VERIFY_ONE,
                 """                if not pool.is_published(b):
                     return j""",
@@ -126,7 +126,7 @@ BUGS: tuple[Bug, ...] = (
         "last token is served",
         (
             (
-                "cache.py",
+                "_walk.py",
                 "            if ptoks[c * nb : (c + stop - start) * nb]"
                 " != buf[start * nb : stop * nb]:",
                 "            if ptoks[c * nb : (c + stop - start) * nb - 4]"
@@ -138,7 +138,7 @@ BUGS: tuple[Bug, ...] = (
         "hit_ignores_parent",
         "a hit is verified on the block's own tokens only, not its parent (prefix) chain",
         (
-            ("cache.py", _VERIFY_PARENT, ""),
+            ("_walk.py", _VERIFY_PARENT, ""),
             (
                 "_pool.py",
                 """            self.tokens[start : start + self.block_nbytes] == tokens
@@ -154,14 +154,14 @@ BUGS: tuple[Bug, ...] = (
         "namespace cache keyed by model name only: LoRA adapters and tenants share KV",
         (
             (
-                "cache.py",
-                """        entry = self._ns_keys.get(namespace)""",
-                """        entry = self._ns_keys.get(namespace.model)""",
+                "_keys.py",
+                """        entry = self._namespaces.get(namespace)""",
+                """        entry = self._namespaces.get(namespace.model)""",
             ),
             (
-                "cache.py",
-                "            entry = self._ns_keys[namespace] = (",
-                "            entry = self._ns_keys[namespace.model] = (",
+                "_keys.py",
+                "            entry = self._namespaces[namespace] = (",
+                "            entry = self._namespaces[namespace.model] = (",
             ),
         ),
     ),
@@ -185,12 +185,12 @@ BUGS: tuple[Bug, ...] = (
         "parent pinned by a live child published under it",
         (
             (
-                "cache.py",
+                "_walk.py",
                 "key=lambda b: not (ref[b] or anchored[b])",
                 "key=lambda b: not ref[b]",
             ),
             (
-                "cache.py",
+                "_walk.py",
                 "if first_unanchored < 0 and not pool.ref[b] and not pool.anchored_children[b]:",
                 "if first_unanchored < 0 and not pool.ref[b]:",
             ),
@@ -236,9 +236,9 @@ BUGS: tuple[Bug, ...] = (
         "a full-prompt hit is not capped: nothing is left to compute for the last token",
         (
             (
-                "cache.py",
-                "        cap = (req.num_tokens - 1) // self._block_size\n",
-                "        cap = req.num_tokens // self._block_size\n",
+                "_walk.py",
+                "        cap = (req.num_tokens - 1) // self.block_size\n",
+                "        cap = req.num_tokens // self.block_size\n",
             ),
         ),
     ),
@@ -459,7 +459,7 @@ BUGS: tuple[Bug, ...] = (
         "text_hits_multimodal_block",
         "a text-only lookup accepts a block that carries extra keys: placeholder token ids "
         "typed as text hit an image's KV",
-        (("cache.py", _VERIFY_EXTRA, ""),),
+        (("_walk.py", _VERIFY_EXTRA, ""),),
     ),
     Bug(
         "match_ends_inside_span",
@@ -546,7 +546,7 @@ BUGS: tuple[Bug, ...] = (
         "evicted identities are not remembered: reuse lost to eviction is reported as never cached",
         (
             (
-                "cache.py",
+                "_record.py",
                 "                    drop_oldest(False)\n            remembered[key] = serial[b]\n",
                 "                    drop_oldest(False)\n",
             ),

@@ -70,7 +70,7 @@ def run(count: int, manager: str | None, every: int) -> dict[str, Any]:
         "growth_after_first_tenth_mib": round(samples[-1][1] - samples[1][1], 1),
         "memo_entries": _memo_entries(),
         # the impl's own per-manager memo of namespace keys (bounded the same way)
-        "manager_memo_entries": None if cache is None else len(getattr(cache, "_ns_keys", ())),
+        "manager_memo_entries": len(cache._keys) if manager == "impl" else None,
     }
 
 
