@@ -16,8 +16,10 @@ its own fields (a test checks that no impl module reaches into another's private
 * :mod:`._walk` (``PrefixWalk``): the longest cached prefix of a prompt, each hit verified
   exactly against the pool's stored identities.
 * :mod:`._record` (``EvictionRecord``): evicted identities and the serials naming them.
-* this module: requests, admission planning, publication, transactions, events and
-  statistics (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
+* :mod:`._publication` (``Publisher``): a sequence's full committed blocks become cached
+  identities (choice 1), duplicates and orphans staying private.
+* this module: requests, admission planning, transactions, events and statistics
+  (:mod:`._stats`); :mod:`._sequence` holds a live sequence.
 * :mod:`prefixkv.spec.contract`: every precondition and sizing rule, shared with the spec
   (so the two can only differ in their transitions, which the machines compare).
 
@@ -80,9 +82,9 @@ from prefixkv.spec.errors import (
     OutOfBlocks,
     PrefixCacheError,
 )
-from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent, stored_event
+from prefixkv.spec.events import AllBlocksCleared, BlockRemoved, KVEvent
 from prefixkv.spec.identity import BlockHasher, fast_hash
-from prefixkv.spec.multimodal import block_extra_keys, clamp_out_of_spans
+from prefixkv.spec.multimodal import clamp_out_of_spans
 from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
@@ -90,16 +92,15 @@ from prefixkv.spec.state import BlockView, CacheState, seq_view
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
 
 from ._index import HashIndex
-from ._keys import KEY_MASK, ChainKeys
+from ._keys import ChainKeys
 from ._pool import NO_PARENT, BlockPool
+from ._publication import Publisher
 from ._record import EvictionRecord
 from ._sequence import SeqState
 from ._stats import Counters
 from ._walk import PrefixWalk
 
 __all__ = ["PrefixCacheManager"]
-
-_MISSING = -2
 
 #: Builds a NamedTuple result from its fields without a Python frame.
 _new_outcome = tuple.__new__
@@ -168,7 +169,6 @@ class PrefixCacheManager(PrefixCache):
             self._num_blocks, self._block_size, wire_hashes=self._keys.keyed and self._record_events
         )
         self._index = HashIndex()
-        self._walk = PrefixWalk(self._pool, self._index, self._keys)
         #: The pool's eviction order (the machines tune its compaction slack).
         self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
@@ -184,6 +184,8 @@ class PrefixCacheManager(PrefixCache):
         # Evicted identities, at most num_blocks of them: only to tell "evicted" from
         # "never cached" in LostReuse (see ._record).
         self._record = EvictionRecord(self._num_blocks, self._pool.block_nbytes)
+        self._walk = PrefixWalk(self._pool, self._index, self._keys)
+        self._publisher = Publisher(self._pool, self._index, self._keys, self._record)
 
     @property
     def num_blocks(self) -> int:
@@ -540,7 +542,12 @@ class PrefixCacheManager(PrefixCache):
         seq.num_computed = new_computed
         bs = self._block_size
         if new_computed // bs > computed // bs:
-            self._publish(seq, computed // bs, new_computed // bs)
+            self._counters.blocks_published += self._publisher.publish(
+                seq,
+                computed // bs,
+                new_computed // bs,
+                self._events if self._record_events else None,
+            )
 
     # -- engine-shaped calls (prefixkv.spec.steps) -----------------------------------------
 
@@ -829,198 +836,6 @@ class PrefixCacheManager(PrefixCache):
         if allocated:
             return _new_outcome(BatchOutcome, (_applied(i, allocated), None, None))
         return _new_outcome(BatchOutcome, (((),) * i, None, None))
-
-    def _canonical(self, seq: SeqState, i: int) -> int:
-        """The published block carrying the identity of ``seq``'s block ``i``, or _MISSING.
-
-        Called only when ``seq``'s own block ``i`` is private (a duplicate or an orphan).
-        The remembered answer is reused while its block has not been evicted since;
-        otherwise the chain is re-resolved from the root, as a match would.
-        """
-        pool = self._pool
-        if seq.canon_j == i and seq.canon_block >= 0 and pool.gen[seq.canon_block] == seq.canon_gen:
-            return seq.canon_block
-        bs, tokens, blocks, ns = self._block_size, seq.tokens, seq.blocks, seq.namespace
-        p = NO_PARENT
-        for k in range(i + 1):
-            b = blocks[k]
-            if pool.depth[b]:
-                p = b
-                continue
-            mine = tokens[k * bs : (k + 1) * bs].tobytes()
-            extras = block_extra_keys(seq.spans, k * bs, bs) if seq.spans else ()
-            p = self._index.find(pool, seq.hashes[k], p, mine, ns, extras)
-            if p < 0:
-                return _MISSING
-        seq.canon_j, seq.canon_block, seq.canon_gen = i, p, pool.gen[p]
-        return p
-
-    def _publish(self, seq: SeqState, first: int, stop: int) -> None:
-        """Choice 1: publish the full, committed blocks ``first..stop-1`` of ``seq``.
-
-        ::
-
-            blocks of seq   [ settled ... ][ first ... stop-1 ][ partial / uncomputed ]
-                                            ^ full and committed: publish each unless its
-                                              identity is already published (it stays a
-                                              private duplicate, choice 2) or its parent
-                                              identity is gone (an orphan, INV-ANCESTOR)
-        """
-        # NOTE: two fast paths for the plain case (the keyed index, no events, no multimodal
-        # spans): one block (a decode step completing its block) and a run of prompt blocks
-        # whose keys the admission computed (a prefill). Each handles only what it can
-        # finish: a block filed under a key already (a twin or a collision) or a private
-        # parent (a canonical twin to find, or an orphan) sends the call, before anything
-        # changed, to the general loop below, which alone handles duplicates, orphans,
-        # events and extra keys.
-        keys = self._keys
-        if keys.keyed and not self._record_events and not seq.spans:
-            if stop - first == 1:
-                if self._publish_one(seq, first):
-                    return
-            elif self._publish_run(seq, first, stop):
-                return
-        bs, tokens, blocks, hashes, ns = (
-            self._block_size,
-            seq.tokens,
-            seq.blocks,
-            seq.hashes,
-            seq.namespace,
-        )
-        pool, index = self._pool, self._index
-        get_one = index.get_one
-        record = self._record
-        keyed, events = keys.keyed, self._record_events
-        hasher, salt = keys.hasher, keys.salt
-        wire = seq.wire if pool.wire_hashes else None
-        nsd = seq.ns_digest
-        pdepth = pool.depth
-        published = 0
-        spans = seq.spans
-        extras: tuple[tuple[int, bytes], ...] = ()
-        prompt_keys = seq.prompt_keys
-        for j in range(first, stop):
-            mine = tokens[j * bs : (j + 1) * bs].tobytes()
-            if spans:
-                extras = block_extra_keys(spans, j * bs, bs)
-            tup: tuple[int, ...] | None = None
-            if j < len(prompt_keys):
-                h = prompt_keys[j]  # hashed up front by the admission's lookup
-            elif keyed:
-                parent_key = hashes[j - 1] if j else seq.seed
-                if extras:
-                    h = parent_key ^ (hash((salt, j, mine, extras)) & KEY_MASK)
-                else:
-                    h = parent_key ^ (hash((salt, j, mine)) & KEY_MASK)
-            else:
-                tup = tuple(tokens[j * bs : (j + 1) * bs])
-                h = hasher(hashes[j - 1] if j else None, ns, tup, extras)
-            hashes.append(h)
-            # The identity hash (the events' block hash): the key itself unless keyed.
-            w = h
-            parent_w = hashes[j - 1] if j else None
-            if wire is not None:
-                tup = tuple(tokens[j * bs : (j + 1) * bs])
-                parent_w = wire[j - 1] if j else None
-                if extras:
-                    w = hasher(parent_w, ns, tup, extras)
-                elif j:
-                    w = hash((parent_w, nsd, tup, 0))  # fast_hash, inlined
-                else:
-                    w = hash((nsd, tup, 0))
-                wire.append(w)
-            if j == 0:
-                p = NO_PARENT
-            else:
-                p = blocks[j - 1]
-                if not pdepth[p]:
-                    p = self._canonical(seq, j - 1)
-                    if p == _MISSING:
-                        continue
-            if get_one(h) is not None:
-                twin = index.find(pool, h, p, mine, ns, extras)
-                if twin >= 0:
-                    seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
-                    continue
-            b = blocks[j]
-            index.insert(h, b)
-            # A remembered identity keeps its name (see ._record).
-            serial = record.serial_for(pool.serial[p] if p >= 0 else ns, mine, extras)
-            pool.publish(b, mine, ns, extras, p, h, w, j + 1, serial)
-            published += 1
-            if events:
-                if tup is None:
-                    tup = tuple(tokens[j * bs : (j + 1) * bs])
-                self._events.append(stored_event(w, parent_w, tup, bs, ns, extras))
-        self._counters.blocks_published += published
-
-    def _publish_one(self, seq: SeqState, j: int) -> bool:
-        """:meth:`_publish` of the one block ``j`` in the plain case, if it is new and its
-        parent is published; otherwise change nothing and return False."""
-        p = self._own_parent(seq, j)
-        if p == _MISSING:
-            return False  # before hashing: the general loop hashes the block itself
-        bs = self._block_size
-        mine = seq.tokens[j * bs : (j + 1) * bs].tobytes()
-        prompt_keys = seq.prompt_keys
-        if j < len(prompt_keys):
-            h = prompt_keys[j]  # hashed up front by the admission's lookup
-        else:
-            parent_key = seq.hashes[j - 1] if j else seq.seed
-            h = parent_key ^ (hash((self._keys.salt, j, mine)) & KEY_MASK)  # see ChainKeys
-        pool = self._pool
-        b = seq.blocks[j]
-        # File b under h unless h is filed already. b is unpublished, so it is in no
-        # bucket (INV-INDEX): ``claim`` hands back this very object iff it filed it.
-        if self._index.claim(h, b) is not b:
-            return False  # a twin or a colliding key: the general loop verifies which
-        seq.hashes.append(h)
-        ns = seq.namespace
-        # A remembered identity keeps its name (see ._record).
-        serial = self._record.serial_for(pool.serial[p] if p >= 0 else ns, mine)
-        pool.publish_plain(b, mine, ns, p, h, j + 1, serial)
-        self._counters.blocks_published += 1
-        return True
-
-    def _own_parent(self, seq: SeqState, j: int) -> int:
-        """The parent a fast publication path files ``seq``'s block ``j`` under: its own
-        block ``j - 1`` when that is published (NO_PARENT for a root block), else _MISSING
-        (a private parent: its canonical twin or an orphan, which only the general loop
-        resolves)."""
-        if not j:
-            return NO_PARENT
-        p = seq.blocks[j - 1]
-        return p if self._pool.depth[p] else _MISSING
-
-    def _publish_run(self, seq: SeqState, first: int, stop: int) -> bool:
-        """:meth:`_publish` of the prompt blocks ``first..stop-1`` in the plain case, if the
-        admission computed their keys, none is filed yet and block ``first``'s parent is
-        published; otherwise change nothing and return False.
-
-        Then every block of the run is new, so each is published under its own parent, the
-        block before it in the run.
-        """
-        prompt_keys = seq.prompt_keys
-        if stop > len(prompt_keys):
-            return False
-        pool = self._pool
-        blocks = seq.blocks
-        p = self._own_parent(seq, first)
-        if p == _MISSING:
-            return False
-        keys = prompt_keys[first:stop]
-        run = blocks[first:stop]
-        if not self._index.file_new(keys, run):
-            return False  # a key filed already (a twin or a collision), or twice in the run
-        seq.hashes.extend(keys)
-        bs = self._block_size
-        raw = seq.tokens[first * bs : stop * bs].tobytes()
-        # A remembered identity keeps its name (see ._record); a root's is its namespace.
-        name: int | bytes = pool.serial[p] if p >= 0 else seq.namespace
-        serials = self._record.serials_for_run(name, raw, pool.block_nbytes)
-        pool.publish_run(run, raw, seq.namespace, p, keys, first + 1, serials)
-        self._counters.blocks_published += stop - first
-        return True
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)

@@ -193,7 +193,7 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
     def _node_of(self, seq: SeqState, j: int) -> int:
         """The published block with the identity of ``seq``'s block ``j``, or < 0."""
         b = seq.blocks[j]
-        return b if self._pool.is_published(b) else self._canonical(seq, j)
+        return b if self._pool.is_published(b) else self._publisher.canonical(seq, j)
 
     def _experts_of(self, blocks: Sequence[int]) -> tuple[bytes, ...] | None:
         if not blocks or not self._experts:

@@ -56,6 +56,45 @@ def test_every_patch_applies(tmp_path: Path) -> None:
         apply_bug(bug, copy_impl(tmp_path / bug.name))
 
 
+#: ruff's undefined-name rule alone, whatever the project's configuration.
+_UNDEFINED_NAMES = (
+    *(sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache"),
+    *("--select", "F821", "--output-format", "concise"),
+)
+
+
+def test_no_patch_leaves_an_undefined_name(tmp_path: Path) -> None:
+    """A patched impl names only what it defines. A patch that names a variable the code
+    does not have makes the mutant raise ``NameError`` where the bug should act, so the
+    machines catch a crash (seen as a different raise than the spec's), not the bug class
+    the patch stands for. Checked with ruff's undefined-name rule (F821) on each patched
+    file."""
+    from mutation.run import BUGS, apply_bug, copy_impl
+
+    for bug in BUGS:
+        directory = copy_impl(tmp_path / bug.name)
+        apply_bug(bug, directory)
+        files = sorted({str(directory / file) for file, _, _ in bug.patches})
+        proc = subprocess.run(
+            [*_UNDEFINED_NAMES, *files],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, f"{bug.name}: {proc.stdout}{proc.stderr}"
+
+
+def test_the_undefined_name_check_can_fail(tmp_path: Path) -> None:
+    """The check above sees an undefined name in a patched file."""
+    path = tmp_path / "mutant.py"
+    path.write_text("def f() -> int:\n    return scheduled\n")
+    proc = subprocess.run(
+        [*_UNDEFINED_NAMES, str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "scheduled" in proc.stdout
+
+
 def test_every_stage_builds() -> None:
     """Every configuration of the schedule builds, and a focus names only real rules and
     keeps the machine's checks (it only skips rules: ``skip`` refuses an unknown name)."""

@@ -10,15 +10,19 @@ here also with the keyed index shrunk to one bit, so that nearly every key colli
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
+import prefixkv.impl as impl_package
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from prefixkv.impl import PrefixCacheManager
 from prefixkv.impl import _keys as keys_module
-from prefixkv.impl import cache as cache_module
+from prefixkv.impl import _publication as publication_module
 from prefixkv.impl._index import HashIndex
+from prefixkv.impl._publication import Publisher
 from prefixkv.spec import Namespace, Request, SpecCache
 
 from prefixkv.conformance.machines import build_machine
@@ -33,18 +37,18 @@ class Calls:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.one: list[bool] = []
         self.run: list[bool] = []
-        one, run = PrefixCacheManager._publish_one, PrefixCacheManager._publish_run
+        one, run = Publisher._publish_one, Publisher._publish_run
 
-        def counted_one(cache: PrefixCacheManager, *args: Any) -> bool:
-            self.one.append(one(cache, *args))
+        def counted_one(publisher: Publisher, *args: Any) -> bool:
+            self.one.append(one(publisher, *args))
             return self.one[-1]
 
-        def counted_run(cache: PrefixCacheManager, *args: Any) -> bool:
-            self.run.append(run(cache, *args))
+        def counted_run(publisher: Publisher, *args: Any) -> bool:
+            self.run.append(run(publisher, *args))
             return self.run[-1]
 
-        monkeypatch.setattr(PrefixCacheManager, "_publish_one", counted_one)
-        monkeypatch.setattr(PrefixCacheManager, "_publish_run", counted_run)
+        monkeypatch.setattr(Publisher, "_publish_one", counted_one)
+        monkeypatch.setattr(Publisher, "_publish_run", counted_run)
 
 
 @pytest.fixture
@@ -216,9 +220,16 @@ CollidingKeys = build_machine(
 def test_machines_with_colliding_keyed_keys(mask: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The keyed index shrunk to ``mask``: every run and every block meets filed keys, and
     runs meet their own keys twice. The impl must still be the spec, step for step."""
-    # The mask is read where prompt keys are computed and where publication keys a block.
+    # The mask is read where prompt keys are computed and where publication keys a block,
+    # and nowhere else (a third reader would keep the full mask and hide the collisions).
+    readers = {
+        module.name
+        for module in pkgutil.iter_modules(impl_package.__path__)
+        if hasattr(importlib.import_module(f"prefixkv.impl.{module.name}"), "KEY_MASK")
+    }
+    assert readers == {"_keys", "_publication"}
     monkeypatch.setattr(keys_module, "KEY_MASK", mask)
-    monkeypatch.setattr(cache_module, "KEY_MASK", mask)
+    monkeypatch.setattr(publication_module, "KEY_MASK", mask)
     run_state_machine_as_test(
         CollidingKeys,
         settings=settings(

@@ -46,6 +46,14 @@ _VERIFY_EXTRA = """        extra = pool.extra
 _VERIFY_ONE = """                if not pool.has_identity(b, mine, parent, ns, ()):
                     return j"""
 
+#: Where a commit publishes the blocks it completed (``impl/cache.py``'s ``_apply_commit``).
+_PUBLISH_ON_COMMIT = """        if new_computed // bs > computed // bs:
+            self._counters.blocks_published += self._publisher.publish(
+                seq,
+                computed // bs,
+                new_computed // bs,
+"""
+
 BUGS: tuple[Bug, ...] = (
     Bug(
         "batch_free_dedup",
@@ -210,11 +218,14 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        if new_computed // bs > computed // bs:
-            self._publish(seq, computed // bs, new_computed // bs)""",
-                """        stop = min(seq.num_reserved, len(tokens)) // bs
+                _PUBLISH_ON_COMMIT,
+                """        stop = min(seq.num_reserved, len(seq.tokens)) // bs
         if stop > len(seq.hashes):
-            self._publish(seq, len(seq.hashes), stop)""",
+            self._counters.blocks_published += self._publisher.publish(
+                seq,
+                len(seq.hashes),
+                stop,
+""",
             ),
         ),
     ),
@@ -224,10 +235,13 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        if new_computed // bs > computed // bs:
-            self._publish(seq, computed // bs, new_computed // bs)""",
+                _PUBLISH_ON_COMMIT,
                 """        if max(new_computed - 1, 0) // bs > len(seq.hashes):
-            self._publish(seq, len(seq.hashes), max(new_computed - 1, 0) // bs)""",
+            self._counters.blocks_published += self._publisher.publish(
+                seq,
+                len(seq.hashes),
+                max(new_computed - 1, 0) // bs,
+""",
             ),
         ),
     ),
@@ -407,7 +421,7 @@ BUGS: tuple[Bug, ...] = (
         "a duplicate publication replaces the canonical block in the index",
         (
             (
-                "cache.py",
+                "_publication.py",
                 """                if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     continue""",
@@ -439,7 +453,7 @@ BUGS: tuple[Bug, ...] = (
             (
                 "cache.py",
                 "        c.prefill_tokens_computed += n - cached\n",
-                "        c.prefill_tokens_computed += scheduled\n",
+                "        c.prefill_tokens_computed += end - cached\n",
             ),
         ),
     ),
@@ -570,7 +584,7 @@ BUGS: tuple[Bug, ...] = (
         "BlockStored events carry no parent hash, so a KV-aware router cannot chain them",
         (
             (
-                "cache.py",
+                "_publication.py",
                 "stored_event(w, parent_w, tup, bs, ns, extras)",
                 "stored_event(w, None, tup, bs, ns, extras)",
             ),
@@ -663,8 +677,8 @@ BUGS: tuple[Bug, ...] = (
         "sequence's own parent even when that parent is a private duplicate (INV-ANCESTOR)",
         (
             (
-                "cache.py",
-                "        return p if self._pool.depth[p] else _MISSING\n",
+                "_publication.py",
+                "        return p if self.pool.depth[p] else MISSING\n",
                 "        return p\n",
             ),
         ),
