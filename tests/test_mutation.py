@@ -10,8 +10,10 @@ was. See docs/testing.md.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +83,60 @@ def test_no_patch_leaves_an_undefined_name(tmp_path: Path) -> None:
             text=True,
         )
         assert proc.returncode == 0, f"{bug.name}: {proc.stdout}{proc.stderr}"
+
+
+def _defined_attributes(directory: Path) -> set[str]:
+    """Every attribute name the impl copy in ``directory`` defines (its classes' methods,
+    class-level names and ``__slots__``, and every attribute it assigns anywhere), and
+    whatever the spec's protocols, the managers' bases, define."""
+    from prefixkv.spec import protocol
+
+    names = {name for cls in vars(protocol).values() if isinstance(cls, type) for name in dir(cls)}
+    for path in directory.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        names.add(item.name)
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                        if any(
+                            isinstance(t, ast.Name) and t.id == "__slots__" for t in item.targets
+                        ):
+                            names |= {
+                                c.value
+                                for c in ast.walk(item.value)
+                                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                            }
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return names
+
+
+def test_no_patch_names_a_missing_attribute(tmp_path: Path) -> None:
+    """Every ``self.<name>`` a patch writes is something the patched impl defines. A patch
+    written against a method that has since moved (``self._publish`` after publication
+    became its own part) makes the mutant raise ``AttributeError`` where the bug should
+    act: a crash, not the bug class the patch stands for."""
+    from mutation.run import BUGS, apply_bug, copy_impl
+
+    for bug in BUGS:
+        directory = copy_impl(tmp_path / bug.name)
+        apply_bug(bug, directory)
+        defined = _defined_attributes(directory)
+        named = {name for _, _, new in bug.patches for name in re.findall(r"self\.(\w+)", new)}
+        assert named <= defined, f"{bug.name}: {sorted(named - defined)}"
+
+
+def test_the_missing_attribute_check_can_fail(tmp_path: Path) -> None:
+    """The check above sees an attribute that the impl does not define."""
+    from mutation.run import copy_impl
+
+    defined = _defined_attributes(copy_impl(tmp_path))
+    assert {"_pool", "_publisher", "publish", "pool", "admit", "block_size"} <= defined
+    assert "_publish" not in defined
 
 
 def test_the_undefined_name_check_can_fail(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
+from prefixkv.impl import PrefixCacheManager
 from prefixkv.spec import (
     CacheBusy,
     DuplicateSequence,
@@ -21,6 +22,7 @@ from prefixkv.spec import (
     OutOfBlocks,
     Request,
     SeqView,
+    SpecCache,
     UnknownSequence,
     invariants,
 )
@@ -274,6 +276,32 @@ def test_the_lockstep_oracle_runs_without_hypothesis() -> None:
     ok.op("admit", lambda c: c.admit(req))
     ok.op("free", lambda c: c.free([0]))
     ok.check_match(req, ok.op("match", lambda c: c.match(req), pure=True).value, "match")
+
+
+class _CrashingFree(PrefixCacheManager):
+    """Frees with an unlabelled crash, or with the wrong typed error."""
+
+    error: type[Exception] = IndexError
+
+    def free(self, seq_ids: Any) -> None:
+        raise self.error("list index out of range")
+
+
+@pytest.mark.parametrize(
+    ("error", "check"), [(IndexError, "CRASH(free)"), (InvalidRequest, "DIFF-RAISE(free)")]
+)
+def test_exact_mode_names_a_candidate_crash(error: type[Exception], check: str) -> None:
+    """Against a reference, a candidate that raises something that is not a
+    PrefixCacheError crashed (``CRASH``, as without a reference); one that raises another
+    typed error than the reference's differs (``DIFF-RAISE``)."""
+    cand = _CrashingFree(4, 1)
+    cand.error = error
+    oracle = Lockstep(SpecCache(4, 1), cand)
+    oracle.start()
+    oracle.op("admit", lambda c: c.admit(Request(0, (7, 7), Namespace("m"))))
+    with pytest.raises(CheckFailed) as info:
+        oracle.op("free", lambda c: c.free([0]))
+    assert info.value.check == check
 
 
 def _translation_lines(text: str, start: str, end: str) -> int:

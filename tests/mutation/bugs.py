@@ -551,7 +551,12 @@ BUGS: tuple[Bug, ...] = (
                 "cache.py",
                 "        start = seq.num_reserved\n        seq.num_reserved = end\n",
                 "        start = seq.num_reserved\n        seq.num_reserved = end\n"
-                "        self._publish(seq, start // self._block_size, end // self._block_size)\n",
+                "        self._counters.blocks_published += self._publisher.publish(\n"
+                "            seq,\n"
+                "            start // self._block_size,\n"
+                "            end // self._block_size,\n"
+                "            self._events if self._record_events else None,\n"
+                "        )\n",
             ),
         ),
     ),

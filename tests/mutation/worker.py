@@ -268,6 +268,7 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
     from hypothesis import HealthCheck, Phase, seed, settings
     from hypothesis.stateful import get_state_machine_test
 
+    from prefixkv.conformance.failures import check_family
     from prefixkv.conformance.machines import CheckFailed, failure_listeners
 
     first: list[tuple[float, CheckFailed]] = []
@@ -309,8 +310,11 @@ def run(directory: Path, *, shrink: bool, stages: tuple[Stage, ...] = STAGES) ->
             cpu = first_cpu[0] if first_cpu else time.process_time() - cpu_start
             return {
                 "caught": True,
-                # a check names the failure; anything else the mutant raised is a crash
-                "killed_by": "check" if first else "crash",
+                # a check names the failure; anything else the mutant raised, or a check
+                # that names a crash (the candidate raised what no check names), is a crash
+                "killed_by": (
+                    "check" if first and check_family(first[0][1].check) != "CRASH" else "crash"
+                ),
                 "check": check,
                 "startup": startup,
                 "seconds": round(seconds, 3),

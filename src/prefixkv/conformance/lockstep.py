@@ -11,9 +11,9 @@ test or another fuzzer::
 
 After **every operation**:
 
-1. with a reference (exact mode): both raised the same exception type, or neither did
-   (``DIFF-RAISE``); alone: the candidate raised nothing but a
-   :class:`~prefixkv.spec.PrefixCacheError` (``CRASH(<op>)``);
+1. the candidate raised nothing but a :class:`~prefixkv.spec.PrefixCacheError`
+   (``CRASH(<op>)``); with a reference (exact mode), both raised the same exception type,
+   or neither did (``DIFF-RAISE``);
 2. every invariant holds on the candidate's snapshot, under its declared policy
    (:func:`~prefixkv.conformance.safety.safety_violations`; ``SPEC:INV-*`` on the
    reference: a bug in the spec itself), and no admission hit a block whose KV nobody
@@ -377,9 +377,12 @@ class Lockstep:
                 f"SPEC:CRASH({name})", f"reference {out_r.describe()}"
             ) from out_r.error
         if type(out_r.error) is not type(out_c.error):
+            # A candidate that raised something no check names crashed: say so, as alone.
+            crashed = out_c.raised and not isinstance(out_c.error, PrefixCacheError)
             self.fail(
-                f"DIFF-RAISE({name})",
-                f"reference {out_r.describe()}, candidate {out_c.describe()}",
+                f"CRASH({name})" if crashed else f"DIFF-RAISE({name})",
+                f"reference {out_r.describe()}, candidate {out_c.describe()}"
+                + (": not a PrefixCacheError" if crashed else ""),
             )
         snap_r = self.ref.snapshot()
         snap_c = self.snapshot_candidate(name)
