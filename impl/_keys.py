@@ -34,11 +34,11 @@ class ChainKeys:
     """How a manager keys its index: per namespace a seed, per block a key chained from its
     parent's.
 
-    ``keyed`` is True for the default hasher (the keyed chain, see the module doc); ``salt``
-    is this manager's secret, which the publication paths mix in inline.
+    ``keyed`` is True for the default hasher (the keyed chain, see the module doc). Every
+    key is computed here, so the secret salt never leaves this object.
     """
 
-    __slots__ = ("_namespaces", "block_nbytes", "block_size", "hasher", "keyed", "salt")
+    __slots__ = ("_namespaces", "_salt", "block_nbytes", "block_size", "hasher", "keyed")
 
     def __init__(self, block_size: int, hasher: BlockHasher) -> None:
         self.block_size = block_size
@@ -48,7 +48,7 @@ class ChainKeys:
         self.keyed = hasher is fast_hash
         # NOTE: bytes, not an int: a bytes object caches its hash, so mixing the salt into
         # every block's key costs nothing per block.
-        self.salt = os.urandom(8)
+        self._salt = os.urandom(8)
         self._namespaces: dict[Namespace, tuple[bytes, int, int]] = {}
 
     def __len__(self) -> int:
@@ -70,7 +70,7 @@ class ChainKeys:
             entry = self._namespaces[namespace] = (
                 key,
                 digest,
-                hash((self.salt, digest)) & KEY_MASK,
+                hash((self._salt, digest)) & KEY_MASK,
             )
         return entry
 
@@ -93,7 +93,7 @@ class ChainKeys:
             return keys
         # One C call cuts the prompt into its blocks' bytes: ``"64s64s..."``, one per block.
         blocks = unpack_from(f"{nb}s" * (stop // nb), buf)
-        leaves = map(hash, zip(repeat(self.salt), count(), blocks))
+        leaves = map(hash, zip(repeat(self._salt), count(), blocks))
         # NOTE: each leaf is masked before the xor, as ``chain_key`` does (masking
         # distributes over xor, so the keys are the same): a hash is negative half the
         # time, and CPython's xor of a negative int takes a slower path than two masked ones.
@@ -128,5 +128,5 @@ class ChainKeys:
             return self.hasher(parent_key, ns, tokens, extras)
         assert parent_key is not None  # a root block chains from its namespace's seed
         if extras:
-            return parent_key ^ (hash((self.salt, j, mine, extras)) & KEY_MASK)
-        return parent_key ^ (hash((self.salt, j, mine)) & KEY_MASK)
+            return parent_key ^ (hash((self._salt, j, mine, extras)) & KEY_MASK)
+        return parent_key ^ (hash((self._salt, j, mine)) & KEY_MASK)

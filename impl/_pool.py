@@ -82,8 +82,9 @@ def _ints(typecode: str, values: Sequence[int]) -> array[int]:
 
 assert array("i").itemsize == 4 and array("q").itemsize == 8, "pool arrays: 32 and 64 bits"
 
-#: One hold, to be repeated over a range of fresh blocks.
-_HELD_ONCE: array[int] = array("i", (1,))
+#: An int32 1, to be repeated over a range: one hold of each fresh block, or one
+#: published child of each block of a run.
+_ONE: array[int] = array("i", (1,))
 
 
 class BlockPool:
@@ -217,7 +218,7 @@ class BlockPool:
         taken = list(range(start, start + fresh))
         if fresh:
             self.fresh_next = start + fresh
-            self.ref[start : start + fresh] = _HELD_ONCE * fresh
+            self.ref[start : start + fresh] = _ONE * fresh
         if fresh < count:
             popleft, ref = self.released.popleft, self.ref
             for _ in range(count - fresh):
@@ -396,34 +397,34 @@ class BlockPool:
         assert not self.wire_hashes, "publish_run keeps no wire hashes"
         k = len(run)
         b0 = run[0]
-        if run == list(range(b0, b0 + k)):
-            self._publish_span(b0, k, tokens, namespace, parent, keys, depth, serials)
-            return
-        nb = self.block_nbytes
-        ptoks, names, parents = self.tokens, self.namespace, self.parent
-        keys_a, depths, serials_a = self.key, self.depth, self.serial
-        p, o = parent, 0
-        for b, key, serial in zip(run, keys, serials, strict=True):
-            start = b * nb
-            ptoks[start : start + nb] = tokens[o : o + nb]
-            o += nb
-            names[b] = namespace
-            parents[b] = p
-            keys_a[b] = key
-            depths[b] = depth
-            depth += 1
-            serials_a[b] = serial
-            p = b
-        self.num_published += len(run)
         # Every block of the run but the last gains its one published child, held (so
         # anchored) by the publishing sequence, as it is itself: nothing propagates. Before,
         # each had none: it was unpublished, and a published block's parent is published
         # (INV-ANCESTOR), so 1 is exactly one more.
-        children, anchored = self.num_children, self.anchored_children
-        for b in run[:-1]:
-            children[b] = anchored[b] = 1
+        if run == list(range(b0, b0 + k)):
+            self._publish_span(b0, k, tokens, namespace, parent, keys, depth, serials)
+        else:
+            nb = self.block_nbytes
+            ptoks, names, parents = self.tokens, self.namespace, self.parent
+            keys_a, depths, serials_a = self.key, self.depth, self.serial
+            p, o = parent, 0
+            for b, key, serial in zip(run, keys, serials, strict=True):
+                start = b * nb
+                ptoks[start : start + nb] = tokens[o : o + nb]
+                o += nb
+                names[b] = namespace
+                parents[b] = p
+                keys_a[b] = key
+                depths[b] = depth
+                depth += 1
+                serials_a[b] = serial
+                p = b
+            children, anchored = self.num_children, self.anchored_children
+            for b in run[:-1]:
+                children[b] = anchored[b] = 1
+        self.num_published += k
         if parent >= 0:
-            children[parent] += 1
+            self.num_children[parent] += 1
             self.anchor_up(parent)  # the run's first block is held, hence anchored
 
     def _publish_span(
@@ -437,8 +438,9 @@ class BlockPool:
         depth: int,
         serials: list[int],
     ) -> None:
-        """:meth:`publish_run` of the consecutive ids ``b0..b0+k-1`` (a fresh allocation
-        hands out such runs): one slice assignment per array instead of a store per block.
+        """:meth:`publish_run`'s stores for the consecutive ids ``b0..b0+k-1`` (a fresh
+        allocation hands out such runs): one slice assignment per array instead of a store
+        per block. The caller counts the run and anchors its parent.
 
         NOTE: an array's item store parses its argument through the generic argument parser
         (about 300 machine instructions per store on CPython 3.11); a slice assignment of an
@@ -453,18 +455,10 @@ class BlockPool:
         self.key[b0:stop] = _ints("q", keys)
         self.depth[b0:stop] = _ints("i", range(depth, depth + k))
         self.serial[b0:stop] = _ints("q", serials)
-        self.num_published += k
-        # Every block of the run but the last gains its one published child, held (so
-        # anchored) by the publishing sequence, as it is itself: nothing propagates. Before,
-        # each had none: it was unpublished, and a published block's parent is published
-        # (INV-ANCESTOR), so 1 is exactly one more.
         if k > 1:
-            ones = array("i", [1]) * (k - 1)
+            ones = _ONE * (k - 1)
             self.num_children[b0 : stop - 1] = ones
             self.anchored_children[b0 : stop - 1] = ones
-        if parent >= 0:
-            self.num_children[parent] += 1
-            self.anchor_up(parent)  # the run's first block is held, hence anchored
 
     def pop_leaves(self, count: int) -> list[int]:
         """Take up to ``count`` leaves off the eviction order, each still published.
@@ -475,9 +469,19 @@ class BlockPool:
         return self.leaves.pop(self, count)
 
     def forget(self, victims: Sequence[int]) -> None:
-        """Unpublish the evicted ``victims`` and return them to the free queue.
+        """Unpublish the evicted ``victims`` and return them to the free queue."""
+        self._unpublish(victims)
+        self.released.extend(victims)
+        n = len(victims)
+        self.num_cached -= n
+        self.num_published -= n
+        self.num_reclaimable -= n
 
-        :meth:`clear_block` and a new generation for each, in one loop over the batch.
+    def _unpublish(self, blocks: Sequence[int]) -> None:
+        """Forget the identity of each of ``blocks`` and give it a new generation (so that
+        a remembered canonical block is known to be gone), in one loop over the batch.
+
+        The token bytes stay behind: nothing reads them while the depth says unpublished.
         """
         pns, parent, depth, last_use, gen = (
             self.namespace,
@@ -486,7 +490,7 @@ class BlockPool:
             self.last_use,
             self.gen,
         )
-        for b in victims:
+        for b in blocks:
             pns[b] = None
             parent[b] = NO_PARENT
             depth[b] = 0
@@ -494,32 +498,15 @@ class BlockPool:
             gen[b] = (gen[b] + 1) & _WRAP
         extra = self.extra
         if extra:
-            for b in victims:
+            for b in blocks:
                 extra.pop(b, None)
-        self.released.extend(victims)
-        n = len(victims)
-        self.num_cached -= n
-        self.num_published -= n
-        self.num_reclaimable -= n
-
-    def clear_block(self, b: int) -> None:
-        """Forget a block's identity (it is being evicted or was private).
-
-        The token bytes stay behind: nothing reads them while the depth says unpublished.
-        """
-        self.namespace[b] = None
-        self.extra.pop(b, None)
-        self.parent[b] = NO_PARENT
-        self.depth[b] = 0
-        self.last_use[b] = 0
 
     def clear(self, published: Sequence[int]) -> None:
         """A full reset: unpublish ``published`` (every published block; none is held)."""
+        self._unpublish(published)
+        children, anchored = self.num_children, self.anchored_children
         for b in published:
-            self.clear_block(b)
-            self.num_children[b] = 0
-            self.anchored_children[b] = 0
-            self.gen[b] = (self.gen[b] + 1) & _WRAP
+            children[b] = anchored[b] = 0
         self.leaves.clear()
         self.released.clear()
         self.fresh_next = 0

@@ -14,7 +14,7 @@ from prefixkv.spec.events import KVEvent, stored_event
 from prefixkv.spec.multimodal import block_extra_keys
 
 from ._index import HashIndex
-from ._keys import KEY_MASK, ChainKeys
+from ._keys import ChainKeys
 from ._pool import NO_PARENT, BlockPool
 from ._record import EvictionRecord
 from ._sequence import SeqState
@@ -99,7 +99,7 @@ class Publisher:
         get_one = index.get_one
         record = self.record
         keyed = keys.keyed
-        hasher, salt = keys.hasher, keys.salt
+        hasher = keys.hasher
         wire = seq.wire if pool.wire_hashes else None
         nsd = seq.ns_digest
         pdepth = pool.depth
@@ -115,14 +115,10 @@ class Publisher:
             if j < len(prompt_keys):
                 h = prompt_keys[j]  # hashed up front by the admission's lookup
             elif keyed:
-                parent_key = hashes[j - 1] if j else seq.seed
-                if extras:
-                    h = parent_key ^ (hash((salt, j, mine, extras)) & KEY_MASK)
-                else:
-                    h = parent_key ^ (hash((salt, j, mine)) & KEY_MASK)
+                h = keys.chain_key(hashes[j - 1] if j else seq.seed, j, ns, (), mine, extras)
             else:
                 tup = tuple(tokens[j * bs : (j + 1) * bs])
-                h = hasher(hashes[j - 1] if j else None, ns, tup, extras)
+                h = keys.chain_key(hashes[j - 1] if j else None, j, ns, tup, mine, extras)
             hashes.append(h)
             # The identity hash (the events' block hash): the key itself unless keyed.
             w = h
@@ -175,7 +171,7 @@ class Publisher:
             h = prompt_keys[j]  # hashed up front by the admission's lookup
         else:
             parent_key = seq.hashes[j - 1] if j else seq.seed
-            h = parent_key ^ (hash((self.keys.salt, j, mine)) & KEY_MASK)  # see ChainKeys
+            h = self.keys.chain_key(parent_key, j, seq.namespace, (), mine, ())
         pool = self.pool
         b = seq.blocks[j]
         # File b under h unless h is filed already. b is unpublished, so it is in no

@@ -399,7 +399,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "_pool.py",
-                """            self.ref[start : start + fresh] = _HELD_ONCE * fresh\n""",
+                """            self.ref[start : start + fresh] = _ONE * fresh\n""",
                 "",
             ),
         ),
