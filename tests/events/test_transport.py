@@ -24,44 +24,17 @@ from prefixkv.spec import (  # noqa: E402
 )
 
 from prefixkv.events.transport import EventPublisher, EventSubscriber, ReplayGap  # noqa: E402
-from prefixkv.events.wire import WireError, decode_batch, encode_batch  # noqa: E402
+from prefixkv.events.wire import (  # noqa: E402
+    WireError,
+    WireFormat,
+    decode_batch,
+    encode_batch,
+)
 
 NAMESPACES = (Namespace("m@1"), Namespace("m@1", "lora-a"), Namespace("m@1", salt=b"t-2"))
 
 
-# vLLM's own struct shapes (vllm/distributed/kv_events.py), written out independently of
-# prefixkv.events.wire: a consumer built on them must read prefixkv's bytes.
-class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-
-
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class _VllmBlockStored(_Event, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-
-
-class _VllmBlockRemoved(_Event, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class _VllmAllBlocksCleared(_Event, tag="AllBlocksCleared"):
-    pass
-
-
-class _VllmBatch(_Batch):
-    events: list[_VllmBlockStored | _VllmBlockRemoved | _VllmAllBlocksCleared]
+FORMATS = list(WireFormat)
 
 
 def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
@@ -95,34 +68,41 @@ def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
     return batches
 
 
-def test_wire_roundtrip_and_vllm_shape() -> None:
-    """Every event survives the wire; a decoder with vLLM's own struct shapes reads it."""
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_wire_roundtrip(fmt: WireFormat) -> None:
+    """Every event survives the wire, in both formats (vLLM's own decoders: test_vllm_corpus)."""
     cache = SpecCache(16, 2, record_events=True)
     events = [e for batch in workload(cache, random.Random(1), 200) for e in batch]
     assert {type(e).__name__ for e in events} == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
-    payload = encode_batch(events, ts=1.0)
-    assert decode_batch(payload) == events
-
-    theirs = msgspec.msgpack.Decoder(type=_VllmBatch).decode(payload)
-    assert [type(e).__name__[5:] for e in theirs.events] == [type(e).__name__ for e in events]
-    first = next(e for e in events if type(e).__name__ == "BlockStored")
-    mine = theirs.events[events.index(first)]
-    assert (mine.block_hashes, mine.lora_name) == (list(first.block_hashes), first.adapter)
+    payload = encode_batch(events, ts=1.0, wire_format=fmt)
+    assert decode_batch(payload, wire_format=fmt) == events
+    other = WireFormat.VLLM_0_20 if fmt is WireFormat.VLLM_0_33 else WireFormat.VLLM_0_33
+    with pytest.raises(WireError):
+        decode_batch(payload, wire_format=other)  # one format is never read as the other
 
 
-def test_bad_wire_input_is_a_typed_error() -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bad_wire_input_is_a_typed_error(fmt: WireFormat) -> None:
     cache = SpecCache(8, 2, record_events=True)
     events = [e for batch in workload(cache, random.Random(2), 30) for e in batch]
-    payload = encode_batch(events)
-    stored = encode_batch([next(e for e in events if type(e).__name__ == "BlockStored")])
+    payload = encode_batch(events, wire_format=fmt)
+    first = next(e for e in events if type(e).__name__ == "BlockStored")
+    stored = encode_batch([first], wire_format=fmt)
+    salted = encode_batch([first._replace(salt=b"t-9", parent_block_hash=None)], wire_format=fmt)
     for bad in (
         payload[: len(payload) // 2],  # truncated
         payload.replace(b"BlockRemoved", b"BlockRenamed"),  # unknown tag
         b"",
         stored.replace(b"m@1", b"\xff\xfe\xfd"),  # the model is not text
+        salted.replace(b"t-9", b"t-8", 1),  # extra_keys say another salt than the identity
+    ) + (
+        # cache_salt (0.33 only) says another namespace than the prefixkv field
+        (stored.replace(b"m@1", b"m@2", 1),) if fmt is WireFormat.VLLM_0_33 else ()
     ):
         with pytest.raises(WireError):
-            decode_batch(bad)
+            decode_batch(bad, wire_format=fmt)
+    with pytest.raises(WireError, match="unknown wire format"):
+        decode_batch(payload, wire_format="vllm-0.1")
     assert issubclass(WireError, ValueError)
 
 
@@ -133,14 +113,17 @@ def _settle(subs: list[EventSubscriber]) -> None:
         s.catch_up()  # PUB/SUB may lose the tail; the replay endpoint has it
 
 
-@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
-def test_late_and_lossy_subscribers_converge(cls: type) -> None:
+@pytest.mark.parametrize(
+    ("cls", "fmt"),
+    [(SpecCache, WireFormat.VLLM_0_33), (PrefixCacheManager, WireFormat.VLLM_0_20)],
+)
+def test_late_and_lossy_subscribers_converge(cls: type, fmt: WireFormat) -> None:
     cache = cls(24, 2, record_events=True)
     rng = random.Random(5)
-    pub = EventPublisher()
-    early = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+    pub = EventPublisher(wire_format=fmt)
+    early = EventSubscriber(pub.endpoint, pub.replay_endpoint, wire_format=fmt)
     lossy = EventSubscriber(
-        pub.endpoint, pub.replay_endpoint, drop=lambda frames: rng.random() < 0.3
+        pub.endpoint, pub.replay_endpoint, drop=lambda frames: rng.random() < 0.3, wire_format=fmt
     )
     garbled: list[int] = []
 
@@ -151,7 +134,7 @@ def test_late_and_lossy_subscribers_converge(cls: type) -> None:
         garbled.append(1)
         return len(garbled) % 4 == 1
 
-    noisy = EventSubscriber(pub.endpoint, pub.replay_endpoint, drop=corrupt)
+    noisy = EventSubscriber(pub.endpoint, pub.replay_endpoint, drop=corrupt, wire_format=fmt)
     reference = EventMirror()
     try:
         batches = workload(cache, random.Random(7), 150)
@@ -160,7 +143,7 @@ def test_late_and_lossy_subscribers_converge(cls: type) -> None:
             pub.publish(batch)
             reference.apply_all(batch)
             if i == 60:
-                late = EventSubscriber(pub.endpoint, pub.replay_endpoint)
+                late = EventSubscriber(pub.endpoint, pub.replay_endpoint, wire_format=fmt)
             for s in (early, lossy, noisy, late):
                 if s is not None:
                     s.poll(0)

@@ -3,8 +3,13 @@
 Publisher: a PUB socket sends each batch as three frames, ``[topic, seq, payload]``, where
 ``seq`` is an 8-byte big-endian sequence number counting batches from 0 and ``payload`` an
 ``EventBatch`` (:mod:`prefixkv.events.wire`). The last ``buffer_size`` batches are kept for a
-ROUTER replay endpoint: a client sends ``[b"", start]`` (8 bytes, big-endian) and gets every
-buffered batch from ``start`` on as ``[b"", seq, payload]``, then ``[b"", -1, b""]``.
+ROUTER replay endpoint: a client (a DEALER) sends ``[b"", start]`` (8 bytes, big-endian) and
+gets every buffered batch from ``start`` on, then an end marker whose sequence frame is -1
+(8 bytes of ``0xff``). The replay frames follow the wire format's vLLM release:
+
+* vLLM 0.33 (:attr:`~prefixkv.events.wire.WireFormat.VLLM_0_33`, the default): each batch as
+  ``[b"", topic, seq, payload]``, the end as ``[b"", b"", -1, b""]``;
+* vLLM 0.20: each batch as ``[b"", seq, payload]``, the end as ``[b"", -1, b""]``.
 
 Subscriber: applies the batches in sequence order to an
 :class:`~prefixkv.spec.event_mirror.EventMirror`. PUB/SUB loses messages by design (a late
@@ -35,7 +40,15 @@ import zmq
 from prefixkv.spec import KVEvent, PrefixCacheError
 from prefixkv.spec.event_mirror import EventMirror
 
-from .wire import WireError, decode_batch, encode_batch, is_checkpoint_event
+from .wire import (
+    DEFAULT_FORMAT,
+    WireError,
+    WireFormat,
+    as_format,
+    decode_batch,
+    encode_batch,
+    is_checkpoint_event,
+)
 
 __all__ = ["EventPublisher", "EventSubscriber", "ReplayGap"]
 
@@ -61,7 +74,8 @@ class EventPublisher:
     and :attr:`endpoint` / :attr:`replay_endpoint` then name the bound addresses. The
     replay endpoint is served by a background thread, which alone touches its socket.
     ``checkpoint_events`` sends a hybrid cache's checkpoint events too (prefixkv's own
-    tags, which vLLM's decoder rejects: see :mod:`prefixkv.events.wire`).
+    tags, which vLLM's decoder rejects: see :mod:`prefixkv.events.wire`). ``wire_format``
+    picks the vLLM release whose payload and replay frames are sent.
     """
 
     def __init__(
@@ -73,10 +87,12 @@ class EventPublisher:
         buffer_size: int = 10_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         checkpoint_events: bool = False,
+        wire_format: WireFormat | str = DEFAULT_FORMAT,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
         self.checkpoint_events = checkpoint_events
+        self.wire_format = as_format(wire_format)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
@@ -89,6 +105,7 @@ class EventPublisher:
         self._lock = threading.Lock()
         self._next_seq = 0
         self._stop = threading.Event()
+        self._topic_frame = self.wire_format is WireFormat.VLLM_0_33
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
 
@@ -102,7 +119,9 @@ class EventPublisher:
             events = [e for e in events if not is_checkpoint_event(e)]
         if not events:
             return -1
-        payload = encode_batch(events, checkpoints=self.checkpoint_events)
+        payload = encode_batch(
+            events, checkpoints=self.checkpoint_events, wire_format=self.wire_format
+        )
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
@@ -123,9 +142,13 @@ class EventPublisher:
             client, start = frames[0], _seq(frames[2])
             with self._lock:
                 batches = [(s, p) for s, p in self._buffer if s >= start]
+            # vLLM 0.33 added the topic to each replayed batch, and an empty frame in its
+            # place to the end marker, so that a replay reads like the PUB stream.
+            head = [client, b""] + ([self.topic] if self._topic_frame else [])
             for s, p in batches:
-                self._router.send_multipart([client, b"", s.to_bytes(8, "big", signed=True), p])
-            self._router.send_multipart([client, b"", _END, b""])
+                self._router.send_multipart([*head, s.to_bytes(8, "big", signed=True), p])
+            end = [client, b""] + ([b""] if self._topic_frame else [])
+            self._router.send_multipart([*end, _END, b""])
 
     def close(self) -> None:
         self._stop.set()
@@ -140,6 +163,7 @@ class EventSubscriber:
     ``drop`` is a test hook: a message it returns true for is lost on the way in.
     ``on_batch(seq, events)`` is called after each batch is applied to the mirror, in
     sequence order, replays included: a router feeds its own index from it.
+    ``wire_format`` is the vLLM release the publisher sends (payloads and replay frames).
     """
 
     def __init__(
@@ -153,9 +177,12 @@ class EventSubscriber:
         drop: Callable[[list[bytes]], bool] | None = None,
         replay_timeout_ms: int = 5000,
         on_batch: Callable[[int, list[KVEvent]], None] | None = None,
+        wire_format: WireFormat | str = DEFAULT_FORMAT,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
+        self.wire_format = as_format(wire_format)
+        self._reply_frames = 4 if self.wire_format is WireFormat.VLLM_0_33 else 3
         self.mirror = mirror if mirror is not None else EventMirror()
         self.last_seq = -1
         self.stale = False
@@ -200,7 +227,7 @@ class EventSubscriber:
                 log.info("gap: batch %d after %d; replaying", seq, self.last_seq)
                 self.catch_up()
                 return
-            events = decode_batch(frames[2])
+            events = decode_batch(frames[2], wire_format=self.wire_format)
         except WireError as exc:
             self.malformed += 1
             log.warning("malformed event message (%s); resyncing through replay", exc)
@@ -226,9 +253,12 @@ class EventSubscriber:
             if not self._replay.poll(self._timeout):
                 raise ReplayGap(f"the replay endpoint did not answer within {self._timeout} ms")
             frames = self._replay.recv_multipart()
-            if len(frames) != 3:
-                raise WireError(f"replay reply of {len(frames)} frames, expected 3")
-            seq = _seq(frames[1])
+            if len(frames) != self._reply_frames or frames[0] != b"":
+                raise WireError(
+                    f"replay reply of {len(frames)} frames, expected {self._reply_frames} "
+                    f"({self.wire_format.value})"
+                )
+            seq = _seq(frames[-2])
             if seq == -1:
                 return
             if first and seq > start:
@@ -240,12 +270,14 @@ class EventSubscriber:
             first = False
             if seq <= self.last_seq:
                 continue
-            self._apply(seq, decode_batch(frames[2]))
+            if self._reply_frames == 4 and frames[1] != self.topic:
+                raise WireError(f"replayed batch {seq} under topic {frames[1]!r}")
+            self._apply(seq, decode_batch(frames[-1], wire_format=self.wire_format))
 
     def _drain_replay(self) -> None:
         while self._replay.poll(self._timeout):
             frames = self._replay.recv_multipart()
-            if len(frames) == 3 and frames[1] == _END:
+            if len(frames) == self._reply_frames and frames[-2] == _END:
                 return
 
     def close(self) -> None:
