@@ -83,9 +83,11 @@ __all__ = [
     "WireError",
     "WireFormat",
     "as_format",
+    "block_mm_infos",
     "decode_batch",
     "encode_batch",
     "is_checkpoint_event",
+    "mm_hash",
     "mm_identifier",
     "namespace_tag",
     "salt_key",
@@ -189,6 +191,38 @@ def vllm_extra_keys(event: BlockStored) -> list[tuple[Any, ...] | None]:
     return out
 
 
+def mm_hash(content: bytes) -> int:
+    """Dynamo's ``mm_hash`` of an extra key: the first 16 hex digits of its identifier.
+
+    Args:
+        content: the extra key's content bytes.
+
+    Returns:
+        An unsigned 64-bit int, as Dynamo derives it from a vLLM ``mm_identifier``.
+    """
+    return int(mm_identifier(content)[:16], 16)
+
+
+def block_mm_infos(event: BlockStored) -> list[MmInfo | None] | None:
+    """The top-level ``block_mm_infos`` of a 0.33-format ``BlockStored`` (Dynamo's field).
+
+    Args:
+        event: a prefixkv ``BlockStored``.
+
+    Returns:
+        Per block, ``{"mm_objects": [{"mm_hash": ..., "offsets": []}, ...]}`` or ``None``;
+        ``None`` for an event without extra keys.
+    """
+    # NOTE: Dynamo 1.6.1's ZMQ consumer hashes a block's multimodal objects only from this
+    # field (its own); it reads no identifier out of vLLM's extra_keys.
+    if not any(event.extra_keys):
+        return None
+    return [
+        {"mm_objects": [{"mm_hash": mm_hash(c), "offsets": []} for _, c in keys]} if keys else None
+        for keys in event.extra_keys
+    ]
+
+
 # --- the structs, one family per format ------------------------------------------------------
 
 
@@ -199,6 +233,7 @@ class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 Identity = tuple[str, bytes | None, list[list[tuple[int, bytes]]]]
+MmInfo = dict[str, list[dict[str, Any]]]
 
 
 class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -216,6 +251,7 @@ class _MapBlockStored(_MapEvent, tag="BlockStored"):
     extra_keys: list[tuple[Any, ...] | None] | None = None
     group_idx: int | None = None
     cache_salt: str | None = None
+    block_mm_infos: list[MmInfo | None] | None = None
     prefixkv: Identity | None = None
 
 
@@ -356,6 +392,7 @@ def _to_wire(event: KVEvent, fmt: WireFormat) -> Any:
         if fmt is WireFormat.VLLM_0_33:
             ns = Namespace(event.model, event.adapter, event.salt)
             fields["cache_salt"] = namespace_tag(ns)
+            fields["block_mm_infos"] = block_mm_infos(event)
         return structs["BlockStored"](**fields)
     if isinstance(event, BlockRemoved):
         return structs["BlockRemoved"](
@@ -425,9 +462,11 @@ def _from_stored(event: Any) -> BlockStored:
     # Compared as msgpack, where a tuple and a list are one array and str and bytes differ.
     if _ENCODER.encode(event.extra_keys) != _ENCODER.encode(vllm_extra_keys(stored)):
         raise WireError(f"extra_keys {event.extra_keys!r} disagree with the block identity")
-    tag = getattr(event, "cache_salt", None)
-    if isinstance(event, _MapBlockStored) and tag != namespace_tag(ns):
-        raise WireError(f"cache_salt {tag!r} is not the namespace {ns!r}")
+    if isinstance(event, _MapBlockStored):
+        if event.cache_salt != namespace_tag(ns):
+            raise WireError(f"cache_salt {event.cache_salt!r} is not the namespace {ns!r}")
+        if _ENCODER.encode(event.block_mm_infos) != _ENCODER.encode(block_mm_infos(stored)):
+            raise WireError(f"block_mm_infos {event.block_mm_infos!r} disagree with extra keys")
     return stored
 
 
