@@ -6,7 +6,8 @@ events themselves, and the consumer-side mirror that INV-EVENTS is stated with, 
 :mod:`prefixkv.spec.events` and :mod:`prefixkv.spec.event_mirror`.
 
 * :mod:`prefixkv.events.wire`: vLLM's ``EventBatch`` of ``BlockStored`` / ``BlockRemoved`` /
-  ``AllBlocksCleared``, msgpack via ``msgspec``, and the conversion both ways;
+  ``AllBlocksCleared``, msgpack via ``msgspec``, in the shapes of vLLM 0.33 (tagged maps, the
+  default) and vLLM 0.20 (tagged arrays), and the conversion both ways;
 * :mod:`prefixkv.events.transport`: a ZeroMQ publisher (PUB with a topic and sequence
   numbers, plus a replay endpoint) and a subscriber that detects gaps and replays;
 * :mod:`prefixkv.events.dynamo`: the translation into Dynamo's router events and the
