@@ -187,13 +187,16 @@ def _hybrid_stream() -> list[Any]:
     return c.log
 
 
-def test_checkpoint_events_travel_only_on_request() -> None:
+@pytest.mark.parametrize("fmt", ["vllm-0.33", "vllm-0.20"])
+def test_checkpoint_events_travel_only_on_request(fmt: str) -> None:
     wire = pytest.importorskip("prefixkv.events.wire")
     events = _hybrid_stream()
     kinds = (CheckpointStored, CheckpointRemoved)
     assert any(isinstance(e, kinds) for e in events)
-    assert wire.decode_batch(wire.encode_batch(events, checkpoints=True)) == events
-    plain = wire.decode_batch(wire.encode_batch(events))  # what vLLM's decoder accepts
+    both = wire.encode_batch(events, checkpoints=True, wire_format=fmt)
+    assert wire.decode_batch(both, wire_format=fmt) == events
+    # What vLLM's decoder accepts (tests/events/test_vllm_corpus.py):
+    plain = wire.decode_batch(wire.encode_batch(events, wire_format=fmt), wire_format=fmt)
     assert plain == [e for e in events if not isinstance(e, kinds)]
 
 

@@ -101,6 +101,14 @@ def test_bad_wire_input_is_a_typed_error(fmt: WireFormat) -> None:
     ):
         with pytest.raises(WireError):
             decode_batch(bad, wire_format=fmt)
+    if fmt is WireFormat.VLLM_0_33:
+        # block_mm_infos (Dynamo's field) naming another image than the prefixkv field
+        image = MultimodalSpan(0, 2, "image", b"\x01" * 4)
+        pic = first._replace(parent_block_hash=None, extra_keys=(((0, image.key()),),))
+        raw = msgspec.msgpack.decode(encode_batch([pic], wire_format=fmt))
+        raw[1][0]["block_mm_infos"][0]["mm_objects"][0]["mm_hash"] += 1
+        with pytest.raises(WireError, match="block_mm_infos"):
+            decode_batch(msgspec.msgpack.encode(raw), wire_format=fmt)
     with pytest.raises(WireError, match="unknown wire format"):
         decode_batch(payload, wire_format="vllm-0.1")
     assert issubclass(WireError, ValueError)

@@ -41,17 +41,22 @@ which skip unknown map keys and unknown trailing array elements) and Dynamo's sk
 * ``cache_salt`` (0.33 format only): the hex of :meth:`Namespace.key` (model, adapter and
   salt). It is the top-level field that Dynamo's ZMQ consumer (``ai-dynamo-runtime`` 1.6.1)
   reads as a block's cache namespace, so its index keeps tenants apart; a Dynamo query for a
-  namespace passes the same string. Dynamo reads no such field from the 0.20 array.
+  namespace passes the same string;
+* ``block_mm_infos`` (0.33 format only, ``None`` for a text-only event): per block, Dynamo's
+  own ``{"mm_objects": [{"mm_hash": ..., "offsets": []}]}`` (:func:`block_mm_infos`), the only
+  multimodal information its ZMQ consumer hashes. Dynamo reads neither field from the 0.20
+  array.
 
 A hybrid cache's checkpoint events have no vLLM counterpart. They travel as two more tagged
 events of the shape of ``BlockRemoved``, ``CheckpointStored`` and ``CheckpointRemoved``
 (``block_hashes``, ``medium``), only when the encoder is asked for them
-(``encode_batch(..., checkpoints=True)``): vLLM's decoder rejects a batch with a tag it does
-not know, so by default a stream stays vLLM's exactly.
+(``encode_batch(..., checkpoints=True)``): vLLM's decoder and Dynamo's consumer reject a
+batch with a tag they do not know, so by default a stream stays vLLM's exactly.
 
 :func:`decode_batch` is strict: a truncated payload, an unknown tag, a wrong type, an
-``extra_keys`` entry or a ``cache_salt`` that disagrees with the ``prefixkv`` field, or a
-``BlockStored`` without that field is a :class:`WireError`, never a partial batch.
+``extra_keys`` entry, ``cache_salt`` or ``block_mm_infos`` that disagrees with the
+``prefixkv`` field, or a ``BlockStored`` without that field is a :class:`WireError`, never a
+partial batch.
 """
 
 from __future__ import annotations
