@@ -143,8 +143,9 @@ def salt_key(salt: bytes) -> str:
         salt: the namespace's salt.
 
     Returns:
-        The salt's UTF-8 text; ``"hex:"`` and its hex digits for a salt that is not UTF-8
-        or whose text starts with ``"hex:"`` (so that the rendering stays injective).
+        The salt's UTF-8 text; ``"hex:"`` and its hex digits for a salt that is not UTF-8,
+        is empty (vLLM treats an empty salt as none), or whose text starts with ``"hex:"``
+        (so that the rendering stays injective).
     """
     # NOTE: text, never msgpack bin: Dynamo's ExtraKeyItem (ai-dynamo-runtime 1.6.1) fails
     # the whole batch on a bin item.
@@ -152,7 +153,7 @@ def salt_key(salt: bytes) -> str:
         text = salt.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    if text is None or text.startswith(_HEX):
+    if not text or text.startswith(_HEX):
         return _HEX + salt.hex()
     return text
 
