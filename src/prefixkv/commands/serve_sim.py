@@ -333,9 +333,14 @@ def _print_replicas(r: dict[str, Any], title: str) -> None:
         ),
         ("TTFT p50 in steps", str(r["ttft_steps_p50"])),
         (
+            "tokens from cache: predicted / served",
+            f"{r['predicted_tokens']:,} / {r['cached_tokens']:,}",
+        ),
+        (
             "router mispredictions",
-            f"{r['mispredictions']} of {r['routed_checked']} checked "
-            f"({r['routed_in_flight']} with events in flight)",
+            f"{r['mispredictions']} of {r['requests']} "
+            f"({r['mispredicted_under']} served fewer tokens than predicted, "
+            f"{r['mispredicted_over']} more; {r['routed_in_flight']} with events in flight)",
         ),
         ("events rejected by the index / replays", f"{r['rejected_events']} / {r['replays']}"),
         ("ticks / wall time", f"{r['ticks']} / {r['wall_s']:.1f} s"),

@@ -9,18 +9,24 @@ A multi-turn workload (:func:`prefixkv.serving.chat_turns`) is served in lock st
 arrives at its arrival tick, or the tick after the turn it follows finished, wherever that
 one ran; its prompt is that turn's prompt and output, then its own tokens.
 
-Router accuracy. On every routed request the router records its predicted prefix for the
-chosen replica (in blocks) and the number of event batches it had applied from that replica.
-The replica records, on the request's arrival, the prefix it holds and the number of batches
-it had published (:class:`~prefixkv.events.replicas.Receipt`). When the two sequence numbers
-agree, no event was in flight and the prediction must equal the held prefix exactly:
-otherwise it is a *misprediction*. When they differ, events were in flight and the pair is
-counted as ``in_flight``, not compared. After every tick the router waits (with a timeout)
-until it has applied every batch each replica reported published, so in lock step nothing is
-in flight at routing time and every placement is checked.
+Router accuracy. On every routed request the router records its prediction for the chosen
+replica: the tokens the request will be served from cache (``predicted_tokens``), which its
+index and the replica's match policy give (:class:`~prefixkv.events.router.MatchPolicy`:
+the full-prompt cap, and for a hybrid model the deepest block with a checkpoint), and the
+published prefix its index believes the replica holds (``predicted_blocks``). The replica
+reports the tokens it actually served from cache at the request's admission
+(``cached_tokens``). A request served fewer tokens than predicted, or more, is a
+*misprediction*, whatever the mode: there is no exemption.
 
-The prefix compared is the published prefix, before the match policy's caps (choices 4-6),
-which a router does not model; the hit rate is the replicas' own, after the caps.
+Two more records say where a misprediction comes from. The replica's
+:class:`~prefixkv.events.replicas.Receipt` holds, on the request's arrival, the number of
+batches it had published, the prefix it held and the hit its cache's match would have
+given. When the router had applied fewer batches than that, events were in flight
+(``in_flight``); when the index's published prefix differs from the one held, the index is
+out of sync (an *index mismatch*); when the hit on arrival differs from the hit at
+admission, the cache changed while the request waited in the replica's queue. After every
+tick the router waits (with a timeout) until it has applied every batch each replica
+reported published, so in lock step nothing is in flight at routing time.
 """
 
 from __future__ import annotations
@@ -50,18 +56,31 @@ class RoutedRequest:
     request_id: str
     replica: int
     predicted_blocks: int
+    """The published prefix the router's index believed the replica held, in blocks."""
     served_blocks: int
+    """The published prefix the replica held on arrival, in blocks."""
     in_flight: bool
-    """Events were in flight between routing and arrival: the pair was not compared."""
+    """Events were in flight between routing and arrival."""
     prompt_tokens: int
+    predicted_tokens: int
+    """The tokens the router predicted the request would be served from cache."""
+    hit_tokens_on_arrival: int
+    """The tokens the replica's cache would have served it on arrival."""
     cached_tokens: int
+    """The tokens it was served from cache, at its admission."""
     ttft_s: float
     ttft_steps: int
     overlaps: tuple[int, ...]
 
     @property
     def mispredicted(self) -> bool:
-        return not self.in_flight and self.predicted_blocks != self.served_blocks
+        """Served fewer tokens from cache than predicted, or more."""
+        return self.predicted_tokens != self.cached_tokens
+
+    @property
+    def index_mismatch(self) -> bool:
+        """The index's published prefix differs from the one the replica held."""
+        return self.predicted_blocks != self.served_blocks
 
 
 @attrs.frozen
@@ -83,6 +102,15 @@ class ClusterResult:
     @property
     def mispredictions(self) -> int:
         return sum(r.mispredicted for r in self.requests.values())
+
+    @property
+    def predicted_tokens(self) -> int:
+        return sum(r.predicted_tokens for r in self.requests.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from cache at the requests' admissions."""
+        return sum(r.cached_tokens for r in self.requests.values())
 
     @property
     def in_flight(self) -> int:
@@ -166,9 +194,10 @@ def run_cluster(
     subs: list[EventSubscriber] = []
     try:
         infos = pool.start()
-        namespace, block_size = infos[0].namespace, infos[0].block_size
-        if any((i.namespace, i.block_size) != (namespace, block_size) for i in infos):
-            raise ReplicaFailed("the replicas disagree on the namespace or the block size")
+        namespace, match_policy = infos[0].namespace, infos[0].policy
+        block_size = match_policy.block_size
+        if any((i.namespace, i.policy) != (namespace, match_policy) for i in infos):
+            raise ReplicaFailed("the replicas disagree on the namespace or the match policy")
         indexes: list[RouterIndex] = [
             index(block_size) if callable(index) else make_index(index, block_size) for _ in infos
         ]
@@ -182,7 +211,7 @@ def run_cluster(
                     info.endpoint, info.replay_endpoint, topic=info.topic, on_batch=feed
                 )
             )
-        policy = make_router(router, indexes)
+        policy = make_router(router, indexes, match_policy)
         prompts: dict[str, tuple[int, ...]] = {}
         finished: dict[str, Finished] = {}
         served: dict[str, int] = {}
@@ -239,6 +268,8 @@ def run_cluster(
             rc.served_blocks,
             rc.seq != seq,
             f.prompt_tokens,
+            p.predicted_tokens,
+            rc.hit_tokens,
             f.cached_tokens,
             f.ttft_s,
             f.ttft_steps,
@@ -288,9 +319,14 @@ def report(result: ClusterResult) -> dict[str, Any]:
         "ttft_ms_p50": _percentile(ttft, 0.5),
         "ttft_ms_p90": _percentile(ttft, 0.9),
         "ttft_steps_p50": statistics.median(r.ttft_steps for r in reqs) if reqs else 0,
-        "routed_checked": len(reqs) - result.in_flight,
         "routed_in_flight": result.in_flight,
+        "predicted_tokens": result.predicted_tokens,
+        "cached_tokens": result.cached_tokens,
         "mispredictions": result.mispredictions,
+        "mispredicted_under": sum(r.cached_tokens < r.predicted_tokens for r in reqs),
+        "mispredicted_over": sum(r.cached_tokens > r.predicted_tokens for r in reqs),
+        "index_mismatches": sum(r.index_mismatch for r in reqs),
+        "changed_while_queued": sum(r.hit_tokens_on_arrival != r.cached_tokens for r in reqs),
         "rejected_events": result.rejected_events,
         "replays": result.replays,
         "ticks": result.ticks,
@@ -300,10 +336,17 @@ def report(result: ClusterResult) -> dict[str, Any]:
     }
 
 
-def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequence[str] = ()) -> Any:
+def figures(
+    out_dir: Any,
+    *,
+    replicas: int = 4,
+    repeats: int = 5,
+    extra: Sequence[str] = (),
+    name: str = "routing",
+) -> Any:
     """Run ``serve-sim --replicas N`` for both routers, ``repeats`` times each, each run in a
     fresh process (the two routers alternate, so a change in the machine's load hits both);
-    write ``routing.json`` and ``routing.png`` under ``out_dir``; return the JSON path.
+    write ``{name}.json`` and ``{name}.png`` under ``out_dir``; return the JSON path.
 
     Hit rates, tokens and mispredictions are deterministic (lock step); TTFT is a time, so
     it is reported as the median over the runs of each run's p50 and p90, with the range.
@@ -338,7 +381,7 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
     }
     for router, rs in runs.items():
         first = rs[0]
-        for key in ("hit_rate", "prefill_tokens_skipped", "mispredictions"):
+        for key in ("hit_rate", "prefill_tokens_skipped", "predicted_tokens", "mispredictions"):
             if any(r[key] != first[key] for r in rs):
                 raise RouterOutOfSync(f"{router}: {key} differs between runs of one workload")
         p50 = [r["ttft_ms_p50"] for r in rs]
@@ -351,8 +394,9 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
             "prefill_tokens": first["prefill_tokens"],
             "prefill_tokens_skipped": first["prefill_tokens_skipped"],
             "prefill_tokens_computed": first["prefill_tokens_computed"],
+            "predicted_tokens": first["predicted_tokens"],
+            "cached_tokens": first["cached_tokens"],
             "mispredictions": first["mispredictions"],
-            "routed_checked": first["routed_checked"],
             "ttft_steps_p50": first["ttft_steps_p50"],
             "ttft_ms_p50_median": statistics.median(p50),
             "ttft_ms_p50_range": [min(p50), max(p50)],
@@ -361,9 +405,9 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
             "wall_s_median": statistics.median(r["wall_s"] for r in rs),
         }
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "routing.json"
+    path = out / f"{name}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    _plot_comparison(summary, out / "routing.png")
+    _plot_comparison(summary, out / f"{name}.png")
     return path
 
 
@@ -397,8 +441,8 @@ def _plot_comparison(summary: dict[str, Any], path: Any) -> None:
     axes[2].set_ylabel("ms, CPU-model time (median, range)")
     axes[2].legend()
     fig.suptitle(
-        f"serve-sim, {summary['replicas']} replicas, chat workload; "
-        f"{summary['repeats']} runs per router ({summary['machine']})",
+        f"serve-sim {' '.join(summary['argv_extra'])}, {summary['replicas']} replicas, "
+        f"chat workload; {summary['repeats']} runs per router ({summary['machine']})",
         fontsize=8,
     )
     fig.tight_layout()
@@ -413,5 +457,14 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hybrid", action="store_true", help="serve the hybrid model")
     ns = parser.parse_args()
-    print(figures(ns.out, replicas=ns.replicas, repeats=ns.repeats))
+    print(
+        figures(
+            ns.out,
+            replicas=ns.replicas,
+            repeats=ns.repeats,
+            extra=("--hybrid",) if ns.hybrid else (),
+            name="routing-hybrid" if ns.hybrid else "routing",
+        )
+    )

@@ -11,8 +11,9 @@ replica the requests it placed on it, and every replica
 
 1. takes each new request in, recording for it a :class:`Receipt`: the number of event
    batches it had published (every event up to this point is published, since a replica
-   publishes after each step and nothing else changes its cache) and the prefix it holds
-   for the request (:func:`~prefixkv.spec.event_mirror.served_prefix_blocks`);
+   publishes after each step and nothing else changes its cache), the prefix it holds
+   for the request (:func:`~prefixkv.spec.event_mirror.served_prefix_blocks`) and the hit
+   its cache's match would give it on arrival;
 2. runs one engine step, timed (the replica's *model clock* advances by the CPU time the
    step took on the replica's thread);
 3. publishes the step's events as one batch, and answers with a :class:`TickReport`.
@@ -41,7 +42,7 @@ import attrs
 from prefixkv.spec import Namespace, PrefixCacheError
 from prefixkv.spec.results import CacheStats
 
-from .router import RouterConfigError
+from .router import MatchPolicy, RouterConfigError
 
 __all__ = [
     "Finished",
@@ -72,13 +73,18 @@ class ReplicaRequest:
 
 @attrs.frozen
 class ReplicaInfo:
-    """A replica's hello: where its events are published, and how its blocks are keyed."""
+    """A replica's hello: where its events are published, how its blocks are keyed, and how
+    its cache turns a published prefix into a hit."""
 
     endpoint: str
     replay_endpoint: str
     topic: bytes
     namespace: Namespace
-    block_size: int
+    policy: MatchPolicy
+
+    @property
+    def block_size(self) -> int:
+        return self.policy.block_size
 
 
 @attrs.frozen
@@ -90,6 +96,8 @@ class Receipt:
     """Event batches the replica had published when the request arrived."""
     served_blocks: int
     """Leading blocks of the prompt the replica held (published) when it arrived."""
+    hit_tokens: int
+    """Prompt tokens its cache's match would serve from cache on arrival (caps, checkpoints)."""
 
 
 @attrs.frozen
@@ -121,6 +129,7 @@ def replica_main(replica: int, config: Any, conn: Connection) -> None:
         import attrs as _attrs
 
         from prefixkv.engine import Engine
+        from prefixkv.engine.draft import RECOMPUTE_BLOCKS
         from prefixkv.spec.event_mirror import served_prefix_blocks
 
         from .transport import EventPublisher
@@ -135,7 +144,11 @@ def replica_main(replica: int, config: Any, conn: Connection) -> None:
                     publisher.replay_endpoint,
                     publisher.topic,
                     engine.namespace,
-                    engine.config.block_size,
+                    MatchPolicy(
+                        engine.config.block_size,
+                        hybrid=engine.hybrid is not None,
+                        recompute_blocks=RECOMPUTE_BLOCKS if engine.speculative else 0,
+                    ),
                 ),
             )
         )
@@ -153,7 +166,10 @@ def replica_main(replica: int, config: Any, conn: Connection) -> None:
                 served = served_prefix_blocks(
                     engine.cache.snapshot(), engine.namespace, r.prompt, request.spans
                 )
-                receipts.append(Receipt(r.request_id, publisher.next_seq, served))
+                hit = engine.cache.match(request.cache_request(engine.namespace, r.prompt))
+                receipts.append(
+                    Receipt(r.request_id, publisher.next_seq, served, hit.num_cached_tokens)
+                )
                 engine.add(request)
                 arrived[r.request_id] = (clock, steps)
             # NOTE: the thread's CPU time, not the wall time: on a shared machine the wall
