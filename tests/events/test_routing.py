@@ -282,6 +282,13 @@ def test_indexes_predict_the_published_prefix(kind: str) -> None:
     index.apply(cache.take_events())
     assert index.overlap(NS, tokens) == 0
     assert index.rejected == 0
+    # A dropped replica: the index forgets every block it held.
+    adm = cache.admit(Request("b", tokens, NS))
+    cache.commit("b", adm.num_scheduled_tokens, [1])
+    index.apply(cache.take_events())
+    assert index.overlap(NS, tokens) == 3
+    assert index.drop() == 3
+    assert index.overlap(NS, tokens) == 0 and index.drop() == 0
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -325,7 +332,7 @@ def _one(rid: str, prompt: Sequence[int]) -> list[list[ReplicaRequest]]:
 
 
 def test_a_replica_that_dies_is_a_clear_error_not_a_hang() -> None:
-    with ReplicaPool(1, CONFIG, tick_timeout_s=30) as pool:
+    with ReplicaPool(1, CONFIG, stall_timeout_s=30) as pool:
         pool.tick(_one("a", range(10)))
         pool.processes[0].kill()
         # "died": noticed by the liveness poll, not by the timeout ("did not answer in time").
