@@ -335,7 +335,11 @@ def _run_replicas(
         elif not result.served_exactly_once:
             why = "a request was not served exactly once"
         else:
-            why = f"{result.mispredictions} router mispredictions"
+            why = (
+                f"{result.mispredictions} router mispredictions ({out['mispredicted_under']} "
+                f"served fewer tokens than predicted, {out['mispredicted_over']} more; "
+                f"{out['changed_while_queued']} found the cache changed while queued)"
+            )
         print(f"prefixkv serve-sim: error: {why}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
