@@ -2,8 +2,9 @@
 
 The end-to-end runs are tiny (2 replicas, 8 requests) and share one module-scoped result
 per router: every request is served exactly once, KV routing hits at least as often as
-round-robin on a workload with shared prefixes, and the router's prediction for the chosen
-replica equals the prefix that replica held, on every request.
+round-robin on a workload with shared prefixes, and on every request the router predicts
+exactly the tokens the chosen replica serves from cache (and the prefix it held), on the
+plain model and on the hybrid one, whose hit ends at a checkpoint.
 """
 
 from __future__ import annotations
