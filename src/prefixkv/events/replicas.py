@@ -391,8 +391,12 @@ class ReplicaPool:
         return reports, failed
 
     def drop(self, i: int) -> None:
-        """Take replica ``i`` out of the pool: close its pipe, kill its process (a stopped
-        process too: SIGKILL needs no cooperation), reap it."""
+        """Take a replica out of the pool: close its pipe, kill its process (a stopped
+        process too: SIGKILL needs no cooperation), reap it; idempotent.
+
+        Args:
+            i: the replica's number.
+        """
         if not self.alive[i]:
             return
         self.alive[i] = False

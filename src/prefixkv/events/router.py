@@ -449,8 +449,16 @@ class RoundRobinRouter(_Predicting):
 
 
 def make_router(name: str, indexes: Sequence[RouterIndex], policy: MatchPolicy) -> Router:
-    """The policy ``name`` (one of :data:`ROUTERS`) over one index per replica, for replicas
-    whose caches follow ``policy``."""
+    """A placement policy over one index per replica.
+
+    Args:
+        name: one of :data:`ROUTERS`.
+        indexes: one index per replica, in replica order.
+        policy: the match policy the replicas announced in their hello.
+
+    Returns:
+        The router.
+    """
     if name == "kv":
         return KVRouter(indexes, policy)
     if name == "round-robin":
