@@ -14,6 +14,8 @@ events themselves, and the consumer-side mirror that INV-EVENTS is stated with, 
   router-side hashes of a request;
 * :mod:`prefixkv.events.dynamo_zmq`: Dynamo's own ZMQ consumer (``python -m dynamo.indexer``)
   as a subprocess, subscribed to prefixkv's publishers, and its answers;
+* :mod:`prefixkv.events.audit`: the checks of ``prefixkv audit-events`` over any engine's
+  stream (vLLM's, SGLang's, prefixkv's; both event shapes), without sockets;
 * :mod:`prefixkv.events.router`: a KV-aware router's per-replica index (Dynamo's
   ``RadixTree`` or prefixkv's mirror) and its placement policies;
 * :mod:`prefixkv.events.replicas` and :mod:`prefixkv.events.cluster`: engine replicas as
