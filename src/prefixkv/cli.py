@@ -136,6 +136,11 @@ _BUILTIN: tuple[tuple[str, str, str], ...] = (
         "prefixkv.commands.serve_sim:setup",
     ),
     (
+        "audit-events",
+        "audit any engine's KV-event stream over ZeroMQ: order, removals, stores, clears, gaps",
+        "prefixkv.commands.audit_events:setup",
+    ),
+    (
         "bench-engine",
         "benchmark prefill time against the cached fraction of the prompt (reference engine)",
         "prefixkv.commands.bench_engine:setup",
