@@ -131,11 +131,17 @@ def test_duplicate_store_is_single_store_repeated() -> None:
     assert {v.cause for v in audit.violations} == {"repeated"}
 
 
-def test_duplicate_store_is_allowed_by_a_declared_refcount_model() -> None:
-    # Each store takes a reference; the one BlockRemoved per block then leaves one behind,
-    # so the stream outgrows the pool: the refcount model does not hide the lost removals.
-    audit = audit_batches(stream(buggy("duplicate_store")), refcount=True)
-    assert audit.counts["single-store"] == 0
+def test_a_declared_refcount_model_counts_stores_and_removals() -> None:
+    block = BlockStored((7,), None, (1, 2), 2, "m@1", None, None, ((),))
+    twice = [[block], [block], [BlockRemoved((7,))], [BlockRemoved((7,))]]
+    assert audit_batches(stream(twice), refcount=True).ok
+    assert broken(audit_batches(stream(twice))) == {"single-store", "known-removal"}
+    thrice = [*twice, [BlockRemoved((7,))]]
+    assert broken(audit_batches(stream(thrice), refcount=True)) == {"known-removal"}
+    # Stores sent twice but removed once leave a reference behind: the stream then
+    # outgrows the pool, so a refcount model does not hide the bug.
+    audit = audit_batches(stream(buggy("duplicate_store")), refcount=True, num_blocks=NUM_BLOCKS)
+    assert broken(audit) == {"capacity"}
 
 
 def test_dropped_removal_is_capacity() -> None:

@@ -1,8 +1,8 @@
 """``prefixkv audit-events``: subscribe to any engine's KV events and check the stream.
 
 The checks are :mod:`prefixkv.events.audit`'s; this command is the subscriber around them: a
-SUB socket on the engine's publisher and a DEALER on its replay endpoint (vLLM's, SGLang's
-and prefixkv's publishers all serve one), a live summary on stderr, a JSON report, and an
+SUB socket on the engine's publisher and a DEALER on its replay endpoint (vLLM's and
+prefixkv's publishers serve one), a live summary on stderr, a JSON report, and an
 exit status of 1 when an invariant broke. It always ends: at ``--duration``, after
 ``--max-batches``, or on Ctrl-C, and a replay that does not answer within
 ``--replay-timeout`` is reported as a gap, never waited on.

@@ -3,9 +3,10 @@
 Pure (no sockets): :class:`StreamAudit` is fed the messages a subscriber receives, PUB
 ``[topic, seq, payload]`` and replayed batches, and keeps the index a router would build
 from them. It reads the stream the way a consumer written against vLLM's structs does, so
-it audits vLLM's, SGLang's and prefixkv's publishers alike: :func:`decode_engine_batch`
-accepts both event shapes (vLLM 0.33's tagged maps, vLLM 0.20's and SGLang's tagged arrays),
-skips the fields it does not need, and never requires prefixkv's own field.
+it audits vLLM's and prefixkv's publishers alike: :func:`decode_engine_batch` accepts both
+event shapes (vLLM 0.33's tagged maps, vLLM 0.20's tagged arrays, the shape SGLang's
+publisher also sends, unchecked against SGLang's own code), skips the fields it does not
+need, and never requires prefixkv's own field.
 
 A block is identified by ``(medium, group_idx, hash)``: vLLM publishes a second KV cache
 group's blocks, and offloaded copies (``medium`` ``"CPU"``), under hashes that can equal a
