@@ -185,3 +185,70 @@ def test_an_unbounded_audit_without_a_terminal_is_refused(
 def test_a_bad_endpoint_is_a_typed_failure(capsys: pytest.CaptureFixture[str]) -> None:
     code, report = audit(["not-an-endpoint", "--duration", "0.1"], capsys)
     assert code == 1 and "cannot subscribe to not-an-endpoint" in report["error"]
+
+
+# --- vLLM's own publisher, where a wheel is named ----------------------------------------------
+
+
+def _vllm_recorder(fmt: WireFormat) -> Any:
+    """The corpus script's recorder over vLLM's own code, from the wheel the env names."""
+    import importlib.util
+    import os
+
+    wheel = os.environ.get("PREFIXKV_VLLM_WHEEL_" + fmt.name[5:].replace("_", ""))
+    if not wheel:
+        pytest.skip("no vLLM wheel named (PREFIXKV_VLLM_WHEEL_033 / _020)")
+    script = Path(__file__).parents[2] / "scripts" / "vllm_kv_events_corpus.py"
+    spec = importlib.util.spec_from_file_location("vllm_kv_events_corpus", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, mod.Recorder(*mod.load_vllm(Path(wheel)))
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+@pytest.mark.parametrize("seeded", [False, True])
+def test_vllm_own_publisher_live(
+    fmt: WireFormat, seeded: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mod, rec = _vllm_recorder(fmt)
+    steps = [s["vllm"] for s in rec.steps()]
+    if seeded:  # every BlockStored sent twice, by vLLM's own structs and publisher
+        steps = [[x for e in s for x in ([e, e] if type(e).__name__ == "BlockStored" else [e])]
+                 for s in steps]  # fmt: skip
+    port, replay_port = mod._free_port(), mod._free_port()
+    pub = rec.ev.ZmqEventPublisher(
+        data_parallel_rank=0,
+        endpoint=f"tcp://*:{port}",
+        replay_endpoint=f"tcp://*:{replay_port}",
+        topic="kv-events",
+    )
+    early = len(steps) // 3
+    for i, events in enumerate(steps[:early]):  # before the auditor joins: replayed
+        pub.publish(rec.ev.KVEventBatch(ts=1000.0 + i, events=events))
+
+    def rest() -> None:
+        time.sleep(0.5)
+        for i, events in enumerate(steps[early:], early):
+            pub.publish(rec.ev.KVEventBatch(ts=1000.0 + i, events=events))
+
+    thread = threading.Thread(target=rest, daemon=True)
+    thread.start()
+    try:
+        code, report = audit(
+            [f"tcp://127.0.0.1:{port}", "--replay", f"tcp://127.0.0.1:{replay_port}",
+             "--max-batches", str(len(steps)), "--duration", "30"],
+            capsys,
+        )  # fmt: skip
+        thread.join()
+    finally:
+        pub.shutdown()
+    print(f"vLLM {rec.version}: {report['batches']} batches, {report['replayed_batches']} "
+          f"replayed, violations {report['violations_by_check']}")  # fmt: skip
+    assert report["batches"] == len(steps) and report["replayed_batches"] >= early
+    if seeded:
+        assert code == 1
+        assert {k for k, n in report["violations_by_check"].items() if n} == {"single-store"}
+        assert {v["cause"] for v in report["violations"]} == {"repeated"}
+    else:
+        assert code == 0 and report["ok"], report["violations"]
