@@ -128,9 +128,11 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument(
         "--index",
         default="auto",
-        metavar="{auto,dynamo,mirror}",
+        metavar="{auto,dynamo,dynamo-zmq,mirror}",
         help="with --replicas: the router's index; auto is Dynamo's RadixTree when "
-        "ai-dynamo-runtime is installed, else prefixkv's mirror (default: auto)",
+        "ai-dynamo-runtime is installed, else prefixkv's mirror (default: auto); "
+        "dynamo-zmq is Dynamo's own ZMQ consumer (python -m dynamo.indexer) reading the "
+        "replicas' streams itself",
     )
     parser.add_argument(
         "--stall-timeout",

@@ -48,7 +48,15 @@ from .replicas import (
     ReplicaPool,
     ReplicaRequest,
 )
-from .router import INDEXES, ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
+from .router import (
+    INDEXES,
+    ROUTERS,
+    DynamoZmqIndex,
+    RouterConfigError,
+    RouterIndex,
+    make_index,
+    make_router,
+)
 
 __all__ = [
     "ClusterResult",
@@ -153,6 +161,9 @@ class ClusterResult:
     replica_failures: tuple[ReplicaFailure, ...] = ()
     workload: tuple[str, ...] = ()
     """Every request id of the workload, in order."""
+    index_settle_timeouts: int = 0
+    """Ticks after which Dynamo's own consumer (``dynamo-zmq``) still held other blocks than
+    a replica published, after the stall timeout: the router then placed on what it held."""
 
     @property
     def mispredictions(self) -> int:
@@ -226,6 +237,27 @@ def _sync(subs: Sequence[Any], published: dict[int, int], timeout_s: float) -> d
     return out
 
 
+def _dynamo_zmq(infos: Sequence[Any], policy: Any) -> tuple[Any, list[RouterIndex]]:
+    """Dynamo's own ZMQ indexer, subscribed to every replica: the ``dynamo-zmq`` index."""
+    if policy.hybrid:
+        # NOTE: the replicas send their checkpoint events, prefixkv's own tags, which
+        # Dynamo's decoder refuses with the whole batch.
+        raise RouterConfigError(
+            "Dynamo's ZMQ consumer cannot read a hybrid model's checkpoint events: use "
+            "--index dynamo or mirror with --hybrid"
+        )
+    from .dynamo_zmq import DynamoIndexer
+
+    indexer = DynamoIndexer(model=infos[0].namespace.model, block_size=policy.block_size)
+    try:
+        for i, info in enumerate(infos):
+            indexer.register(i, info.endpoint, info.replay_endpoint)
+    except PrefixCacheError:
+        indexer.close()
+        raise
+    return indexer, [DynamoZmqIndex(indexer, i, policy.block_size) for i in range(len(infos))]
+
+
 def run_cluster(
     turns: Sequence[Any],
     engine_config: Any,
@@ -290,15 +322,21 @@ def run_cluster(
         replicas, engine_config, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s
     )
     subs: list[EventSubscriber] = []
+    indexer: Any = None
+    indexes: list[RouterIndex] = []
     try:
         infos = pool.start()
         namespace, match_policy = infos[0].namespace, infos[0].policy
         block_size = match_policy.block_size
         if any((i.namespace, i.policy) != (namespace, match_policy) for i in infos):
             raise ReplicaFailed("the replicas disagree on the namespace or the match policy")
-        indexes: list[RouterIndex] = [
-            index(block_size) if callable(index) else make_index(index, block_size) for _ in infos
-        ]
+        if index == "dynamo-zmq":
+            indexer, indexes = _dynamo_zmq(infos, match_policy)
+        else:
+            indexes = [
+                index(block_size) if callable(index) else make_index(index, block_size)
+                for _ in infos
+            ]
         for info, ix in zip(infos, indexes, strict=True):
 
             def feed(_: int, events: list[Any], ix: RouterIndex = ix) -> None:
@@ -325,6 +363,7 @@ def run_cluster(
         retry: list[str] = []  # requests of dropped replicas, to place again
         busy = [0.0] * replicas
         tick = 0
+        settle_timeouts = 0
 
         def drop(i: int, reason: str) -> None:
             """Replica ``i`` failed: forget its blocks, place its requests again."""
@@ -414,6 +453,13 @@ def run_cluster(
             behind = _sync(subs, {rep.replica: rep.next_seq for rep in reports}, stall_timeout_s)
             for i, reason in behind.items():
                 drop(i, f"events: {reason}")
+            if indexer is not None:
+                # Dynamo's consumer applies the same batches on its own, asynchronously:
+                # route only once its tree holds what each replica published (or, after the
+                # stall timeout, on what it holds, its mispredictions counted).
+                for i, ix in enumerate(indexes):
+                    if live[i] and isinstance(ix, DynamoZmqIndex):
+                        settle_timeouts += not ix.settle(subs[i].mirror.blocks, stall_timeout_s)
             # Every request placed and not yet finished is on a live replica, or waits to be
             # placed again: a dropped replica never takes a request with it silently.
             lost = [
@@ -429,10 +475,13 @@ def run_cluster(
                 on_tick(tick, pool)
             tick += 1
         pool.stop()
+        decode_failures = 0 if indexer is None else indexer.decode_failures()
     finally:
         for sub in subs:
             sub.close()
         pool.close()
+        if indexer is not None:
+            indexer.close()
     routed = {}
     for rid in ids:
         if rid in failed:
@@ -464,10 +513,11 @@ def run_cluster(
         ticks=tick,
         wall_s=time.perf_counter() - start,
         busy_s=tuple(busy),
-        rejected_events=sum(ix.rejected for ix in indexes),
+        rejected_events=sum(ix.rejected for ix in indexes) + decode_failures,
         replays=sum(s.replays for s in subs),
         failed={rid: failed[rid] for rid in ids if rid in failed},
         replica_failures=tuple(failures),
+        index_settle_timeouts=settle_timeouts,
         workload=tuple(ids),
     )
 
@@ -514,6 +564,7 @@ def report(result: ClusterResult) -> dict[str, Any]:
         "index_mismatches": sum(r.index_mismatch for r in reqs),
         "changed_while_queued": sum(r.hit_tokens_on_arrival != r.cached_tokens for r in reqs),
         "rejected_events": result.rejected_events,
+        "index_settle_timeouts": result.index_settle_timeouts,
         "replays": result.replays,
         "ticks": result.ticks,
         "replica_busy_s": list(result.busy_s),

@@ -224,6 +224,25 @@ class DynamoIndexer:
             if per_rank
         }
 
+    def held_blocks(self, worker: int) -> set[int]:
+        """The block hashes the indexer's tree holds for one worker (its ``/dump``).
+
+        Args:
+            worker: the worker's id.
+
+        Returns:
+            The workers' own block hashes, unsigned 64-bit, as the tree keys them.
+        """
+        dump = self._call("GET", "/dump")
+        held: set[int] = set()
+        for tree in (dump or {}).values():
+            for entry in tree.get("events", ()):
+                if entry.get("worker_id") != worker:
+                    continue
+                stored = entry["event"]["data"].get("stored") or {}
+                held.update(int(b["block_hash"]) for b in stored.get("blocks", ()))
+        return held
+
     def log_text(self) -> str:
         """The indexer's log so far.
 

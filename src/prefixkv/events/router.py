@@ -4,11 +4,13 @@ A cluster router never sees a replica's cache, only its KV events. It keeps one 
 replica, fed in order by that replica's :class:`~prefixkv.events.transport.EventSubscriber`,
 and asks each index how many leading blocks of a request it believes the replica holds.
 
-Two indexes stand behind one small interface, :class:`RouterIndex`:
+Three indexes stand behind one small interface, :class:`RouterIndex`:
 
 * :class:`DynamoTreeIndex`: NVIDIA Dynamo's own router index (``dynamo.llm.RadixTree``), fed
   through :mod:`prefixkv.events.dynamo`; used when ``ai-dynamo-runtime`` is importable (the
   ``prefixkv[router]`` extra);
+* :class:`DynamoZmqIndex`: Dynamo's own ZMQ consumer (``python -m dynamo.indexer``), which
+  decodes the replicas' streams itself (``serve-sim --index dynamo-zmq``);
 * :class:`MirrorIndex`: prefixkv's consumer-side mirror
   (:class:`~prefixkv.spec.event_mirror.EventMirror`), identity verified block by block.
 
@@ -36,8 +38,9 @@ or stalled (:mod:`prefixkv.events.cluster`), and :meth:`RouterIndex.drop` forget
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
-from typing import Protocol
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -58,6 +61,7 @@ __all__ = [
     "INDEXES",
     "ROUTERS",
     "DynamoTreeIndex",
+    "DynamoZmqIndex",
     "KVRouter",
     "MatchPolicy",
     "MirrorIndex",
@@ -74,7 +78,7 @@ __all__ = [
 #: The placement policies ``serve-sim --router`` accepts.
 ROUTERS = ("kv", "round-robin")
 #: The index kinds: ``auto`` is ``dynamo`` when ``ai-dynamo-runtime`` is importable.
-INDEXES = ("auto", "dynamo", "mirror")
+INDEXES = ("auto", "dynamo", "dynamo-zmq", "mirror")
 
 
 class RouterConfigError(PrefixCacheError, ValueError):
@@ -244,6 +248,9 @@ class DynamoTreeIndex:
 
     def apply(self, events: Sequence[KVEvent]) -> None:
         self._index.apply(0, events)
+        self._count_checkpoints(events)
+
+    def _count_checkpoints(self, events: Sequence[KVEvent]) -> None:
         for event in events:
             if isinstance(event, CheckpointStored):
                 for h in event.block_hashes:
@@ -294,6 +301,87 @@ class DynamoTreeIndex:
         return self._index.rejected
 
 
+class DynamoZmqIndex(DynamoTreeIndex):
+    """Dynamo's own ZMQ consumer (``python -m dynamo.indexer``) for one replica.
+
+    The replica is worker ``worker`` of a :class:`~prefixkv.events.dynamo_zmq.DynamoIndexer`
+    that the whole cluster shares, and which subscribes to the replica's stream (PUB and
+    replay) itself: nothing of prefixkv sits between the bytes and Dynamo's tree.
+    :meth:`apply` sees the same batches only to keep the checkpoints beside it, which
+    Dynamo has no notion of. Dynamo applies events asynchronously, so a router first waits
+    until :meth:`held` equals the blocks the replica published (:meth:`settle`).
+
+    Args:
+        indexer: the shared indexer.
+        worker: the replica's worker id there.
+        block_size: tokens per block.
+        hasher: the replicas' block hash (for the checkpoints' hashes).
+    """
+
+    kind = "dynamo-zmq"
+
+    def __init__(
+        self, indexer: Any, worker: int, block_size: int, hasher: BlockHasher = fast_hash
+    ) -> None:
+        self._indexer = indexer
+        self._worker = worker
+        self._block_size = block_size
+        self._hasher = hasher
+        self._checkpoints: dict[int, int] = {}
+
+    def apply(self, events: Sequence[KVEvent]) -> None:
+        self._count_checkpoints(events)
+
+    def overlap(
+        self, namespace: Namespace, token_ids: Sequence[int], spans: Sequence[MultimodalSpan] = ()
+    ) -> int:
+        overlaps: dict[int, int] = self._indexer.overlaps(namespace, token_ids, spans)
+        return overlaps.get(self._worker, 0)
+
+    def held(self) -> set[int]:
+        """The block hashes Dynamo's tree holds for the replica (unsigned 64-bit).
+
+        Returns:
+            The set, from the indexer's ``/dump``.
+        """
+        held: set[int] = self._indexer.held_blocks(self._worker)
+        return held
+
+    def settle(self, published: Iterable[int], timeout_s: float) -> bool:
+        """Wait until Dynamo's tree holds exactly the replica's published blocks.
+
+        Args:
+            published: the hashes the replica published (the subscriber's mirror).
+            timeout_s: how long to wait.
+
+        Returns:
+            Whether it did within ``timeout_s`` (if not, the router goes on with what Dynamo
+            holds, and its mispredictions are counted).
+        """
+        want = {h & _U64 for h in published}
+        deadline = time.monotonic() + timeout_s
+        while self.held() != want:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def drop(self) -> int:
+        """Dynamo's own ``/unregister``: the worker's blocks leave the tree."""
+        held = len(self.held())
+        self._indexer.unregister(self._worker)
+        self._checkpoints.clear()
+        return held
+
+    @property
+    def rejected(self) -> int:
+        # NOTE: Dynamo's decode failures are the indexer's, counted once for the cluster.
+        return 0
+
+
+_U64 = (1 << 64) - 1
+
+
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -318,6 +406,10 @@ def make_index(kind: str, block_size: int, hasher: BlockHasher = fast_hash) -> R
         return DynamoTreeIndex(block_size, hasher)
     if kind == "mirror":
         return MirrorIndex(hasher)
+    if kind == "dynamo-zmq":
+        raise RouterConfigError(
+            "the dynamo-zmq index subscribes to the replicas itself: run_cluster builds it"
+        )
     raise RouterConfigError(f"unknown router index {kind!r}; expected one of {INDEXES}")
 
 
