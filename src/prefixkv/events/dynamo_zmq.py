@@ -151,7 +151,7 @@ class DynamoIndexer:
         Args:
             worker: the worker's id.
         """
-        self._call("POST", "/unregister", {"instance_id": worker})
+        self._call("POST", "/unregister", {"instance_id": worker, "model_name": self.model})
 
     def tokens_hashes(
         self, namespace: Namespace, token_ids: Sequence[int], spans: Sequence[MultimodalSpan]
