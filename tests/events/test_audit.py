@@ -20,11 +20,12 @@ import pytest
 pytest.importorskip("msgspec")
 
 from event_bugs import BuggyEvents
-from prefixkv.impl import PrefixCacheManager
+from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
 from prefixkv.spec import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    CheckpointRemoved,
     KVEvent,
     Namespace,
     OutOfBlocks,
@@ -272,3 +273,23 @@ def test_a_batch_that_does_not_decode_is_decodes(payload: bytes) -> None:
 def test_a_bad_pool_size_is_a_typed_error() -> None:
     with pytest.raises(AuditError):
         StreamAudit(num_blocks=0)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_hybrid_streams_with_checkpoint_events_are_clean(seed: int) -> None:
+    cache = HybridPrefixCacheManager(
+        NUM_BLOCKS, 2, max_num_seqs=4, state_budget=2, record_events=True
+    )
+    sent = [b for b in workload(cache, random.Random(seed), 300) if b]
+    payloads = [(i, encode_batch(b, ts=float(i), checkpoints=True)) for i, b in enumerate(sent)]
+    audit = audit_batches(payloads, num_blocks=NUM_BLOCKS)
+    assert audit.ok, audit.violations[:5]
+    # A checkpoint's removal may follow its block's: both kinds are in the stream.
+    assert audit.events["CheckpointStored"] > 0 and audit.events["CheckpointRemoved"] > 0
+    # The same stream with one CheckpointRemoved sent twice.
+    i, b = next(
+        (i, b) for i, b in enumerate(sent) if any(isinstance(e, CheckpointRemoved) for e in b)
+    )
+    twice = [*b, next(e for e in b if isinstance(e, CheckpointRemoved))]
+    payloads[i] = (i, encode_batch(twice, ts=float(i), checkpoints=True))
+    assert broken(audit_batches(payloads)) == {"known-removal"}

@@ -256,7 +256,9 @@ class StreamAudit:
         self._over: set[tuple[str | None, int]] = set()
         self._live: dict[Key, _Block] = {}
         self._cleared: dict[Key, int] = {}  # dropped by the last AllBlocksCleared -> its seq
-        self._checkpoints: set[Key] = set()
+        # NOTE: a count per block, kept apart from the blocks: a hybrid cache removes a
+        # stale checkpoint after its evicted block (as prefixkv's EventMirror allows).
+        self._checkpoints: dict[Key, int] = {}
         self._clock = 0
 
     # -- results --
@@ -448,13 +450,15 @@ class StreamAudit:
                 if key not in self._live:
                     msg = f"a checkpoint of {_name(key)}, which is not stored"
                     self._block_check(Check.PARENT_BEFORE_CHILD, seq, msg)
-                self._checkpoints.add(key)
+                self._checkpoints[key] = self._checkpoints.get(key, 0) + 1
         elif event.kind == "CheckpointRemoved":
             for key in keys:
-                if key not in self._checkpoints:
-                    msg = f"CheckpointRemoved of {_name(key)}, never stored"
+                left = self._checkpoints.pop(key, 0) - 1
+                if left < 0:
+                    msg = f"CheckpointRemoved of {_name(key)}, which carries no checkpoint"
                     self._block_check(Check.KNOWN_REMOVAL, seq, msg)
-                self._checkpoints.discard(key)
+                elif left:
+                    self._checkpoints[key] = left
 
     def _store(self, seq: int, event: EngineEvent, keys: list[Key]) -> None:
         parent = event.parent_block_hash
@@ -498,7 +502,6 @@ class StreamAudit:
     def _remove(self, seq: int, key: Key) -> None:
         block = self._live.get(key)
         if block is None:
-            self._checkpoints.discard(key)
             if key in self._cleared:
                 self._block_check(
                     Check.CLEAR_EMPTIES,
@@ -516,7 +519,6 @@ class StreamAudit:
         if block.refs == 0:
             del self._live[key]
             self._per_pool[key[:2]] -= 1
-            self._checkpoints.discard(key)
 
     def _capacity(self, seq: int) -> None:
         assert self.num_blocks is not None
