@@ -116,6 +116,24 @@ class BlockPool:
         "wire_hashes",
     )
 
+    @staticmethod
+    def nbytes(num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> int:
+        """What :meth:`__init__` allocates up front for this shape, in bytes: the per-block
+        arrays below (``tests/impl/test_pool_shape.py`` holds the two together).
+
+        Args:
+            num_blocks: the pool's blocks.
+            block_size: tokens per block.
+            wire_hashes: whether the pool keeps each block's identity hash.
+
+        Returns:
+            The bytes of every per-block array and list, the token store included.
+        """
+        # ref depth parent num_children anchored_children leaf_version gen: int32;
+        # key last_use serial (block_hash): int64; namespace: one pointer; token ids: uint32.
+        per_block = 7 * 4 + (4 if wire_hashes else 3) * 8 + 8 + 4 * block_size
+        return num_blocks * per_block
+
     def __init__(self, num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size

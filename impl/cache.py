@@ -54,6 +54,7 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
+import os
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
@@ -63,6 +64,7 @@ from typing import NamedTuple
 from prefixkv.spec.contract import (
     blocks_for,
     check_append,
+    check_cache_options,
     check_commit,
     check_continue,
     check_count,
@@ -90,6 +92,8 @@ from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, seq_view
 from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
+
+from prefixkv.errors import InvalidConfig
 
 from ._index import HashIndex
 from ._keys import ChainKeys
@@ -138,6 +142,38 @@ class AdmitPlan(NamedTuple):
     lost: LostReuse
 
 
+def _host_memory() -> int | None:
+    """This host's physical memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> BlockPool:
+    """The block pool, or ``InvalidConfig`` when the shape (within the contract's bounds)
+    needs more memory than this host has.
+
+    NOTE: the pool is allocated up front and zero-filled, so a pool larger than physical
+    memory is refused by its size before anything is allocated: on an overcommitting host
+    the allocation itself would not fail, the kernel would kill the process instead.
+    """
+    need = BlockPool.nbytes(num_blocks, block_size, wire_hashes=wire_hashes)
+    have = _host_memory()
+    too_big = InvalidConfig(
+        f"a pool of {num_blocks} blocks x {block_size} tokens needs {need / 2**30:.1f} GiB "
+        "up front, more than this host can allocate"
+        + ("" if have is None else f" ({have / 2**30:.1f} GiB of memory)")
+        + ": give fewer blocks or smaller ones"
+    )
+    if have is not None and need > have:
+        raise too_big
+    try:
+        return BlockPool(num_blocks, block_size, wire_hashes=wire_hashes)
+    except MemoryError:
+        raise too_big from None
+
+
 class PrefixCacheManager(PrefixCache):
     """A paged KV prefix cache with O(blocks touched) operations.
 
@@ -160,14 +196,13 @@ class PrefixCacheManager(PrefixCache):
     ) -> None:
         self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
-        self._record_events = bool(record_events)
+        hasher, self._record_events = check_cache_options(hasher, record_events)
         # NOTE: with the default hasher the index files blocks under a *keyed* chain hash
         # (see ._keys). The identity hash is still what events and snapshots carry: kept per
         # block while events are recorded, otherwise derived on demand by :meth:`snapshot`.
         self._keys = ChainKeys(self._block_size, hasher)
-        self._pool = BlockPool(
-            self._num_blocks, self._block_size, wire_hashes=self._keys.keyed and self._record_events
-        )
+        wire_hashes = self._keys.keyed and self._record_events
+        self._pool = _allocate_pool(self._num_blocks, self._block_size, wire_hashes)
         self._index = HashIndex()
         #: The pool's eviction order (the machines tune its compaction slack).
         self._leaves = self._pool.leaves

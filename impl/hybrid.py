@@ -313,8 +313,11 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
         experts = None
         if routed_experts is not None:
             experts = self._check_commit(seq_id, num_computed, accepted_tokens, routed_experts)
-        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
-        before = 0 if seq is None else seq.num_computed
+        # NOTE: the computed count before the commit, read from the sequence whatever the
+        # id's type (a str or int subclass, an IntEnum member): the experts of the blocks
+        # this commit completes go to blocks ``before // bs`` on. _check_commit has found
+        # the sequence when there are experts; without them ``before`` is not used.
+        before = self._seq(seq_id).num_computed if experts else 0
         super().commit(seq_id, num_computed, accepted_tokens)
         seq = self._seqs[seq_id]
         bs = self._block_size

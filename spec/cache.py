@@ -212,9 +212,8 @@ class SpecCache(StepCalls, PrefixCache):
         record_events: bool = False,
     ) -> None:
         self._num_blocks, self._block_size = contract.check_pool_shape(num_blocks, block_size)
-        self._hasher = hasher
         # Off by default: a queue that nobody drains would grow without bound.
-        self._record_events = bool(record_events)
+        self._hasher, self._record_events = contract.check_cache_options(hasher, record_events)
         self._s = _fresh_state(self._num_blocks)
 
     # -- shape -----------------------------------------------------------------------------

@@ -33,13 +33,18 @@ from .errors import (
     OutOfStateSlots,
     UnknownSequence,
 )
+from .identity import BlockHasher
 from .multimodal import MultimodalSpan, span_containing
 from .request import MAX_TOKEN_ID, SeqId, check_seq_id, token_tuple
 from .results import LostReuse
 
 __all__ = [
+    "MAX_BLOCK_SIZE",
+    "MAX_NUM_BLOCKS",
+    "MAX_STATE_SLOTS",
     "blocks_for",
     "check_append",
+    "check_cache_options",
     "check_commit",
     "check_continue",
     "check_count",
@@ -82,16 +87,57 @@ def check_count(value: object, what: str, *, minimum: int) -> int:
     return value
 
 
+#: The most blocks a pool may have: block ids are int32 in engines' block tables (and in
+#: the managers' own arrays).
+MAX_NUM_BLOCKS = 2**31 - 1
+
+#: The most tokens a block may hold (4 MiB of token ids): a block is hashed and compared
+#: as one unit on every hit, and no engine's block comes near this.
+MAX_BLOCK_SIZE = 2**20
+
+#: The most state slots (runtime slots plus checkpoint budget) a hybrid cache may have: a
+#: slot is a whole recurrent state in the engine's state pool.
+MAX_STATE_SLOTS = 2**20
+
+
 def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
-    """A pool shape: two ints >= 1. Malformed, it is a configuration error (raised before
-    anything is built), not a bad request. INV-PARTITION counts ``num_blocks`` blocks."""
-    for value, what in ((num_blocks, "num_blocks"), (block_size, "block_size")):
+    """A pool shape: ``1 <= num_blocks <= MAX_NUM_BLOCKS`` and ``1 <= block_size <=
+    MAX_BLOCK_SIZE``, plain ints. Malformed, it is a configuration error (raised before
+    anything is built), not a bad request. INV-PARTITION counts ``num_blocks`` blocks.
+
+    NOTE: the bounds are the contract's, so the spec and the managers refuse the same
+    shapes. Whether a shape within them fits in this host's memory is each manager's own
+    check (the impl's pool is allocated up front: :class:`prefixkv.impl.PrefixCacheManager`).
+    """
+    for value, what, most in (
+        (num_blocks, "num_blocks", MAX_NUM_BLOCKS),
+        (block_size, "block_size", MAX_BLOCK_SIZE),
+    ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidConfig(f"{what} must be an int, got {value!r}")
         if value < 1:
             raise InvalidConfig(f"{what} must be >= 1, got {value}")
+        if value > most:
+            raise InvalidConfig(f"{what} must be <= {most}, got {value}")
     assert isinstance(num_blocks, int) and isinstance(block_size, int)
-    return num_blocks, block_size
+    return int(num_blocks), int(block_size)
+
+
+def check_cache_options(hasher: object, record_events: object) -> tuple[BlockHasher, bool]:
+    """A cache's ``hasher`` is callable and ``record_events`` a bool; ``InvalidConfig``
+    otherwise, before anything is built.
+
+    NOTE: ``record_events`` is not read for its truth value: ``"no"`` would turn recording
+    on, and a queue nobody drains is a memory leak.
+    """
+    if not callable(hasher):
+        raise InvalidConfig(
+            f"hasher must be a block hash function (see prefixkv.spec.hashing.HASHERS), "
+            f"got {hasher!r}"
+        )
+    if not isinstance(record_events, bool):
+        raise InvalidConfig(f"record_events must be True or False, got {record_events!r}")
+    return cast("BlockHasher", hasher), record_events
 
 
 def live_seq(seqs: Mapping[SeqId, _T], seq_id: object) -> _T:
@@ -371,6 +417,10 @@ def check_hybrid_config(
     """
     r = check_count(max_num_seqs, "max_num_seqs", minimum=1)
     b = check_count(state_budget, "state_budget", minimum=0)
+    if r + b > MAX_STATE_SLOTS:
+        raise InvalidConfig(
+            f"max_num_seqs + state_budget must be <= {MAX_STATE_SLOTS} state slots, got {r + b}"
+        )
     i = check_count(decode_state_interval, "decode_state_interval", minimum=0)
     if i % block_size:
         raise InvalidRequest(

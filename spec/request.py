@@ -87,15 +87,29 @@ def _holds_bool(seq: Any, checked: array[int], data: bytes) -> bool:
 
 def _from_ndarray(value: Any, what: str) -> bytes:
     """A numpy-like integer array (duck-typed: spec imports no numpy), checked with
-    vectorised reductions and converted in one ``astype``: no Python int per element."""
+    vectorised reductions and converted in one ``astype``: no Python int per element.
+
+    A masked array is refused: its masked elements have no token id (``tobytes`` would
+    put the fill value, 999999 by default, in their place). An array-like that lacks part
+    of numpy's surface, or whose conversion is not 4 bytes per element, is refused too.
+    """
+    if hasattr(value, "mask") and hasattr(value, "fill_value"):
+        raise _bad(what, "a masked array (pass .compressed() or .filled(token) instead)")
     kind = getattr(value.dtype, "kind", None)
     if kind not in ("i", "u"):  # 'b' is bool, 'f' float, 'O' object, ...
         raise _bad(what, f"an array of dtype {value.dtype}")
     if value.ndim != 1:
         raise _bad(what, f"a {value.ndim}-D array")
-    if value.size and (int(value.min()) < 0 or int(value.max()) > MAX_TOKEN_ID):
+    try:
+        size = int(value.size)
+        in_range = not size or (int(value.min()) >= 0 and int(value.max()) <= MAX_TOKEN_ID)
+        data = value.astype("uint32", copy=False).tobytes() if in_range else b""
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _bad(what, f"a {type(value).__name__} that is no numpy array ({exc})") from None
+    if not in_range:
         raise _bad(what, "an element is out of range")
-    data: bytes = value.astype("uint32", copy=False).tobytes()
+    if type(data) is not bytes or len(data) != 4 * size:
+        raise _bad(what, f"a {type(value).__name__} whose tobytes() is not 4 bytes per id")
     return data
 
 

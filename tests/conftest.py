@@ -9,21 +9,40 @@ a campaign does (docs/campaigns.md): failures found by any run are replayed firs
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 
-from prefixkv.conformance.database import campaign_settings, database_from_env
+from prefixkv.conformance.database import (
+    DatabaseUnavailable,
+    InvalidDatabase,
+    campaign_settings,
+    database_from_env,
+)
 from prefixkv.conformance.profiles import default_profile, register_profiles
 
 register_profiles()
-_PROFILE = default_profile()
-_DATABASE = database_from_env()
-if _DATABASE is not None:
-    # The same profile on the shared database (and so not derandomized).
-    settings.register_profile(
-        f"{_PROFILE}+database", campaign_settings(settings.get_profile(_PROFILE), _DATABASE)
-    )
-    _PROFILE = f"{_PROFILE}+database"
-settings.load_profile(_PROFILE)
+settings.load_profile(default_profile())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the profile on ``$PREFIXKV_DATABASE``, checked once, before any test runs.
+
+    NOTE: a database that cannot be used is a usage error of the session, never a failed
+    property: checked here (refused, stalled, malformed or wrong-type replies), and a
+    server that fails later only warns, and the session runs on without it.
+    """
+    try:
+        database = database_from_env(connect=True, on_error="warn")
+    except (InvalidDatabase, DatabaseUnavailable) as exc:
+        raise pytest.UsageError(f"$PREFIXKV_DATABASE: {exc}") from None
+    if database is not None:
+        # The same profile on the shared database (and so not derandomized).
+        profile = default_profile()
+        settings.register_profile(
+            f"{profile}+database", campaign_settings(settings.get_profile(profile), database)
+        )
+        settings.load_profile(f"{profile}+database")
+
 
 # ``pytester`` runs pytest sessions in-process for the conformance plugin's tests.
 pytest_plugins = ["pytester"]

@@ -10,6 +10,7 @@ import argparse
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,67 @@ def test_prove_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["ok"] is True
     assert isinstance(report["obligations"], list)
     assert {row["operation"] for row in report["obligations"]} == {"free"}
+
+
+# -- every size flag has an upper bound ----------------------------------------------------
+
+#: Command lines past a size bound, a bogus device or an empty selection: each a usage
+#: error (exit 2) reported before any work, and under --json one JSON object.
+PAST_A_BOUND: tuple[tuple[str, ...], ...] = (
+    ("simulate", "--conversations", str(10**23)),
+    ("simulate", "--num-blocks", str(10**12)),
+    ("simulate", "--block-size", str(2**40)),
+    ("simulate", "--turns", str(10**6)),
+    ("simulate", "--live", str(10**9)),
+    ("simulate", "--check-invariants", str(10**12)),
+    ("simulate", "--num-blocks", str(2**24), "--block-size", "4096"),
+    ("simulate", "--conversations", str(10**6), "--turns", "1000"),
+    ("simulate", "--spec", "--num-blocks", str(10**6)),
+    ("serve-sim", "--conversations", str(10**23)),
+    ("serve-sim", "--num-blocks", str(10**12)),
+    ("serve-sim", "--block-size", str(2**40)),
+    ("serve-sim", "--turns", str(10**6)),
+    ("serve-sim", "--system-tokens", str(10**9)),
+    ("serve-sim", "--budget", str(10**9)),
+    ("serve-sim", "--draft-tokens", str(10**6)),
+    ("serve-sim", "--replicas", str(10**6)),
+    ("serve-sim", "--replicas", "0"),
+    ("serve-sim", "--num-blocks", str(2**16), "--block-size", "1024"),
+    ("serve-sim", "--conversations", "10000", "--turns", "100"),
+    ("serve-sim", "--device", "bogus"),
+    ("serve-sim", "--device", "cuda:x"),
+    ("serve-sim", "--plot", "ttft.xyz"),
+    ("bench-engine", "--device", "bogus"),
+    ("prove", "--invariants", ""),
+    ("prove", "--invariants", " , "),
+    ("prove", "--operations", ""),
+    ("prove", "--seqs", str(10**6)),
+    ("prove", "--table", str(10**6)),
+    ("prove", "--rlimit", str(2**40)),
+    ("prove", "--seed", str(2**40)),
+    ("prove", "--drift", str(10**9)),
+)
+
+
+@pytest.mark.parametrize("argv", PAST_A_BOUND, ids=" ".join)
+def test_sizes_past_their_bound_are_usage_errors(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    if argv[0] == "prove":  # the command loads only with the proofs extra
+        pytest.importorskip("z3")
+    assert cli.main(list(argv)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "error" in captured.err
+    code = cli.main([*argv, "--json"])
+    report = json.loads(capsys.readouterr().out)  # the whole of stdout is one JSON object
+    assert code == 2 and report["ok"] is False and report["exit_code"] == 2
+
+
+def test_plot_path_is_the_file_written(tmp_path: Any) -> None:
+    from prefixkv.commands.support import plot_path
+
+    assert plot_path(str(tmp_path / "ttft")) == tmp_path / "ttft.png"
+    assert plot_path(str(tmp_path)) == tmp_path / "figure.png"
+    assert plot_path(str(tmp_path / "ttft.svg")) == tmp_path / "ttft.svg"
+    with pytest.raises(argparse.ArgumentTypeError):
+        plot_path(str(tmp_path / "ttft.xyz"))

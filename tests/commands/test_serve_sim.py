@@ -15,9 +15,11 @@ SMALL = ["serve-sim", "--conversations", "4", "--turns", "2", "--system-tokens",
 
 
 def test_serve_sim_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--plot PATH`` without a suffix writes PATH.png, and reports the file it wrote."""
     png = tmp_path / "ttft.png"
-    code = cli.main([*SMALL, "--json", "--plot", str(png)])
+    code = cli.main([*SMALL, "--json", "--plot", str(tmp_path / "ttft")])
     report = json.loads(capsys.readouterr().out)
+    assert report["plot"] == str(png)
     assert code == 0 and report["ok"] and report["cache_on_equals_cache_off"]
     assert report["prefill_tokens_skipped"] > 0 and 0 < report["hit_rate"] < 1
     assert report["tokens_computed_on"] < report["tokens_computed_off"]

@@ -14,11 +14,12 @@ through a ``redis://`` URL, as the machines of a fleet would reach a real one.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,17 +37,22 @@ from examples import engine_style
 from prefixkv.conformance import conformance_machine, run_conformance
 from prefixkv.conformance.database import (
     DATABASE_ENV,
+    DEFAULT_TIMEOUT,
     KEY_PREFIX,
     DatabaseUnavailable,
+    DatabaseWarning,
     InvalidDatabase,
     campaign_settings,
     database_from_env,
     parse_database,
 )
 from prefixkv.conformance.profiles import register_profiles
+from prefixkv.errors import PrefixKVError
 
 _WORKER = Path(__file__).with_name("replay_worker.py")
 _ROOT = Path(__file__).parents[2]
+#: A test file of a few fast tests, for a whole session in a subprocess.
+_SMALL_TEST = "tests/spec/test_framing.py"
 _BUG = "double_free_in_batch"  # takes several examples to find under these seeds
 _SEED = 0
 
@@ -107,7 +113,12 @@ BAD_DATABASES: list[Any] = [
     "redis://host:port/0",
     "redis://host:99999/0",
     "redis://host:6379/zero",
-    "redis://host:6379/0?timeout=3",
+    "redis://host:6379/0?timeout=0",
+    "redis://host:6379/0?timeout=-1",
+    "redis://host:6379/0?timeout=nan",
+    "redis://host:6379/0?timeout=1000",
+    "redis://host:6379/0?timeout=",
+    "redis://host:6379/0?retries=3",
     "redis://host:6379/0#frag",
 ]
 
@@ -132,6 +143,149 @@ def test_a_redis_server_that_does_not_answer_is_refused_up_front() -> None:
     with pytest.raises(DatabaseUnavailable) as info:
         parse_database(url, connect=True)
     assert isinstance(info.value, ConnectionError) and isinstance(info.value, PrefixCacheError)
+
+
+# -- a server that refuses, stalls or answers wrongly -------------------------------------
+
+
+def _fake_server(reply: Callable[[bytes], bytes]) -> str:
+    """A TCP server that answers every command it receives with ``reply(command)`` (b"":
+    no answer at all); its URL, with a one-second timeout. Its threads are daemons."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                if out := reply(data):
+                    conn.sendall(out)
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return f"redis://127.0.0.1:{server.getsockname()[1]}/0?timeout=1"
+
+
+def _answers(smembers: bytes, hello: bytes = b"%1\r\n+proto\r\n:3\r\n") -> Callable[[bytes], bytes]:
+    """A server that completes the handshake and PING, and answers ``SMEMBERS`` so."""
+
+    def reply(command: bytes) -> bytes:
+        upper = command.upper()
+        if b"HELLO" in upper:
+            return hello
+        if b"PING" in upper:
+            return b"+PONG\r\n"
+        if b"SMEMBERS" in upper:
+            return smembers
+        return b"+OK\r\n"
+
+    return reply
+
+
+#: Servers a database URL may name that cannot be used: each is DatabaseUnavailable.
+BAD_SERVERS: dict[str, Callable[[bytes], bytes] | None] = {
+    "refused": None,
+    "stalled": lambda command: b"",
+    "malformed": lambda command: b"garbage\r\n",
+    "malformed handshake": _answers(b"*0\r\n", hello=b":1\r\n"),
+    "PING answered wrongly": lambda command: b"+OK\r\n",
+    "a set of the wrong type": _answers(b"*1\r\n:5\r\n"),
+    "no set at all": _answers(b":1\r\n"),
+    "a key of the wrong type": _answers(b"-WRONGTYPE Operation against a key\r\n"),
+}
+
+
+def _bad_server_url(kind: str) -> str:
+    reply = BAD_SERVERS[kind]
+    if reply is None:
+        return f"redis://127.0.0.1:{_closed_port()}/0?timeout=1"
+    return _fake_server(reply)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_SERVERS))
+def test_a_server_that_cannot_be_used_is_database_unavailable(kind: str) -> None:
+    """Refused, stalled (within the URL's timeout, not retried), malformed or wrong-type
+    replies: each a DatabaseUnavailable, a PrefixKVError, never a raw redis error or
+    builtin, and never a hang."""
+    url = _bad_server_url(kind)
+    database = parse_database(url)  # no connection yet
+    kwargs = database.redis.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 1.0
+    with pytest.raises(DatabaseUnavailable) as info:
+        parse_database(url, connect=True)
+    assert isinstance(info.value, PrefixKVError) and isinstance(info.value, ConnectionError)
+
+
+def test_the_default_timeout() -> None:
+    kwargs = parse_database("redis://host/0").redis.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == DEFAULT_TIMEOUT <= 10
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_SERVERS))
+def test_run_conformance_raises_database_unavailable_before_running(kind: str) -> None:
+    made: list[int] = []
+
+    def make(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+        made.append(num_blocks)
+        return engine_style.make_manager(num_blocks, block_size, record_events=record_events)
+
+    with pytest.raises(DatabaseUnavailable):
+        run_conformance(
+            make, engine_style.make_manager.capabilities, database=_bad_server_url(kind)
+        )
+    assert made == []
+
+
+def test_a_server_that_fails_later_raises_or_warns_once() -> None:
+    """After the start-up check: every read and write of a database that went away is a
+    DatabaseUnavailable; with on_error="warn" (the project's own sessions) one warning,
+    and the session runs on without it, so no property fails for it."""
+    server = fakeredis.TcpFakeServer(("127.0.0.1", 0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"redis://127.0.0.1:{server.server_address[1]}/0?timeout=1"
+    strict = parse_database(url, connect=True)
+    lenient = parse_database(url, connect=True, on_error="warn")
+    strict.save(b"k", b"v")
+    assert list(strict.fetch(b"k")) == [b"v"] == list(lenient.fetch(b"k"))
+    server.shutdown()
+    server.server_close()  # the server goes away: no new connection is accepted
+    for db in (strict, lenient):
+        db.redis.connection_pool.disconnect()
+    for call in (
+        lambda: list(strict.fetch(b"k")),
+        lambda: strict.save(b"k", b"w"),
+        lambda: strict.delete(b"k", b"v"),
+        lambda: strict.move(b"k", b"j", b"v"),
+    ):
+        with pytest.raises(DatabaseUnavailable):
+            call()
+    with pytest.warns(DatabaseWarning, match="running on without it") as caught:
+        assert list(lenient.fetch(b"k")) == []
+        lenient.save(b"k", b"w")
+        lenient.move(b"k", b"j", b"v")
+        assert list(lenient.fetch(b"k")) == []
+    assert len(caught) == 1
+
+
+def test_a_session_checks_its_database_once_at_start() -> None:
+    """``PREFIXKV_DATABASE`` naming a server that stalls: the project's own session stops
+    at start-up with a usage error (exit 4), before any test runs, and fails no test."""
+    env = {**os.environ, DATABASE_ENV: _bad_server_url("stalled")}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:xdist", _SMALL_TEST],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "$PREFIXKV_DATABASE" in out.stderr and "DatabaseUnavailable" not in out.stdout
+    assert "failed" not in out.stdout and "passed" not in out.stdout
 
 
 def test_the_environment_variable(tmp_path: Path) -> None:
@@ -278,13 +432,20 @@ def _plugin(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     [
         ("another scheme", "*--prefixkv-database: *scheme must be redis*"),
         ("no server", "*--prefixkv-database: *"),
+        ("malformed handshake", "*--prefixkv-database: *the start-up check failed*"),
+        ("stalled", "*--prefixkv-database: *the start-up check failed*"),
     ],
 )
 def test_the_plugin_refuses_a_bad_database_as_a_usage_error(
     pytester: pytest.Pytester, kind: str, message: str
 ) -> None:
     # The port is picked here, not in the parameters: xdist workers must collect equal ids.
-    value = "ftp://host/db" if kind == "another scheme" else f"redis://127.0.0.1:{_closed_port()}/0"
+    if kind == "another scheme":
+        value = "ftp://host/db"
+    elif kind == "no server":
+        value = f"redis://127.0.0.1:{_closed_port()}/0"
+    else:
+        value = _bad_server_url(kind)
     result = _plugin(
         pytester,
         "--prefixkv-adapter=examples.engine_style:make_manager",

@@ -31,6 +31,33 @@ GOOD: list[tuple[str, Any]] = [
     ("torch_int32", torch.tensor([3, 1, 2], dtype=torch.int32)),
 ]
 
+
+class _DuckArray:
+    """An array-like with numpy's dtype, ndim, size, min and max, but an ``astype`` whose
+    result has no ``tobytes`` (``converts``: what ``astype`` returns)."""
+
+    dtype = np.dtype("int64")
+    ndim = 1
+    size = 3
+
+    def __init__(self, converts: Any) -> None:
+        self._converts = converts
+
+    def min(self) -> int:
+        return 1
+
+    def max(self) -> int:
+        return 3
+
+    def astype(self, dtype: str, copy: bool = True) -> Any:
+        return self._converts
+
+
+class _ShortBytes:
+    def tobytes(self) -> bytes:
+        return b"\x03"
+
+
 BAD: list[tuple[str, Any]] = [
     ("set", {3, 1, 2}),
     ("frozenset", frozenset({3, 1, 2})),
@@ -57,6 +84,11 @@ BAD: list[tuple[str, Any]] = [
     ("numpy_2d", np.array([[3, 1], [2, 0]])),
     ("torch_2d", torch.tensor([[3, 1], [2, 0]])),
     ("numpy_object", np.array([3, "x"], dtype=object)),
+    # a masked element has no token id (tobytes() writes the fill value, 999999, there)
+    ("numpy_masked", np.ma.array([3, 1, 2], mask=[False, True, False])),
+    ("numpy_masked_unmasked", np.ma.array([3, 1, 2])),
+    ("duck_without_tobytes", _DuckArray(object())),
+    ("duck_short_bytes", _DuckArray(_ShortBytes())),
     ("str", "312"),
     ("bytes", b"\x03\x01\x02"),
     ("bytearray", bytearray(b"\x03")),

@@ -13,7 +13,7 @@ from prefixkv.benchmarks.engine import FULL, QUICK, run_engine_bench, write_outp
 from prefixkv.cli import Runner, emit_json
 from prefixkv.outputs import to_json
 
-from .support import add_output_flags, logger, output_dir
+from .support import add_output_flags, device_name, logger, output_dir
 
 __all__ = ["setup"]
 
@@ -29,7 +29,9 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument(
         "--backend", default="auto", choices=("auto", "torch", "interpreter", "fast")
     )
-    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: auto)"
+    )
     return _run
 
 

@@ -19,6 +19,8 @@ from prefixkv.proofs.kv.model import Bounds
 from prefixkv.proofs.kv.obligations import DEFAULT_RLIMIT
 from prefixkv.proofs.run import InvalidSelection, ProveOptions, run
 
+from .support import int_in
+
 __all__ = ["add_arguments", "setup"]
 
 
@@ -27,28 +29,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--seqs",
-        type=int,
+        type=int_in(2, 16),
         default=Bounds.seqs,
         help="live sequence slots of the model (default %(default)s)",
     )
     parser.add_argument(
         "--table",
-        type=int,
+        type=int_in(1, 64),
         default=Bounds.table,
         help="blocks per block table in the model (default %(default)s)",
     )
     parser.add_argument(
         "--rlimit",
-        type=int,
+        type=int_in(1, 2**32 - 1),
         default=DEFAULT_RLIMIT,
         help="Z3 resource limit per solver call (default %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Z3 random seed (default 0)")
     parser.add_argument(
-        "--invariants", default="", help="comma-separated invariant ids to prove (default: all)"
+        "--seed", type=int_in(0, 2**32 - 1), default=0, help="Z3 random seed (default 0)"
     )
     parser.add_argument(
-        "--operations", default="", help="comma-separated operations to prove (default: all)"
+        "--invariants",
+        default=None,
+        help="comma-separated invariant ids to prove (default: all)",
+    )
+    parser.add_argument(
+        "--operations",
+        default=None,
+        help="comma-separated operations to prove (default: all)",
     )
     parser.add_argument(
         "--no-kernels", action="store_true", help="skip the kernel index-arithmetic proofs"
@@ -78,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--drift",
-        type=int,
+        type=int_in(0, 100_000),
         default=0,
         metavar="N",
         help="also run N model-vs-spec drift checks and the seeded drifts",
@@ -101,6 +109,13 @@ def setup(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int
     add_arguments(parser)
 
     def prove(args: argparse.Namespace) -> int:
+        for flag in ("invariants", "operations"):
+            value = getattr(args, flag)
+            # NOTE: an empty list is not "all": a script that builds the list and gets
+            # none would otherwise prove everything and report success for what it asked.
+            if value is not None and not any(part.strip() for part in value.split(",")):
+                parser.error(f"--{flag} names none (omit --{flag} for all)")
+            setattr(args, flag, value or "")
         fields = attrs.fields_dict(ProveOptions)
         opts = ProveOptions(**{k: v for k, v in vars(args).items() if k in fields})
         out = sys.stdout

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from prefixkv.cli import EXIT_FAILURE, Runner, emit_json
+from prefixkv.cli import EXIT_FAILURE, EXIT_USAGE, CommandError, Runner, emit_json
 from prefixkv.events.replicas import STALL_TIMEOUT_S
 from prefixkv.events.router import RouterConfigError
 from prefixkv.serving import (
@@ -35,59 +35,75 @@ from prefixkv.serving import (
     serve_on_off,
 )
 
-from .support import int_at_least, progress
+from .support import check_workload_size, device_name, int_at_least, int_in, plot_path, progress
 
 if TYPE_CHECKING:
     from prefixkv.engine import EngineConfig, Turn
 
 __all__ = ["setup"]
 
+# The flags' upper bounds (each a usage error past it): the workload, the KV pool and the
+# replicas are built whole before the first step.
+MAX_CONVERSATIONS = 10_000
+MAX_TURNS = 100
+MAX_SYSTEM_TOKENS = 2**16
+MAX_BLOCK_SIZE = 1024
+MAX_BUDGET = 2**16
+MAX_DRAFT_TOKENS = 64
+MAX_REPLICAS = 64
+#: KV slots of the pool (num_blocks x block_size): 2**21 slots of the tiny model's
+#: 512 bytes are 1 GiB, on the CPU or the GPU.
+MAX_KV_TOKENS = 2**21
+
 
 def setup(parser: argparse.ArgumentParser) -> Runner:
     """Add the ``serve-sim`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
     d = ServeSimConfig()
-    positive = int_at_least(1)
     parser.add_argument(
         "--conversations",
-        type=positive,
+        type=int_in(1, MAX_CONVERSATIONS),
         default=d.conversations,
         metavar="N",
         help=f"conversations (default: {d.conversations})",
     )
     parser.add_argument(
         "--turns",
-        type=positive,
+        type=int_in(1, MAX_TURNS),
         default=d.turns,
         metavar="N",
         help=f"turns per conversation (default: {d.turns})",
     )
     parser.add_argument(
         "--system-tokens",
-        type=positive,
+        type=int_in(1, MAX_SYSTEM_TOKENS),
         default=d.system_tokens,
         metavar="N",
         help=f"tokens per shared system prompt (default: {d.system_tokens})",
     )
     parser.add_argument(
         "--num-blocks",
-        type=positive,
+        type=int_in(1, MAX_KV_TOKENS),
         default=512,
         metavar="N",
         help="KV pool size in blocks (default: 512)",
     )
     parser.add_argument(
-        "--block-size", type=positive, default=8, metavar="N", help="tokens per block (default: 8)"
+        "--block-size",
+        type=int_in(1, MAX_BLOCK_SIZE),
+        default=8,
+        metavar="N",
+        help="tokens per block (default: 8)",
     )
     parser.add_argument(
         "--budget",
-        type=positive,
+        type=int_in(1, MAX_BUDGET),
         default=128,
         metavar="N",
         help="token budget per step (default: 128)",
     )
     parser.add_argument(
         "--draft-tokens",
-        type=int_at_least(0),
+        type=int_in(0, MAX_DRAFT_TOKENS),
         default=0,
         metavar="K",
         help="speculative decoding with K n-gram draft tokens a step (default: 0, off)",
@@ -103,7 +119,12 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
         choices=("auto", "torch", "interpreter", "fast"),
         help="auto: Triton kernels on CUDA, torch on the CPU",
     )
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument(
+        "--device",
+        type=device_name,
+        default=None,
+        help="cpu, cuda or cuda:N (default: cuda if present)",
+    )
     parser.add_argument(
         "--seed",
         type=int_at_least(0),
@@ -113,7 +134,7 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--replicas",
-        type=int,
+        type=int_in(1, MAX_REPLICAS),
         default=None,
         metavar="N",
         help="serve on N engine replicas (processes) behind a router (needs prefixkv[events])",
@@ -150,10 +171,11 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--plot",
-        type=Path,
+        type=plot_path,
         default=None,
         metavar="PATH",
-        help="write a PNG of TTFT against the cached fraction of each prompt",
+        help="write a PNG of TTFT against the cached fraction of each prompt (PATH.png "
+        "for a PATH without a suffix, PATH/figure.png for a folder)",
     )
     return _run
 
@@ -170,11 +192,25 @@ def _seconds(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
+    kv_tokens = args.num_blocks * args.block_size
+    if kv_tokens > MAX_KV_TOKENS:
+        raise CommandError(
+            f"--num-blocks x --block-size is {kv_tokens:,} KV slots, more than "
+            f"{MAX_KV_TOKENS:,} (the KV pool is allocated whole)",
+            exit_code=EXIT_USAGE,
+        )
     sim = ServeSimConfig(
         conversations=args.conversations,
         turns=args.turns,
         system_tokens=args.system_tokens,
         seed=args.seed,
+    )
+    check_workload_size(
+        sim.conversations,
+        sim.turns,
+        sim.system_tokens,
+        sim.user_tokens[1] + sim.reply_tokens[1],
+        "--conversations x --turns x --system-tokens",
     )
     config = engine_config(
         seed=args.seed,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from prefixkv.cli import Runner, emit_json
+from prefixkv.cli import EXIT_USAGE, CommandError, Runner, emit_json
 from prefixkv.outputs import to_json
 from prefixkv.simulation import (
     IMPL_PRESET,
@@ -22,15 +22,26 @@ from prefixkv.simulation import (
 )
 from prefixkv.spec import HASHERS
 
-from .support import int_at_least, progress
+from .support import check_workload_size, int_at_least, int_in, progress
 
 __all__ = ["setup"]
+
+# The flags' upper bounds (each a usage error past it): the workload and the pool are
+# built whole before the first request.
+MAX_NUM_BLOCKS = 2**24
+MAX_BLOCK_SIZE = 2**12
+#: Token slots of the pool (num_blocks x block_size): 2**28 are 1 GiB of token ids.
+MAX_POOL_TOKENS = 2**28
+MAX_SPEC_BLOCKS = 2**16
+MAX_CONVERSATIONS = 10**6
+MAX_TURNS = 1_000
+MAX_LIVE = 2**20
 
 
 def setup(parser: argparse.ArgumentParser) -> Runner:
     """Add the ``simulate`` flags; returns its runner (see :mod:`prefixkv.cli`)."""
     d, s = IMPL_PRESET, SPEC_PRESET
-    positive, non_negative = int_at_least(1), int_at_least(0)
+    non_negative = int_at_least(0)
     parser.add_argument(
         "--spec",
         action="store_true",
@@ -56,32 +67,32 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--num-blocks",
-        type=positive,
+        type=int_in(1, MAX_NUM_BLOCKS),
         metavar="N",
         help=f"pool size (default: {d.num_blocks}; spec {s.num_blocks})",
     )
     parser.add_argument(
         "--block-size",
-        type=positive,
+        type=int_in(1, MAX_BLOCK_SIZE),
         metavar="N",
         help=f"tokens per block (default: {d.block_size}; spec {s.block_size})",
     )
     parser.add_argument(
         "--conversations",
-        type=positive,
+        type=int_in(1, MAX_CONVERSATIONS),
         metavar="N",
         help=f"conversations (default: {d.workload.conversations}; spec "
         f"{s.workload.conversations})",
     )
     parser.add_argument(
         "--turns",
-        type=positive,
+        type=int_in(1, MAX_TURNS),
         metavar="N",
         help=f"turns per conversation (default: {d.workload.turns}; spec {s.workload.turns})",
     )
     parser.add_argument(
         "--live",
-        type=non_negative,
+        type=int_in(0, MAX_LIVE),
         metavar="N",
         help="finished sequences kept live before they are freed "
         f"(default: {d.live}; spec {s.live})",
@@ -91,7 +102,7 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--check-invariants",
-        type=positive,
+        type=int_in(1, 2**31),
         metavar="N",
         default=0,
         help="run prefixkv.spec.invariants.check on the cache every N cache operations "
@@ -111,6 +122,27 @@ def _run(args: argparse.Namespace) -> int:
         turns=args.turns,
         live=args.live,
         seed=args.seed,
+    )
+    pool_tokens = sim.num_blocks * sim.block_size
+    if pool_tokens > MAX_POOL_TOKENS:
+        raise CommandError(
+            f"--num-blocks x --block-size is {pool_tokens:,} token slots, more than "
+            f"{MAX_POOL_TOKENS:,} (the pool is allocated whole)",
+            exit_code=EXIT_USAGE,
+        )
+    if sim.cache == "spec" and sim.num_blocks > MAX_SPEC_BLOCKS:
+        raise CommandError(
+            f"--spec --num-blocks {sim.num_blocks:,}: the executable spec holds a Python "
+            f"object per block and walks the pool on every call; at most {MAX_SPEC_BLOCKS:,}",
+            exit_code=EXIT_USAGE,
+        )
+    w = sim.workload
+    check_workload_size(
+        w.conversations,
+        w.turns,
+        w.system_tokens + w.image_tokens,
+        w.user_tokens[1] + w.reply_tokens[1] + w.image_tokens,
+        "--conversations x --turns",
     )
     with progress(args.json) as bar:
         task = bar.add_task("replaying requests", total=sim.num_requests)

@@ -177,6 +177,7 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         """Load the factory and run the machines; a load error fails with one line."""
+        from .database import DatabaseUnavailable
         from .runner import capabilities_of, load_factory, run_conformance
 
         opt = self.config.getoption
@@ -204,6 +205,8 @@ class ConformanceItem(pytest.Item):
                 target=self.target,
                 database=self.config.stash.get(_DATABASE, None),
             )
+        except DatabaseUnavailable as exc:  # the server went away after the start-up check
+            pytest.fail(f"--prefixkv-database: {exc}", pytrace=False)
         except ValueError as exc:  # a rule name that is no rule
             pytest.fail(f"--prefixkv-adapter={self.target}: {exc}", pytrace=False)
         self.user_properties.append(("prefixkv-capabilities", caps.describe()))

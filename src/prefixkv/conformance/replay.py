@@ -19,8 +19,13 @@ __all__ = ["HEADER", "Recording", "format_call"]
 _MAX_RESULT = 72
 
 
-#: The first line of every replay.
-HEADER = "from prefixkv.spec import MultimodalSpan, Namespace, Request"
+#: The first lines of every replay (the machines' sequence ids of every kind print as calls
+#: of the classes the second line imports).
+HEADER = (
+    "from prefixkv.spec import MultimodalSpan, Namespace, Request\n"
+    "from prefixkv.conformance.machines.strategies import "
+    "EnumId, SubclassedIntId, SubclassedStrId"
+)
 
 
 def _source(value: Any) -> str:

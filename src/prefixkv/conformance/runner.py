@@ -198,7 +198,8 @@ def run_conformance(
     * ``report``: a path to write the JSON report to (passing or not);
     * ``database``: the example database to share with other runs, a directory path or a
       ``redis://host:port/db`` URL (:func:`~prefixkv.conformance.database.parse_database`;
-      ``InvalidDatabase`` before anything runs for a bad one). Failures found by any run
+      ``InvalidDatabase`` before anything runs for a bad one, ``DatabaseUnavailable`` for
+      a Redis server that refuses, stalls or answers wrongly). Failures found by any run
       that uses it are replayed first; it turns the profile's derandomization off;
     * ``seed``: the seed of the random search (default: a fresh one, or the profile's
       derandomized one), so that a run with a database can be repeated exactly.
@@ -216,7 +217,8 @@ def run_conformance(
 
     if max_failures < 1:
         raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
-    db = None if database is None else parse_database(database)
+    # A Redis server is checked once, here, before anything runs (DatabaseUnavailable).
+    db = None if database is None else parse_database(database, connect=True)
     caps = capabilities_of(factory) if caps is None else caps
     caps = Capabilities.evolve(caps, capabilities) if capabilities else caps
     ignored, skipped = _names(ignore), _names(skip_rules)

@@ -24,7 +24,7 @@ from ..lockstep import Lockstep, Outcome
 from ..replay import HEADER
 from .coverage import RuleCoverage
 from .factories import PoolConfig
-from .strategies import NAMESPACES
+from .strategies import NAMESPACES, seq_id_of
 
 __all__ = ["MachineBase"]
 
@@ -172,7 +172,7 @@ class MachineBase(RuleBasedStateMachine):
     def _new_id(self) -> SeqId:
         n = self._next_id
         self._next_id += 1
-        return f"r{n}" if n % 3 == 2 else n
+        return seq_id_of(n)
 
     def _ns(self, ns: int) -> Namespace:
         """The drawn namespace (always the first one without ``namespaces``)."""

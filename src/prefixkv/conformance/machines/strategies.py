@@ -16,9 +16,12 @@ run prints a short replay that can be pasted and run.
 
 from __future__ import annotations
 
+from enum import IntEnum
+from typing import Any, cast
+
 from hypothesis import strategies as st
 
-from prefixkv.spec import MultimodalSpan, Namespace
+from prefixkv.spec import MultimodalSpan, Namespace, SeqId
 
 __all__ = [
     "BAD_ACCEPTED",
@@ -33,7 +36,10 @@ __all__ = [
     "NOT_A_REQUEST",
     "PLACEHOLDER",
     "SHARED_PREFIXES",
+    "EnumId",
     "RichArgs",
+    "SubclassedIntId",
+    "SubclassedStrId",
     "budgets",
     "items",
     "kv_token_limits",
@@ -41,6 +47,7 @@ __all__ = [
     "prompts",
     "rich_requests",
     "sampled_tokens",
+    "seq_id_of",
     "window_sizes",
 ]
 
@@ -218,3 +225,58 @@ RichArgs = tuple[int, tuple[int, ...], list[tuple[int, int, int]], int, int | No
 def rich_requests() -> st.SearchStrategy[RichArgs]:
     """A multimodal request to build: a prompt with items, a window and a chunk limit."""
     return st.tuples(namespace_ids(), prompts(), items(), window_sizes(), kv_token_limits())
+
+
+# -- sequence ids --------------------------------------------------------------------------
+
+
+class SubclassedIntId(int):
+    """An ``int`` subclass as a sequence id (equal to, and hashed as, its int)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"SubclassedIntId({int(self)})"
+
+
+class SubclassedStrId(str):
+    """A ``str`` subclass as a sequence id (equal to, and hashed as, its str)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"SubclassedStrId({str(self)!r})"
+
+
+class _EnumIds(IntEnum):
+    """The base of :data:`EnumId`: members print as the call that looks them up."""
+
+    def __repr__(self) -> str:
+        return f"EnumId({self.value})"
+
+
+#: ``IntEnum`` members as sequence ids: ``EnumId(n)`` is the member of value ``n``.
+EnumId: Any = cast("Any", _EnumIds)("EnumId", [(f"ID{n}", n) for n in range(256)])
+
+
+def seq_id_of(n: int) -> SeqId:
+    """The machines' ``n``-th sequence id: every valid kind of id in turn.
+
+    A plain ``int`` (n % 6 in 0, 1), a ``str`` (2), an ``int`` subclass (3), an ``IntEnum``
+    member (4, while ``n`` has one), a ``str`` subclass (5). Each equals the id the machines
+    gave before ids of every kind were drawn (``n`` or ``f"r{n}"``), so scripted runs and
+    saved examples name the same sequences. A manager that looks a sequence up by the exact
+    type of its id (``type(seq_id) is int``) and answers otherwise for any other valid id
+    is caught within the first six admissions.
+    """
+    kind = n % 6
+    if kind == 2:
+        return f"r{n}"
+    if kind == 5:
+        return SubclassedStrId(f"r{n}")
+    if kind == 3:
+        return SubclassedIntId(n)
+    if kind == 4 and n < len(EnumId):
+        member: int = EnumId(n)
+        return member
+    return n
