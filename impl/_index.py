@@ -103,6 +103,10 @@ class HashIndex:
             buckets.pop(key, None)
         return False
 
+    def none_filed(self, keys: list[int]) -> bool:
+        """Whether no block is filed under any of ``keys`` (one C-level pass)."""
+        return self._buckets.keys().isdisjoint(keys)
+
     def remove(self, key: int, b: int) -> None:
         """Forget block ``b`` under ``key`` (it is in the index)."""
         entry = self._buckets[key]

@@ -49,44 +49,45 @@ class LeafHeap:
         """Take up to ``count`` live leaves off the heap, in order (see
         :meth:`BlockPool.pop_leaves`); a parent left without children is queued in turn.
 
-        NOTE: the parent that a victim leaves childless is usually the next victim: it was
-        released with its child (same last use) and is one shallower. So it is not pushed
-        at once but held back and offered with ``heappushpop``, which hands it straight
-        back, with a single comparison, when it is the smallest; only otherwise does it go
-        into the heap. The order is exactly the heap's.
+        NOTE: a batch of victims is mostly whole chains: a sequence's blocks are released
+        together (same last use), and the parent that a victim leaves childless is one
+        shallower, so it usually comes next. After each victim taken off the heap, the
+        chain above it is climbed without touching the heap: a parent that just became a
+        leaf is taken at once while its entry is smaller than the heap's smallest (one
+        tuple comparison), and pushed only when it is not (or when the batch is complete).
+        A parent taken at once was never pushed, so it needs no new ``leaf_version``: every
+        older entry of it is stale already (it stopped being a leaf when it got a child).
+        The order is exactly the heap's.
         """
         heap = self.heap
         version, ref, children, depth = pool.leaf_version, pool.ref, pool.num_children, pool.depth
         parent, last_use = pool.parent, pool.last_use
-        pop, pushpop = heapq.heappop, heapq.heappushpop
+        pop, push = heapq.heappop, heapq.heappush
         victims: list[int] = []
-        held: _Entry | None = None  # a new leaf not pushed yet
-        while count > 0:
-            if held is not None:
-                e = pushpop(heap, held)
-                fresh = e is held  # the leaf just made, with its new version: live
-                held = None
-            elif heap:
-                e = pop(heap)
-                fresh = False
-            else:
-                break
-            _, _, b, v = e
-            if not fresh and (version[b] != v or ref[b] or children[b] or not depth[b]):
+        take = victims.append
+        while count > 0 and heap:
+            _, _, b, v = pop(heap)
+            if version[b] != v or ref[b] or children[b] or not depth[b]:
                 continue  # stale entry: b stopped being a leaf since it was queued
-            victims.append(b)
+            take(b)
             count -= 1
             p = parent[b]
-            if p >= 0:
+            while p >= 0:
                 left = children[p] - 1
                 children[p] = left
-                if not left and not ref[p]:
-                    # p just became a leaf (push, held back)
-                    pv = (version[p] + 1) & 0x7FFFFFFF
-                    version[p] = pv
-                    held = (last_use[p], -depth[p], p, pv)
-        if held is not None:
-            heapq.heappush(heap, held)
+                if left or ref[p]:
+                    break
+                # p just became a leaf: take it now if it goes next, else queue it.
+                entry = (last_use[p], -depth[p], p)
+                if count and (not heap or entry < heap[0]):
+                    take(p)
+                    count -= 1
+                    p = parent[p]
+                    continue
+                pv = (version[p] + 1) & 0x7FFFFFFF
+                version[p] = pv
+                push(heap, (*entry, pv))
+                break
         return victims
 
     @staticmethod

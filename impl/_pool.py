@@ -499,20 +499,17 @@ class BlockPool:
         """Forget the identity of each of ``blocks`` and give it a new generation (so that
         a remembered canonical block is known to be gone), in one loop over the batch.
 
-        The token bytes stay behind: nothing reads them while the depth says unpublished.
+        NOTE: only what a later reader can see is cleared. Every reader of a block's
+        identity (its namespace, parent, token bytes, last use) looks at a published block
+        only, and ``depth`` says which ones are: publication writes every one of those
+        fields again, and a release sets the last use before eviction order reads it. So
+        unpublishing sets the depth to 0 and moves the generation on, and leaves the rest
+        behind. The extra keys are the exception: publication stores them only when a
+        block has any, so a stale entry would be read as the next identity's.
         """
-        pns, parent, depth, last_use, gen = (
-            self.namespace,
-            self.parent,
-            self.depth,
-            self.last_use,
-            self.gen,
-        )
+        depth, gen = self.depth, self.gen
         for b in blocks:
-            pns[b] = None
-            parent[b] = NO_PARENT
             depth[b] = 0
-            last_use[b] = 0
             gen[b] = (gen[b] + 1) & _WRAP
         extra = self.extra
         if extra:

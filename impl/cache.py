@@ -670,10 +670,9 @@ class PrefixCacheManager(PrefixCache):
 
         The caller checked every argument (the commit's to ``now`` computed, the
         reservation's to ``grown`` slots, past the prompt or not growing), so only the
-        supply is left to check, exactly as :meth:`_advance_general` bounds it: a commit
-        whose blocks ``first..stop-1`` publish under the sequence's own published parent
-        (or from the root) anchors nothing, so the supply is the pool's; otherwise up to
-        the general path's bound of anchorable blocks is kept back.
+        supply is left to check, exactly as :meth:`_advance_general` bounds it: the pool's
+        supply less the most blocks the commit's publication can anchor
+        (:meth:`_anchorable`).
         """
         bs = self._block_size
         blocks = seq.blocks
@@ -683,10 +682,7 @@ class PrefixCacheManager(PrefixCache):
             supply = pool.supply
             first, stop = seq.num_computed // bs, now // bs
             if stop > first:
-                anchorable = stop - 1
-                if first == 0 or pool.depth[blocks[first - 1]]:
-                    anchorable -= first
-                supply -= anchorable
+                supply -= self._anchorable(seq, first, stop)
             if need > supply:
                 return None
         # Nothing below can raise.
@@ -716,8 +712,9 @@ class PrefixCacheManager(PrefixCache):
         one chain, so a commit that publishes blocks ``first..stop-1`` anchors at most
         ``stop - 1`` blocks; at most ``stop - 1 - first`` when the sequence's own block
         ``first - 1`` is published (it is held, so it and every ancestor are anchored
-        already: only twins found by this commit can be new). Only when the supply is
-        within that bound do the calls run under a saved copy of the state.
+        already: only twins found by this commit can be new), and none when no key of the
+        run is filed (:meth:`_anchorable`). Only when the supply is within that bound do
+        the calls run under a saved copy of the state.
         """
         if (type(num_rejected) is not int or num_rejected < 0) or (
             type(num_reserve) is not int or num_reserve < 0
@@ -752,14 +749,10 @@ class PrefixCacheManager(PrefixCache):
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
-                if stop > first:
-                    anchorable = stop - 1
-                    if first == 0 or self._pool.depth[seq.blocks[first - 1]]:
-                        anchorable -= first
-                    if need > supply - anchorable:
-                        return self._advance_saved(
-                            seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
-                        )
+                if stop > first and need > supply - self._anchorable(seq, first, stop):
+                    return self._advance_saved(
+                        seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
+                    )
         # Nothing below can raise.
         if not self._fused_inline:
             # NOTE: a subclass whose calls do more (the hybrid manager moves checkpoints)
@@ -785,6 +778,31 @@ class PrefixCacheManager(PrefixCache):
         new, _ = self._allocate(need)
         seq.blocks.extend(new)
         return new
+
+    def _anchorable(self, seq: SeqState, first: int, stop: int) -> int:
+        """At most how many unanchored blocks publishing ``seq``'s blocks ``first..stop-1``
+        (``stop > first``) can anchor, taking them out of the eviction supply.
+
+        Only a block published under a *canonical twin* anchors anything new (the twin and
+        its unanchored ancestors; the twins form one chain, so ``stop - 1`` at most). Its
+        own parents are held, hence anchored already: when the sequence's block
+        ``first - 1`` is published (or ``first`` is the root), only a twin found by this
+        commit can anchor, so ``stop - 1 - first`` at most; and none at all when none of
+        the blocks' keys is filed in the index (the admission computed the prompt blocks'
+        keys), because then no block of the run has a twin and each is published under the
+        one before it.
+
+        NOTE: the last bound is what keeps a full pool off the saved copy of the state: the
+        step that commits a prefill and reserves its first decode slot publishes a whole
+        prompt's new blocks, and a pool whose supply is within that many blocks of the need
+        (an engine that keeps its pool full) otherwise copied the whole state on that step.
+        """
+        if first and not self._pool.depth[seq.blocks[first - 1]]:
+            return stop - 1
+        keys = seq.prompt_keys
+        if stop <= len(keys) and self._index.none_filed(keys[first:stop]):
+            return 0
+        return stop - 1 - first
 
     def _advance_saved(
         self,

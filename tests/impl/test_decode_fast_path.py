@@ -138,6 +138,38 @@ def test_a_boundary_step_in_a_full_pool_runs_without_a_saved_state(
     assert impl.stats().num_free_blocks == 1
 
 
+@pytest.mark.parametrize("twin", [False, True], ids=["new", "twin"])
+def test_the_prefill_commit_in_a_full_pool_runs_without_a_saved_state(
+    monkeypatch: pytest.MonkeyPatch, twin: bool
+) -> None:
+    """The step that commits a whole prefill and reserves the first decode slot, in a pool
+    with one block of supply left: none of the prompt blocks' keys is filed, so their
+    publication anchors nothing and the step runs inline (it used to take a saved copy of
+    the state whenever the supply was within the prompt's length in blocks). With a twin
+    published in between, the bound stays the cautious one, and the outcome the spec's."""
+    spec, impl = SpecCache(18 if twin else 10, 2), PrefixCacheManager(18 if twin else 10, 2)
+    saved: list[int] = []
+    real = PrefixCacheManager._advance_saved
+
+    def counted(self: PrefixCacheManager, *args: Any) -> list[int]:
+        saved.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(PrefixCacheManager, "_advance_saved", counted)
+    prompt = list(range(16))  # 8 full blocks: the reservation needs a 9th
+    for cache in (spec, impl):
+        cache.admit(Request(1, prompt, NS))
+        cache.admit(Request(2, [500, 501], NS))  # one free block left
+        if twin:
+            cache.admit(Request(3, prompt, NS))  # the same prompt, in blocks of its own
+            cache.commit(3, 16, [7])  # published first: seq 1's blocks become duplicates
+    assert impl.stats().num_free_blocks == 1
+    want = spec.advance(1, 16, (99,), num_reserve=1)
+    assert impl.advance(1, 16, (99,), num_reserve=1) == want
+    assert impl.snapshot() == spec.snapshot()
+    assert saved == ([1] if twin else [])
+
+
 def test_decode_step_is_a_light_immutable_record() -> None:
     """Positional and keyword construction, equality, hash, repr, immutability."""
     step = DecodeStep("s", 1, (7,), num_reserve=2)

@@ -109,9 +109,8 @@ BUGS: tuple[Bug, ...] = (
             ),
             (
                 "_leaves.py",
-                "            if not fresh and ("
-                "version[b] != v or ref[b] or children[b] or not depth[b]):",
-                "            if not fresh and (version[b] != v or ref[b] or not depth[b]):",
+                "            if version[b] != v or ref[b] or children[b] or not depth[b]:",
+                "            if version[b] != v or ref[b] or not depth[b]:",
             ),
         ),
     ),
@@ -436,7 +435,7 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "_leaves.py",
-                """                    held = (last_use[p], -depth[p], p, pv)\n""",
+                """                push(heap, (*entry, pv))\n""",
                 "",
             ),
         ),
