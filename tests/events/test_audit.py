@@ -262,6 +262,9 @@ def test_joining_a_running_stream_is_not_a_violation() -> None:
         b"\x92\xa2ts\x90",  # ts is text
         encode_batch([BlockRemoved((1,))])[:-3],  # truncated
     ],
+    # NOTE: named ids, since the truncated batch carries the time it was encoded, and
+    # pytest-xdist's workers must collect the same test names.
+    ids=["not-msgpack", "unknown-tag", "text-timestamp", "truncated"],
 )
 def test_a_batch_that_does_not_decode_is_decodes(payload: bytes) -> None:
     with pytest.raises(ValueError):
