@@ -2,8 +2,9 @@
 
 The end-to-end runs are tiny (2 replicas, 8 requests) and share one module-scoped result
 per router: every request is served exactly once, KV routing hits at least as often as
-round-robin on a workload with shared prefixes, and the router's prediction for the chosen
-replica equals the prefix that replica held, on every request.
+round-robin on a workload with shared prefixes, and on every request the router predicts
+exactly the tokens the chosen replica serves from cache (and the prefix it held), on the
+plain model and on the hybrid one, whose hit ends at a checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 
 pytest.importorskip("zmq")
@@ -30,6 +32,7 @@ from prefixkv.events.cluster import ClusterResult, run_cluster
 from prefixkv.events.replicas import ReplicaFailed, ReplicaPool, ReplicaRequest
 from prefixkv.events.router import (
     KVRouter,
+    MatchPolicy,
     MirrorIndex,
     RoundRobinRouter,
     RouterConfigError,
@@ -69,7 +72,11 @@ def _check_run(result: ClusterResult) -> None:
     assert result.served_counts == dict.fromkeys(ids, 1)
     assert result.served_exactly_once
     assert result.mispredictions == 0
-    assert result.in_flight == 0  # lock step: every placement is compared
+    for r in result.requests.values():
+        assert r.predicted_tokens == r.cached_tokens == r.hit_tokens_on_arrival
+        assert not r.index_mismatch
+    assert result.predicted_tokens == result.cached_tokens == result.prefill_tokens_skipped
+    assert result.in_flight == 0  # lock step: nothing is in flight at routing time
     assert result.rejected_events == 0
     # INV-STATS across the replicas, and the hit rate is the replicas' own.
     assert sum(s.prefill_tokens_computed for s in result.stats) + (
@@ -120,7 +127,61 @@ def test_a_stale_index_is_counted_as_mispredictions() -> None:
     assert result.served_exactly_once
     assert result.mispredictions > 0
     wrong = [r for r in result.requests.values() if r.mispredicted]
-    assert all(r.predicted_blocks < r.served_blocks for r in wrong)
+    assert all(r.predicted_tokens < r.cached_tokens for r in wrong)
+    assert all(r.index_mismatch for r in wrong)
+
+
+# -- hybrid models: the hit ends at a checkpoint -------------------------------------------
+
+HYBRID = attrs.evolve(CONFIG, model=ModelConfig(hybrid=True))
+
+
+class _CheckpointBlind(MirrorIndex):
+    """A router index that ignores the checkpoint events, as if every published block could
+    be restored: what a router that models only the published prefix predicts."""
+
+    def checkpoints(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        num_blocks: int,
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> tuple[bool, ...]:
+        return (True,) * num_blocks
+
+
+def test_hybrid_routing_predicts_the_restorable_prefix_exactly() -> None:
+    result = run_cluster(TURNS, HYBRID, replicas=2, router="kv")
+    _check_run(result)
+    # Some follow-up turns hold more published blocks than they can restore: the
+    # prediction follows the checkpoint, not the published prefix.
+    assert any(r.predicted_tokens < r.predicted_blocks * 8 for r in result.requests.values())
+    assert result.cached_tokens > 0
+
+
+def test_a_router_blind_to_checkpoints_is_counted_as_mispredictions() -> None:
+    """Served fewer tokens than predicted is a misprediction, on a hybrid model too."""
+    result = run_cluster(TURNS, HYBRID, replicas=1, router="kv", index=lambda _: _CheckpointBlind())
+    assert result.served_exactly_once and result.mispredictions > 0
+    wrong = [r for r in result.requests.values() if r.mispredicted]
+    assert all(r.cached_tokens < r.predicted_tokens and not r.index_mismatch for r in wrong)
+    assert result.cached_tokens < result.predicted_tokens
+
+
+def test_match_policy_models_the_caps_and_the_checkpoints() -> None:
+    plain = MatchPolicy(4)
+    assert plain.hit_blocks(3, 13) == 3
+    assert plain.hit_blocks(3, 12) == 2  # choice 4: one prompt token is computed
+    assert MatchPolicy(4, recompute_blocks=1).hit_blocks(3, 13) == 2  # choice 6
+    image = [MultimodalSpan(6, 14, "image", b"x")]
+    assert plain.hit_blocks(3, 16, image) == 1  # choice 5: no cut inside the image
+    hybrid = MatchPolicy(4, hybrid=True)
+    marks = (True, False, False)
+    assert hybrid.hit_blocks(3, 13, (), marks.__getitem__) == 1
+    assert hybrid.hit_blocks(3, 13, (), ((False,) * 3).__getitem__) == 0
+    assert hybrid.hit_blocks(3, 13, (), ((True,) * 3).__getitem__) == 3
+    with pytest.raises(RouterConfigError):
+        hybrid.hit_blocks(3, 13)
 
 
 # -- the policy and the indexes, in process --------------------------------------------------
@@ -130,8 +191,9 @@ class _Fixed:
     kind = "fixed"
     rejected = 0
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, checkpoints: Sequence[int] = ()) -> None:
         self.n = n
+        self.marks = set(checkpoints)
 
     def apply(self, events: Sequence[KVEvent]) -> None:
         pass
@@ -141,8 +203,23 @@ class _Fixed:
     ) -> int:
         return self.n
 
+    def checkpoints(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        num_blocks: int,
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> tuple[bool, ...]:
+        return tuple(j in self.marks for j in range(num_blocks))
+
+    def drop(self) -> int:
+        held, self.n = self.n, 0
+        return held
+
 
 NS = Namespace("m")
+PROMPT = list(range(10))
+ONE = MatchPolicy(1)
 
 
 def _fixed(*ns: int) -> list[RouterIndex]:
@@ -150,16 +227,40 @@ def _fixed(*ns: int) -> list[RouterIndex]:
 
 
 def test_kv_router_longest_prefix_then_load_then_lowest() -> None:
-    assert KVRouter(_fixed(1, 3, 2)).place(NS, [0], [0, 9, 0]).replica == 1
-    assert KVRouter(_fixed(3, 3, 2)).place(NS, [0], [5, 4, 0]).replica == 1
-    assert KVRouter(_fixed(3, 3, 3)).place(NS, [0], [1, 1, 1]).replica == 0
-    p = KVRouter(_fixed(0, 2)).place(NS, [0], [0, 0])
-    assert (p.replica, p.predicted_blocks, p.overlaps) == (1, 2, (0, 2))
+    assert KVRouter(_fixed(1, 3, 2), ONE).place(NS, PROMPT, [0, 9, 0]).replica == 1
+    assert KVRouter(_fixed(3, 3, 2), ONE).place(NS, PROMPT, [5, 4, 0]).replica == 1
+    assert KVRouter(_fixed(3, 3, 3), ONE).place(NS, PROMPT, [1, 1, 1]).replica == 0
+    p = KVRouter(_fixed(0, 2), ONE).place(NS, PROMPT, [0, 0])
+    assert (p.replica, p.predicted_blocks, p.predicted_tokens, p.overlaps) == (1, 2, 2, (0, 2))
+    # The whole prompt cached: one token is still computed, so the hit is capped.
+    assert KVRouter(_fixed(10), ONE).place(NS, PROMPT, [0]).predicted_tokens == 9
+
+
+def test_kv_router_ranks_hybrid_replicas_by_the_restorable_prefix() -> None:
+    hybrid = MatchPolicy(1, hybrid=True)
+    # Replica 0 publishes more, but replica 1 can restore more.
+    indexes: list[RouterIndex] = [_Fixed(6, [1]), _Fixed(4, [3])]
+    p = KVRouter(indexes, hybrid).place(NS, PROMPT, [0, 0])
+    assert (p.replica, p.predicted_tokens, p.hits, p.overlaps) == (1, 4, (2, 4), (6, 4))
+
+
+def test_routers_skip_a_dropped_replica() -> None:
+    assert (
+        KVRouter(_fixed(1, 3, 2), ONE)
+        .place(NS, PROMPT, [0, 0, 0], live=[True, False, True])
+        .replica
+        == 2
+    )
+    router = RoundRobinRouter(_fixed(5, 0, 1), ONE)
+    got = [router.place(NS, PROMPT, [0, 0, 0], live=[True, False, True]).replica for _ in range(3)]
+    assert got == [0, 2, 0]
+    with pytest.raises(RouterConfigError, match="no live replica"):
+        router.place(NS, PROMPT, [0, 0, 0], live=[False, False, False])
 
 
 def test_round_robin_cycles_and_records_the_prediction() -> None:
-    router = RoundRobinRouter(_fixed(5, 0, 1))
-    got = [router.place(NS, [0], [0, 0, 0]) for _ in range(4)]
+    router = RoundRobinRouter(_fixed(5, 0, 1), ONE)
+    got = [router.place(NS, PROMPT, [0, 0, 0]) for _ in range(4)]
     assert [p.replica for p in got] == [0, 1, 2, 0]
     assert [p.predicted_blocks for p in got] == [5, 0, 1, 5]
 
@@ -182,6 +283,13 @@ def test_indexes_predict_the_published_prefix(kind: str) -> None:
     index.apply(cache.take_events())
     assert index.overlap(NS, tokens) == 0
     assert index.rejected == 0
+    # A dropped replica: the index forgets every block it held.
+    adm = cache.admit(Request("b", tokens, NS))
+    cache.commit("b", adm.num_scheduled_tokens, [1])
+    index.apply(cache.take_events())
+    assert index.overlap(NS, tokens) == 3
+    assert index.drop() == 3
+    assert index.overlap(NS, tokens) == 0 and index.drop() == 0
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -192,9 +300,9 @@ def test_bad_router_arguments_are_typed_errors() -> None:
         lambda: run_cluster(TURNS, CONFIG, replicas=0, router="kv"),
         lambda: run_cluster(TURNS, CONFIG, replicas=2, router="random"),
         lambda: run_cluster(TURNS, CONFIG, replicas=2, router="kv", index="btree"),
-        lambda: make_router("least-loaded", _fixed(1)),
+        lambda: make_router("least-loaded", _fixed(1), ONE),
         lambda: make_index("btree", 4),
-        lambda: KVRouter([]),
+        lambda: KVRouter([], ONE),
         lambda: ReplicaPool(0, CONFIG),
     ):
         with pytest.raises(RouterConfigError) as info:
@@ -225,7 +333,7 @@ def _one(rid: str, prompt: Sequence[int]) -> list[list[ReplicaRequest]]:
 
 
 def test_a_replica_that_dies_is_a_clear_error_not_a_hang() -> None:
-    with ReplicaPool(1, CONFIG, tick_timeout_s=30) as pool:
+    with ReplicaPool(1, CONFIG, stall_timeout_s=30) as pool:
         pool.tick(_one("a", range(10)))
         pool.processes[0].kill()
         # "died": noticed by the liveness poll, not by the timeout ("did not answer in time").

@@ -7,7 +7,9 @@ compares the outputs; this command prints the report (a table, or one JSON objec
 ``--replicas N --router {kv,round-robin}`` serves the same workload on N engine replicas,
 each a process of its own publishing its KV events, behind a KV-aware router
 (:mod:`prefixkv.events.cluster`); it exits 1 on a router misprediction or a request that
-was not served exactly once.
+was not served exactly once. A replica that dies or stalls (no answer within
+``--stall-timeout``) is dropped and its requests re-routed; the report lists every request
+once, served, re-routed or failed. ``--fail-fast`` aborts on the first failure instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from prefixkv.cli import EXIT_FAILURE, Runner, emit_json
+from prefixkv.events.replicas import STALL_TIMEOUT_S
 from prefixkv.events.router import RouterConfigError
 from prefixkv.serving import (
     ServeReport,
@@ -130,6 +133,20 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
         "ai-dynamo-runtime is installed, else prefixkv's mirror (default: auto)",
     )
     parser.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        default=STALL_TIMEOUT_S,
+        metavar="S",
+        help="with --replicas: a replica that does not answer a tick within S seconds is "
+        f"stalled, and dropped (default: {STALL_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="with --replicas: abort the run on the first replica that dies or stalls, "
+        "instead of dropping it and re-routing its requests",
+    )
+    parser.add_argument(
         "--plot",
         type=Path,
         default=None,
@@ -137,6 +154,17 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
         help="write a PNG of TTFT against the cached fraction of each prompt",
     )
     return _run
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -268,7 +296,13 @@ def _run_replicas(
     if args.replicas is None:
         raise RouterConfigError("--router needs --replicas N")
     result = run_cluster(
-        turns, config, replicas=args.replicas, router=args.router or "kv", index=args.index
+        turns,
+        config,
+        replicas=args.replicas,
+        router=args.router or "kv",
+        index=args.index,
+        stall_timeout_s=args.stall_timeout,
+        fail_fast=args.fail_fast,
     )
     ok = result.served_exactly_once and result.mispredictions == 0
     out = {
@@ -293,15 +327,20 @@ def _run_replicas(
             f"{config.num_blocks} blocks x {config.block_size} tokens each",
         )
     if not ok:
-        print(
-            "prefixkv serve-sim: error: "
-            + (
-                "a request was not served exactly once"
-                if not result.served_exactly_once
-                else f"{result.mispredictions} router mispredictions"
-            ),
-            file=sys.stderr,
-        )
+        if result.failed:
+            why = (
+                f"{len(result.failed)} of {len(result.workload)} requests were not served "
+                f"({len(result.replica_failures)} replicas failed)"
+            )
+        elif not result.served_exactly_once:
+            why = "a request was not served exactly once"
+        else:
+            why = (
+                f"{result.mispredictions} router mispredictions ({out['mispredicted_under']} "
+                f"served fewer tokens than predicted, {out['mispredicted_over']} more; "
+                f"{out['changed_while_queued']} found the cache changed while queued)"
+            )
+        print(f"prefixkv serve-sim: error: {why}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
 
@@ -320,6 +359,10 @@ def _print_replicas(r: dict[str, Any], title: str) -> None:
             "requests (per replica)",
             f"{r['requests']} ({', '.join(map(str, r['requests_per_replica']))})",
         ),
+        (
+            "requests served / re-routed / failed",
+            f"{r['requests_served']} / {r['requests_rerouted']} / {r['requests_failed']}",
+        ),
         ("every request served exactly once", "yes" if r["served_exactly_once"] else "NO"),
         ("hit rate (prompt tokens)", f"{r['hit_rate']:.1%}"),
         (
@@ -333,13 +376,29 @@ def _print_replicas(r: dict[str, Any], title: str) -> None:
         ),
         ("TTFT p50 in steps", str(r["ttft_steps_p50"])),
         (
+            "tokens from cache: predicted / served",
+            f"{r['predicted_tokens']:,} / {r['cached_tokens']:,}",
+        ),
+        (
             "router mispredictions",
-            f"{r['mispredictions']} of {r['routed_checked']} checked "
-            f"({r['routed_in_flight']} with events in flight)",
+            f"{r['mispredictions']} of {r['requests']} "
+            f"({r['mispredicted_under']} served fewer tokens than predicted, "
+            f"{r['mispredicted_over']} more; {r['routed_in_flight']} with events in flight)",
         ),
         ("events rejected by the index / replays", f"{r['rejected_events']} / {r['replays']}"),
         ("ticks / wall time", f"{r['ticks']} / {r['wall_s']:.1f} s"),
     ]
+    for f in r["replica_failures"]:
+        rows.append(
+            (
+                f"replica {f['replica']} dropped at tick {f['tick']}",
+                f"{f['reason']}; {f['blocks_dropped']} blocks left the index, "
+                f"{len(f['rerouted'])} requests re-routed, {len(f['failed'])} failed",
+            )
+        )
+    failed = [e for e in r["request_log"] if e["status"] == "failed"]
+    if failed:
+        rows.append(("failed requests", ", ".join(f"{e['id']} ({e['reason']})" for e in failed)))
     if "plot" in r:
         rows.append(("plot", r["plot"]))
     for k, v in rows:

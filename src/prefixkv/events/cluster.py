@@ -9,18 +9,24 @@ A multi-turn workload (:func:`prefixkv.serving.chat_turns`) is served in lock st
 arrives at its arrival tick, or the tick after the turn it follows finished, wherever that
 one ran; its prompt is that turn's prompt and output, then its own tokens.
 
-Router accuracy. On every routed request the router records its predicted prefix for the
-chosen replica (in blocks) and the number of event batches it had applied from that replica.
-The replica records, on the request's arrival, the prefix it holds and the number of batches
-it had published (:class:`~prefixkv.events.replicas.Receipt`). When the two sequence numbers
-agree, no event was in flight and the prediction must equal the held prefix exactly:
-otherwise it is a *misprediction*. When they differ, events were in flight and the pair is
-counted as ``in_flight``, not compared. After every tick the router waits (with a timeout)
-until it has applied every batch each replica reported published, so in lock step nothing is
-in flight at routing time and every placement is checked.
+Router accuracy. On every routed request the router records its prediction for the chosen
+replica: the tokens the request will be served from cache (``predicted_tokens``), which its
+index and the replica's match policy give (:class:`~prefixkv.events.router.MatchPolicy`:
+the full-prompt cap, and for a hybrid model the deepest block with a checkpoint), and the
+published prefix its index believes the replica holds (``predicted_blocks``). The replica
+reports the tokens it actually served from cache at the request's admission
+(``cached_tokens``). A request served fewer tokens than predicted, or more, is a
+*misprediction*, whatever the mode: there is no exemption.
 
-The prefix compared is the published prefix, before the match policy's caps (choices 4-6),
-which a router does not model; the hit rate is the replicas' own, after the caps.
+Two more records say where a misprediction comes from. The replica's
+:class:`~prefixkv.events.replicas.Receipt` holds, on the request's arrival, the number of
+batches it had published, the prefix it held and the hit its cache's match would have
+given. When the router had applied fewer batches than that, events were in flight
+(``in_flight``); when the index's published prefix differs from the one held, the index is
+out of sync (an *index mismatch*); when the hit on arrival differs from the hit at
+admission, the cache changed while the request waited in the replica's queue. After every
+tick the router waits (with a timeout) until it has applied every batch each replica
+reported published, so in lock step nothing is in flight at routing time.
 """
 
 from __future__ import annotations
@@ -35,10 +41,23 @@ import attrs
 from prefixkv.spec import PrefixCacheError
 from prefixkv.spec.results import CacheStats
 
-from .replicas import Finished, ReplicaFailed, ReplicaPool, ReplicaRequest
+from .replicas import (
+    STALL_TIMEOUT_S,
+    Finished,
+    ReplicaFailed,
+    ReplicaPool,
+    ReplicaRequest,
+)
 from .router import INDEXES, ROUTERS, RouterConfigError, RouterIndex, make_index, make_router
 
-__all__ = ["ClusterResult", "RoutedRequest", "RouterOutOfSync", "run_cluster"]
+__all__ = [
+    "ClusterResult",
+    "FailedRequest",
+    "ReplicaFailure",
+    "RoutedRequest",
+    "RouterOutOfSync",
+    "run_cluster",
+]
 
 
 class RouterOutOfSync(PrefixCacheError, RuntimeError):
@@ -47,21 +66,69 @@ class RouterOutOfSync(PrefixCacheError, RuntimeError):
 
 @attrs.frozen
 class RoutedRequest:
+    """A request that was served: where, what the router predicted, what it got."""
+
     request_id: str
     replica: int
+    """The replica that served it."""
     predicted_blocks: int
+    """The published prefix the router's index believed the replica held, in blocks."""
     served_blocks: int
+    """The published prefix the replica held on arrival, in blocks."""
     in_flight: bool
-    """Events were in flight between routing and arrival: the pair was not compared."""
+    """Events were in flight between routing and arrival."""
     prompt_tokens: int
+    predicted_tokens: int
+    """The tokens the router predicted the request would be served from cache."""
+    hit_tokens_on_arrival: int
+    """The tokens the replica's cache would have served it on arrival."""
     cached_tokens: int
+    """The tokens it was served from cache, at its admission."""
     ttft_s: float
     ttft_steps: int
     overlaps: tuple[int, ...]
+    attempts: tuple[int, ...] = ()
+    """Every replica it was placed on, in order; the last one served it."""
 
     @property
     def mispredicted(self) -> bool:
-        return not self.in_flight and self.predicted_blocks != self.served_blocks
+        """Served fewer tokens from cache than predicted, or more."""
+        return self.predicted_tokens != self.cached_tokens
+
+    @property
+    def index_mismatch(self) -> bool:
+        """The index's published prefix differs from the one the replica held."""
+        return self.predicted_blocks != self.served_blocks
+
+    @property
+    def status(self) -> str:
+        """``served`` where it was first placed, or ``rerouted`` after a replica failed."""
+        return "rerouted" if len(self.attempts) > 1 else "served"
+
+
+@attrs.frozen
+class FailedRequest:
+    """A request that was not served: every replica it was placed on failed, or the turn it
+    follows failed, or no replica was left."""
+
+    request_id: str
+    attempts: tuple[int, ...]
+    reason: str
+
+
+@attrs.frozen
+class ReplicaFailure:
+    """A replica the fleet dropped: when, why, and what it took with it."""
+
+    replica: int
+    tick: int
+    reason: str
+    blocks_dropped: int
+    """Blocks its index held, removed so that no request is routed on them."""
+    rerouted: tuple[str, ...]
+    """Its unfinished requests, placed again on the live replicas."""
+    failed: tuple[str, ...]
+    """Its unfinished requests that had run out of attempts."""
 
 
 @attrs.frozen
@@ -70,19 +137,35 @@ class ClusterResult:
     index: str
     replicas: int
     requests: dict[str, RoutedRequest]
+    """Every request that was served, once."""
     served_counts: dict[str, int]
     """How many times each request finished, over all replicas (1 for each, exactly)."""
     stats: tuple[CacheStats, ...]
+    """Each replica's cache statistics, the last it reported (a dropped one's included)."""
     ticks: int
     wall_s: float
     busy_s: tuple[float, ...]
     """Each replica's model clock: the sum of its step times."""
     rejected_events: int
     replays: int
+    failed: dict[str, FailedRequest] = attrs.field(factory=dict)
+    """Every request that was not served."""
+    replica_failures: tuple[ReplicaFailure, ...] = ()
+    workload: tuple[str, ...] = ()
+    """Every request id of the workload, in order."""
 
     @property
     def mispredictions(self) -> int:
         return sum(r.mispredicted for r in self.requests.values())
+
+    @property
+    def predicted_tokens(self) -> int:
+        return sum(r.predicted_tokens for r in self.requests.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from cache at the requests' admissions."""
+        return sum(r.cached_tokens for r in self.requests.values())
 
     @property
     def in_flight(self) -> int:
@@ -102,18 +185,30 @@ class ClusterResult:
         return self.prefill_tokens_skipped / self.prefill_tokens if self.prefill_tokens else 0.0
 
     @property
-    def served_exactly_once(self) -> bool:
-        return set(self.served_counts) == set(self.requests) and all(
-            c == 1 for c in self.served_counts.values()
+    def accounted_exactly_once(self) -> bool:
+        """Every request of the workload is either served (once) or failed, never both."""
+        served, failed = set(self.requests), set(self.failed)
+        return (
+            not served & failed
+            and served | failed == set(self.workload)
+            and self.served_counts == dict.fromkeys(served, 1)
         )
 
+    @property
+    def served_exactly_once(self) -> bool:
+        """Every request of the workload was served, exactly once."""
+        return self.accounted_exactly_once and not self.failed
 
-def _sync(subs: Sequence[Any], published: Sequence[int], timeout_s: float) -> None:
-    """Apply every batch each replica reported published, or raise RouterOutOfSync."""
+
+def _sync(subs: Sequence[Any], published: dict[int, int], timeout_s: float) -> dict[int, str]:
+    """Apply every batch each replica reported published; returns the replicas that could
+    not be brought in sync within ``timeout_s``, and why."""
     from .transport import ReplayGap
 
     deadline = time.monotonic() + timeout_s
-    for i, (sub, target) in enumerate(zip(subs, published, strict=True)):
+    out: dict[int, str] = {}
+    for i, target in published.items():
+        sub = subs[i]
         try:
             while sub.last_seq + 1 < target:
                 if not sub.poll(20):
@@ -121,12 +216,14 @@ def _sync(subs: Sequence[Any], published: Sequence[int], timeout_s: float) -> No
                     # gap: ask the replay endpoint for what the publisher holds.
                     sub.catch_up()
                 if time.monotonic() > deadline:
-                    raise RouterOutOfSync(
+                    out[i] = (
                         f"replica {i}: applied {sub.last_seq + 1} of {target} event batches "
-                        f"after {timeout_s} s"
+                        f"after {timeout_s:g} s"
                     )
-        except ReplayGap as exc:
-            raise RouterOutOfSync(f"replica {i}: {exc}") from None
+                    break
+        except (ReplayGap, PrefixCacheError) as exc:
+            out[i] = f"replica {i}: {exc}"
+    return out
 
 
 def run_cluster(
@@ -138,12 +235,37 @@ def run_cluster(
     index: str | Callable[[int], RouterIndex] = "auto",
     max_ticks: int = 100_000,
     start_timeout_s: float = 180.0,
-    tick_timeout_s: float = 60.0,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+    fail_fast: bool = False,
+    max_attempts: int = 2,
+    on_tick: Callable[[int, ReplicaPool], None] | None = None,
 ) -> ClusterResult:
     """Serve ``turns`` (:class:`prefixkv.engine.Turn`) on ``replicas`` engine processes.
 
-    ``index`` is one of :data:`~prefixkv.events.router.INDEXES`, or a factory that makes
-    one index from the replicas' block size.
+    Args:
+        turns: the workload.
+        engine_config: every replica's :class:`~prefixkv.engine.EngineConfig`.
+        replicas: how many replica processes.
+        router: one of :data:`~prefixkv.events.router.ROUTERS`.
+        index: one of :data:`~prefixkv.events.router.INDEXES`, or a factory that makes one
+            index from the replicas' block size.
+        max_ticks: a bound on the run.
+        start_timeout_s: a bound on the replicas' start.
+        stall_timeout_s: a replica that has not answered a tick (or whose events the router
+            cannot apply) within this many seconds is stalled.
+        fail_fast: raise on the first replica that fails, as a run without a fleet would.
+            Otherwise the fleet drops it (its process is killed, its blocks leave the
+            index), and places its unfinished requests again on the live replicas.
+        max_attempts: how many replicas a request may be placed on before it fails.
+        on_tick: called after every tick with the tick number and the pool (fault
+            injection in tests, progress).
+
+    Returns:
+        The result: every request served once, or failed, and the replicas dropped.
+
+    Raises:
+        ReplicaFailed, RouterOutOfSync: with ``fail_fast``, the first failure; a replica
+            that fails to start, always.
     """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise RouterConfigError(f"--replicas must be >= 1, got {replicas!r}")
@@ -151,6 +273,10 @@ def run_cluster(
         raise RouterConfigError(f"unknown router {router!r}; expected one of {ROUTERS}")
     if isinstance(index, str) and index not in INDEXES:
         raise RouterConfigError(f"unknown router index {index!r}; expected one of {INDEXES}")
+    if not stall_timeout_s > 0:
+        raise RouterConfigError(f"the stall timeout must be > 0 s, got {stall_timeout_s!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise RouterConfigError(f"max_attempts must be >= 1, got {max_attempts!r}")
     ids = [t.request_id for t in turns]
     if len(set(ids)) != len(ids):
         raise RouterConfigError("request ids in a workload must be unique")
@@ -161,14 +287,15 @@ def run_cluster(
 
     start = time.perf_counter()
     pool = ReplicaPool(
-        replicas, engine_config, start_timeout_s=start_timeout_s, tick_timeout_s=tick_timeout_s
+        replicas, engine_config, start_timeout_s=start_timeout_s, stall_timeout_s=stall_timeout_s
     )
     subs: list[EventSubscriber] = []
     try:
         infos = pool.start()
-        namespace, block_size = infos[0].namespace, infos[0].block_size
-        if any((i.namespace, i.block_size) != (namespace, block_size) for i in infos):
-            raise ReplicaFailed("the replicas disagree on the namespace or the block size")
+        namespace, match_policy = infos[0].namespace, infos[0].policy
+        block_size = match_policy.block_size
+        if any((i.namespace, i.policy) != (namespace, match_policy) for i in infos):
+            raise ReplicaFailed("the replicas disagree on the namespace or the match policy")
         indexes: list[RouterIndex] = [
             index(block_size) if callable(index) else make_index(index, block_size) for _ in infos
         ]
@@ -182,54 +309,134 @@ def run_cluster(
                     info.endpoint, info.replay_endpoint, topic=info.topic, on_batch=feed
                 )
             )
-        policy = make_router(router, indexes)
+        policy = make_router(router, indexes, match_policy)
+        live = [True] * replicas
         prompts: dict[str, tuple[int, ...]] = {}
         finished: dict[str, Finished] = {}
         served: dict[str, int] = {}
         placed: dict[str, tuple[int, Any, int]] = {}  # rid -> (replica, placement, seq)
+        attempts: dict[str, list[int]] = {}
+        failed: dict[str, FailedRequest] = {}
+        failures: list[ReplicaFailure] = []
         receipts: dict[str, Any] = {}
+        stats: list[CacheStats | None] = [None] * replicas
         loads = [0] * replicas
         pending = list(turns)
+        retry: list[str] = []  # requests of dropped replicas, to place again
         busy = [0.0] * replicas
         tick = 0
-        while pending or len(served) < len(placed):
+
+        def drop(i: int, reason: str) -> None:
+            """Replica ``i`` failed: forget its blocks, place its requests again."""
+            if fail_fast:
+                raise (RouterOutOfSync if reason.startswith("events:") else ReplicaFailed)(
+                    reason.removeprefix("events: ")
+                )
+            live[i] = False
+            pool.drop(i)
+            blocks = indexes[i].drop()
+            subs[i].close()
+            mine = [r for r, (rep, _, _) in placed.items() if rep == i and r not in finished]
+            again, lost = [], []
+            for rid in mine:
+                loads[i] -= 1
+                if len(attempts[rid]) >= max_attempts or not any(live):
+                    why = f"replica {i} failed ({reason}); " + (
+                        f"placed on {len(attempts[rid])} replicas"
+                        if any(live)
+                        else "no replica left"
+                    )
+                    failed[rid] = FailedRequest(rid, tuple(attempts[rid]), why)
+                    lost.append(rid)
+                else:
+                    again.append(rid)
+            retry.extend(again)
+            failures.append(ReplicaFailure(i, tick, reason, blocks, tuple(again), tuple(lost)))
+
+        def place(rid: str, assignments: list[list[ReplicaRequest]], max_new: int) -> None:
+            p = policy.place(namespace, prompts[rid], loads, live=live)
+            placed[rid] = (p.replica, p, subs[p.replica].last_seq + 1)
+            attempts.setdefault(rid, []).append(p.replica)
+            loads[p.replica] += 1
+            assignments[p.replica].append(ReplicaRequest(rid, prompts[rid], max_new))
+
+        max_new = {t.request_id: t.max_new_tokens for t in turns}
+        while pending or retry or any(r not in finished and r not in failed for r in placed):
             if tick >= max_ticks:
                 raise RouterOutOfSync(f"workload not finished after {max_ticks} ticks")
+            if not any(live):
+                for rid in retry:
+                    failed[rid] = FailedRequest(rid, tuple(attempts[rid]), "no replica left")
+                for t in pending:  # in workload order: a turn after the one it follows
+                    why = (
+                        f"follows {t.follows}, which was not served"
+                        if t.follows in failed
+                        else "no replica left"
+                    )
+                    failed[t.request_id] = FailedRequest(t.request_id, (), why)
+                retry, pending = [], []
+                break
             assignments: list[list[ReplicaRequest]] = [[] for _ in range(replicas)]
+            for rid in retry:
+                place(rid, assignments, max_new[rid])
+            retry = []
             still = []
             for t in pending:
                 parent = t.follows
+                if parent is not None and parent in failed:
+                    failed[t.request_id] = FailedRequest(
+                        t.request_id, (), f"follows {parent}, which was not served"
+                    )
+                    continue
                 if tick < t.arrival_step or (parent is not None and parent not in finished):
                     still.append(t)
                     continue
                 history = () if parent is None else prompts[parent] + finished[parent].output
-                prompt = (*history, *t.tokens)
-                prompts[t.request_id] = prompt
-                p = policy.place(namespace, prompt, loads)
-                placed[t.request_id] = (p.replica, p, subs[p.replica].last_seq + 1)
-                loads[p.replica] += 1
-                assignments[p.replica].append(
-                    ReplicaRequest(t.request_id, prompt, t.max_new_tokens)
-                )
+                prompts[t.request_id] = (*history, *t.tokens)
+                place(t.request_id, assignments, t.max_new_tokens)
             pending = still
-            reports = pool.tick(assignments)
+            dead: dict[int, str] = {}
+            if fail_fast:
+                reports = pool.tick(assignments)
+            else:
+                reports, dead = pool.tick_surviving(assignments)
             for rep in reports:
                 busy[rep.replica] = rep.step_s
+                stats[rep.replica] = rep.stats
                 for rc in rep.receipts:
                     receipts[rc.request_id] = rc
                 for f in rep.finished:
                     served[f.request_id] = served.get(f.request_id, 0) + 1
                     finished[f.request_id] = f
                     loads[rep.replica] -= 1
-            _sync(subs, [rep.next_seq for rep in reports], tick_timeout_s)
+            for i, reason in dead.items():
+                drop(i, reason)
+            behind = _sync(subs, {rep.replica: rep.next_seq for rep in reports}, stall_timeout_s)
+            for i, reason in behind.items():
+                drop(i, f"events: {reason}")
+            # Every request placed and not yet finished is on a live replica, or waits to be
+            # placed again: a dropped replica never takes a request with it silently.
+            lost = [
+                r
+                for r, (rep, _, _) in placed.items()
+                if r not in finished and r not in failed and not live[rep] and r not in retry
+            ]
+            if lost:
+                raise RouterOutOfSync(
+                    f"requests {lost[:4]} are on a dropped replica, not re-routed"
+                )
+            if on_tick is not None:
+                on_tick(tick, pool)
             tick += 1
-        stats = pool.stop()
+        pool.stop()
     finally:
         for sub in subs:
             sub.close()
         pool.close()
     routed = {}
     for rid in ids:
+        if rid in failed:
+            continue
         replica, p, seq = placed[rid]
         rc, f = receipts[rid], finished[rid]
         routed[rid] = RoutedRequest(
@@ -239,10 +446,13 @@ def run_cluster(
             rc.served_blocks,
             rc.seq != seq,
             f.prompt_tokens,
+            p.predicted_tokens,
+            rc.hit_tokens,
             f.cached_tokens,
             f.ttft_s,
             f.ttft_steps,
             p.overlaps,
+            tuple(attempts[rid]),
         )
     return ClusterResult(
         router=router,
@@ -250,12 +460,15 @@ def run_cluster(
         replicas=replicas,
         requests=routed,
         served_counts=served,
-        stats=tuple(stats),
+        stats=tuple(s for s in stats if s is not None),
         ticks=tick,
         wall_s=time.perf_counter() - start,
         busy_s=tuple(busy),
         rejected_events=sum(ix.rejected for ix in indexes),
         replays=sum(s.replays for s in subs),
+        failed={rid: failed[rid] for rid in ids if rid in failed},
+        replica_failures=tuple(failures),
+        workload=tuple(ids),
     )
 
 
@@ -278,7 +491,11 @@ def report(result: ClusterResult) -> dict[str, Any]:
         "router": result.router,
         "index": result.index,
         "replicas": result.replicas,
-        "requests": len(reqs),
+        "requests": len(result.workload) or len(reqs),
+        "requests_served": sum(r.status == "served" for r in reqs),
+        "requests_rerouted": sum(r.status == "rerouted" for r in reqs),
+        "requests_failed": len(result.failed),
+        "accounted_exactly_once": result.accounted_exactly_once,
         "served_exactly_once": result.served_exactly_once,
         "requests_per_replica": per_replica,
         "hit_rate": result.hit_rate,
@@ -288,22 +505,59 @@ def report(result: ClusterResult) -> dict[str, Any]:
         "ttft_ms_p50": _percentile(ttft, 0.5),
         "ttft_ms_p90": _percentile(ttft, 0.9),
         "ttft_steps_p50": statistics.median(r.ttft_steps for r in reqs) if reqs else 0,
-        "routed_checked": len(reqs) - result.in_flight,
         "routed_in_flight": result.in_flight,
+        "predicted_tokens": result.predicted_tokens,
+        "cached_tokens": result.cached_tokens,
         "mispredictions": result.mispredictions,
+        "mispredicted_under": sum(r.cached_tokens < r.predicted_tokens for r in reqs),
+        "mispredicted_over": sum(r.cached_tokens > r.predicted_tokens for r in reqs),
+        "index_mismatches": sum(r.index_mismatch for r in reqs),
+        "changed_while_queued": sum(r.hit_tokens_on_arrival != r.cached_tokens for r in reqs),
         "rejected_events": result.rejected_events,
         "replays": result.replays,
         "ticks": result.ticks,
         "replica_busy_s": list(result.busy_s),
         "wall_s": result.wall_s,
         "times": "CPU-model times: each replica's step times, not wall time",
+        "replica_failures": [attrs.asdict(f) for f in result.replica_failures],
+        "request_log": _request_log(result),
     }
 
 
-def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequence[str] = ()) -> Any:
+def _request_log(result: ClusterResult) -> list[dict[str, Any]]:
+    """Every request of the workload once, in order: served, re-routed or failed."""
+    out: list[dict[str, Any]] = []
+    for rid in result.workload or tuple(result.requests):
+        if rid in result.failed:
+            f = result.failed[rid]
+            out.append(
+                {"id": rid, "status": "failed", "replicas": list(f.attempts), "reason": f.reason}
+            )
+            continue
+        r = result.requests[rid]
+        out.append(
+            {
+                "id": rid,
+                "status": r.status,
+                "replicas": list(r.attempts) or [r.replica],
+                "predicted_tokens": r.predicted_tokens,
+                "cached_tokens": r.cached_tokens,
+            }
+        )
+    return out
+
+
+def figures(
+    out_dir: Any,
+    *,
+    replicas: int = 4,
+    repeats: int = 5,
+    extra: Sequence[str] = (),
+    name: str = "routing",
+) -> Any:
     """Run ``serve-sim --replicas N`` for both routers, ``repeats`` times each, each run in a
     fresh process (the two routers alternate, so a change in the machine's load hits both);
-    write ``routing.json`` and ``routing.png`` under ``out_dir``; return the JSON path.
+    write ``{name}.json`` and ``{name}.png`` under ``out_dir``; return the JSON path.
 
     Hit rates, tokens and mispredictions are deterministic (lock step); TTFT is a time, so
     it is reported as the median over the runs of each run's p50 and p90, with the range.
@@ -338,7 +592,7 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
     }
     for router, rs in runs.items():
         first = rs[0]
-        for key in ("hit_rate", "prefill_tokens_skipped", "mispredictions"):
+        for key in ("hit_rate", "prefill_tokens_skipped", "predicted_tokens", "mispredictions"):
             if any(r[key] != first[key] for r in rs):
                 raise RouterOutOfSync(f"{router}: {key} differs between runs of one workload")
         p50 = [r["ttft_ms_p50"] for r in rs]
@@ -351,8 +605,9 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
             "prefill_tokens": first["prefill_tokens"],
             "prefill_tokens_skipped": first["prefill_tokens_skipped"],
             "prefill_tokens_computed": first["prefill_tokens_computed"],
+            "predicted_tokens": first["predicted_tokens"],
+            "cached_tokens": first["cached_tokens"],
             "mispredictions": first["mispredictions"],
-            "routed_checked": first["routed_checked"],
             "ttft_steps_p50": first["ttft_steps_p50"],
             "ttft_ms_p50_median": statistics.median(p50),
             "ttft_ms_p50_range": [min(p50), max(p50)],
@@ -361,9 +616,9 @@ def figures(out_dir: Any, *, replicas: int = 4, repeats: int = 5, extra: Sequenc
             "wall_s_median": statistics.median(r["wall_s"] for r in rs),
         }
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "routing.json"
+    path = out / f"{name}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    _plot_comparison(summary, out / "routing.png")
+    _plot_comparison(summary, out / f"{name}.png")
     return path
 
 
@@ -397,8 +652,8 @@ def _plot_comparison(summary: dict[str, Any], path: Any) -> None:
     axes[2].set_ylabel("ms, CPU-model time (median, range)")
     axes[2].legend()
     fig.suptitle(
-        f"serve-sim, {summary['replicas']} replicas, chat workload; "
-        f"{summary['repeats']} runs per router ({summary['machine']})",
+        f"serve-sim {' '.join(summary['argv_extra'])}, {summary['replicas']} replicas, "
+        f"chat workload; {summary['repeats']} runs per router ({summary['machine']})",
         fontsize=8,
     )
     fig.tight_layout()
@@ -413,5 +668,14 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hybrid", action="store_true", help="serve the hybrid model")
     ns = parser.parse_args()
-    print(figures(ns.out, replicas=ns.replicas, repeats=ns.repeats))
+    print(
+        figures(
+            ns.out,
+            replicas=ns.replicas,
+            repeats=ns.repeats,
+            extra=("--hybrid",) if ns.hybrid else (),
+            name="routing-hybrid" if ns.hybrid else "routing",
+        )
+    )

@@ -12,32 +12,54 @@ Two indexes stand behind one small interface, :class:`RouterIndex`:
 * :class:`MirrorIndex`: prefixkv's consumer-side mirror
   (:class:`~prefixkv.spec.event_mirror.EventMirror`), identity verified block by block.
 
+A published prefix is not yet a hit. The replica's match policy, which every replica
+announces in its hello (:class:`MatchPolicy`), turns it into the tokens a request is served
+from cache: at least one prompt token is computed (choice 4), a hit never ends inside a
+multimodal span (choice 5), a recompute window is taken back (choice 6), and a hybrid
+model's hit ends at the deepest block that carries a restorable checkpoint, which the
+replica announces with its checkpoint events. So each index also answers which of a
+request's leading blocks carry a checkpoint, and the router predicts the hit in tokens
+(:meth:`MatchPolicy.hit_blocks`), exactly as the replica's cache will compute it.
+
 Two policies place a request:
 
-* ``kv`` (:class:`KVRouter`): the replica with the longest predicted prefix; ties go to the
-  replica with the fewest unfinished requests, then to the lowest replica number;
+* ``kv`` (:class:`KVRouter`): the replica with the longest predicted hit; ties go to the
+  replica with the longest published prefix, then to the one with the fewest unfinished
+  requests, then to the lowest replica number;
 * ``round-robin`` (:class:`RoundRobinRouter`): the baseline, blind to the cache. It still
-  records the chosen replica's predicted prefix, so router accuracy is checked for both.
+  records the chosen replica's predicted hit, so router accuracy is checked for both.
+
+Both place a request only on a live replica (``live``): a fleet drops a replica that died
+or stalled (:mod:`prefixkv.events.cluster`), and :meth:`RouterIndex.drop` forgets its blocks.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 
-from prefixkv.spec import KVEvent, Namespace, PrefixCacheError
+from prefixkv.spec import (
+    AllBlocksCleared,
+    CheckpointRemoved,
+    CheckpointStored,
+    KVEvent,
+    Namespace,
+    PrefixCacheError,
+)
+from prefixkv.spec.contract import full_prompt_cap
 from prefixkv.spec.event_mirror import EventMirror
 from prefixkv.spec.identity import BlockHasher, fast_hash
-from prefixkv.spec.multimodal import MultimodalSpan
+from prefixkv.spec.multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 
 __all__ = [
     "INDEXES",
     "ROUTERS",
     "DynamoTreeIndex",
     "KVRouter",
+    "MatchPolicy",
     "MirrorIndex",
     "Placement",
     "RoundRobinRouter",
@@ -59,6 +81,58 @@ class RouterConfigError(PrefixCacheError, ValueError):
     """A router asked for with an unknown policy or index, or with no replica to route to."""
 
 
+@attrs.frozen
+class MatchPolicy:
+    """How a replica's cache turns a published prefix into a hit (choices 4-7).
+
+    What a router must model to predict the tokens a request is served from cache, not
+    only the blocks the replica published. A replica announces it in its hello.
+    """
+
+    block_size: int
+    hybrid: bool = False
+    """A hit ends at the deepest matched block that carries a restorable checkpoint."""
+    recompute_blocks: int = 0
+    """The recompute window (choice 6): matched blocks recomputed privately."""
+
+    def hit_blocks(
+        self,
+        published: int,
+        num_tokens: int,
+        spans: Sequence[MultimodalSpan] = (),
+        has_checkpoint: Callable[[int], bool] | None = None,
+    ) -> int:
+        """The blocks a request is served from cache, given its published prefix.
+
+        Args:
+            published: leading full blocks of the request the replica holds.
+            num_tokens: the request's prompt length.
+            spans: its multimodal spans.
+            has_checkpoint: for a hybrid model, whether block ``j`` (0-based) of the
+                request carries a restorable checkpoint; required when ``hybrid``.
+
+        Returns:
+            The number of leading blocks the cache attaches: the walk capped so that one
+            prompt token is computed, clamped out of spans, less the recompute window, and
+            for a hybrid model cut back to the deepest block with a checkpoint.
+        """
+        bs = self.block_size
+        matched = min(published, full_prompt_cap(num_tokens, bs))  # choice 4
+        k1 = clamp_out_of_spans(matched, spans, bs)  # choice 5
+        window = min(self.recompute_blocks, k1)  # choice 6
+        attached = clamp_out_of_spans(k1 - window, spans, bs)
+        if not self.hybrid:
+            return attached
+        if has_checkpoint is None:
+            raise RouterConfigError("a hybrid model's hit needs the checkpoint events")
+        c = attached
+        # NOTE: the same walk as the hybrid cache's match: a restore needs the state at
+        # exactly the boundary where the reused prefix ends.
+        while c and not (has_checkpoint(c - 1) and clamp_out_of_spans(c, spans, bs) == c):
+            c -= 1
+        return c
+
+
 class RouterIndex(Protocol):
     """What a router knows of one replica's cache, fed by that replica's events in order."""
 
@@ -72,9 +146,40 @@ class RouterIndex(Protocol):
     ) -> int:
         """How many leading full blocks of the request the replica is believed to hold."""
 
+    def checkpoints(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        num_blocks: int,
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> tuple[bool, ...]:
+        """Whether each of the request's first ``num_blocks`` blocks carries a checkpoint."""
+
+    def drop(self) -> int:
+        """Forget every block of the replica (it is gone); returns how many it held."""
+
     @property
     def rejected(self) -> int:
         """Events the index refused: each is a point where it lost sync with the replica."""
+
+
+def _block_hashes(
+    hasher: BlockHasher,
+    namespace: Namespace,
+    token_ids: Sequence[int],
+    num_blocks: int,
+    block_size: int,
+    spans: Sequence[MultimodalSpan],
+) -> list[int]:
+    """The replica's own hash of each of the request's first ``num_blocks`` blocks."""
+    ns = namespace.key()
+    out: list[int] = []
+    parent: int | None = None
+    for j in range(num_blocks):
+        tokens = tuple(token_ids[j * block_size : (j + 1) * block_size])
+        parent = hasher(parent, ns, tokens, block_extra_keys(spans, j * block_size, block_size))
+        out.append(parent)
+    return out
 
 
 class MirrorIndex:
@@ -96,29 +201,93 @@ class MirrorIndex:
     ) -> int:
         return self.mirror.overlap(self._hasher, namespace, token_ids, spans)
 
+    def checkpoints(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        num_blocks: int,
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> tuple[bool, ...]:
+        bs = self.mirror.block_size
+        if bs is None or num_blocks == 0:
+            return (False,) * num_blocks
+        hashes = _block_hashes(self._hasher, namespace, token_ids, num_blocks, bs, spans)
+        return tuple(self.mirror.has_checkpoint(h) for h in hashes)
+
+    def drop(self) -> int:
+        held = len(self.mirror)
+        self.mirror.apply(AllBlocksCleared())
+        return held
+
     @property
     def rejected(self) -> int:
         return 0
 
 
 class DynamoTreeIndex:
-    """Dynamo's ``RadixTree`` for one replica (worker 0 of its own tree)."""
+    """Dynamo's ``RadixTree`` for one replica (worker 0 of its own tree).
+
+    Dynamo's tree has no notion of a checkpoint, so the index keeps the replica's checkpoint
+    events beside it: per block hash, how many of its blocks carry one (the same count as
+    :attr:`EventMirror.checkpoints`, kept by the same events in the same order).
+    """
 
     kind = "dynamo"
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, hasher: BlockHasher = fast_hash) -> None:
         from .dynamo import DynamoIndex
 
         self._index = DynamoIndex()
         self._block_size = block_size
+        self._hasher = hasher
+        self._checkpoints: dict[int, int] = {}
 
     def apply(self, events: Sequence[KVEvent]) -> None:
         self._index.apply(0, events)
+        for event in events:
+            if isinstance(event, CheckpointStored):
+                for h in event.block_hashes:
+                    self._checkpoints[h] = self._checkpoints.get(h, 0) + 1
+            elif isinstance(event, CheckpointRemoved):
+                for h in event.block_hashes:
+                    left = self._checkpoints.get(h, 0) - 1
+                    if left > 0:
+                        self._checkpoints[h] = left
+                    else:
+                        self._checkpoints.pop(h, None)
+            elif isinstance(event, AllBlocksCleared):
+                self._checkpoints.clear()
 
     def overlap(
         self, namespace: Namespace, token_ids: Sequence[int], spans: Sequence[MultimodalSpan] = ()
     ) -> int:
         return self._index.overlaps(namespace, token_ids, self._block_size, spans).get(0, 0)
+
+    def checkpoints(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        num_blocks: int,
+        spans: Sequence[MultimodalSpan] = (),
+    ) -> tuple[bool, ...]:
+        if not self._checkpoints or num_blocks == 0:
+            return (False,) * num_blocks
+        hashes = _block_hashes(
+            self._hasher, namespace, token_ids, num_blocks, self._block_size, spans
+        )
+        return tuple(self._checkpoints.get(h, 0) > 0 for h in hashes)
+
+    def drop(self) -> int:
+        """Dynamo's own ``remove_worker``: the tree forgets every block of the replica."""
+        import json
+
+        held = sum(
+            len(json.loads(e)["event"]["data"]["stored"]["blocks"])
+            for e in self._index.tree.dump_tree_as_events()
+        )
+        self._index.tree.remove_worker(0)
+        self._checkpoints.clear()
+        return held
 
     @property
     def rejected(self) -> int:
@@ -146,7 +315,7 @@ def make_index(kind: str, block_size: int, hasher: BlockHasher = fast_hash) -> R
             raise RouterConfigError(
                 "the dynamo index needs ai-dynamo-runtime (pip install prefixkv[router])"
             )
-        return DynamoTreeIndex(block_size)
+        return DynamoTreeIndex(block_size, hasher)
     if kind == "mirror":
         return MirrorIndex(hasher)
     raise RouterConfigError(f"unknown router index {kind!r}; expected one of {INDEXES}")
@@ -158,8 +327,13 @@ class Placement:
 
     replica: int
     predicted_blocks: int
-    """The chosen replica's predicted prefix, in blocks."""
+    """The chosen replica's published prefix, in blocks, as its index believes it."""
+    predicted_tokens: int
+    """The tokens the chosen replica is predicted to serve from cache (its match policy)."""
     overlaps: tuple[int, ...]
+    """Every replica's published prefix, in blocks (0 for a dropped replica)."""
+    hits: tuple[int, ...]
+    """Every replica's predicted hit, in tokens (0 for a dropped replica)."""
 
 
 class Router(Protocol):
@@ -171,18 +345,54 @@ class Router(Protocol):
         token_ids: Sequence[int],
         loads: Sequence[int],
         spans: Sequence[MultimodalSpan] = (),
+        *,
+        live: Sequence[bool] | None = None,
     ) -> Placement: ...
 
 
-class KVRouter:
-    """Longest predicted prefix first; then the least loaded replica; then the lowest number."""
+class _Predicting:
+    """What both policies share: one index per replica, the replicas' match policy, and the
+    prediction for every live replica."""
 
-    name = "kv"
-
-    def __init__(self, indexes: Sequence[RouterIndex]) -> None:
+    def __init__(self, indexes: Sequence[RouterIndex], policy: MatchPolicy) -> None:
         if not indexes:
             raise RouterConfigError("a router needs at least one replica")
         self.indexes = list(indexes)
+        self.policy = policy
+
+    def _live(self, live: Sequence[bool] | None) -> list[int]:
+        alive = [r for r in range(len(self.indexes)) if live is None or live[r]]
+        if not alive:
+            raise RouterConfigError("no live replica to route to")
+        return alive
+
+    def _predict(
+        self,
+        namespace: Namespace,
+        token_ids: Sequence[int],
+        spans: Sequence[MultimodalSpan],
+        alive: Sequence[int],
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        overlaps = [0] * len(self.indexes)
+        hits = [0] * len(self.indexes)
+        for r in alive:
+            ix = self.indexes[r]
+            overlaps[r] = n = ix.overlap(namespace, token_ids, spans)
+            marks: tuple[bool, ...] = ()
+            if self.policy.hybrid and n:
+                marks = ix.checkpoints(namespace, token_ids, n, spans)
+            blocks = self.policy.hit_blocks(
+                n, len(token_ids), spans, marks.__getitem__ if self.policy.hybrid else None
+            )
+            hits[r] = blocks * self.policy.block_size
+        return tuple(overlaps), tuple(hits)
+
+
+class KVRouter(_Predicting):
+    """Longest predicted hit first; then the longest published prefix; then the least
+    loaded replica; then the lowest number."""
+
+    name = "kv"
 
     def place(
         self,
@@ -190,21 +400,34 @@ class KVRouter:
         token_ids: Sequence[int],
         loads: Sequence[int],
         spans: Sequence[MultimodalSpan] = (),
+        *,
+        live: Sequence[bool] | None = None,
     ) -> Placement:
-        overlaps = tuple(ix.overlap(namespace, token_ids, spans) for ix in self.indexes)
-        best = min(range(len(overlaps)), key=lambda r: (-overlaps[r], loads[r], r))
-        return Placement(best, overlaps[best], overlaps)
+        """Place one request.
+
+        Args:
+            namespace: the request's namespace.
+            token_ids: its whole prompt.
+            loads: unfinished requests per replica.
+            spans: its multimodal spans.
+            live: which replicas may take it (default: all).
+
+        Returns:
+            The chosen replica and every live replica's predictions.
+        """
+        alive = self._live(live)
+        overlaps, hits = self._predict(namespace, token_ids, spans, alive)
+        best = min(alive, key=lambda r: (-hits[r], -overlaps[r], loads[r], r))
+        return Placement(best, overlaps[best], hits[best], overlaps, hits)
 
 
-class RoundRobinRouter:
-    """The i-th request goes to replica ``i mod N``, whatever the replicas hold."""
+class RoundRobinRouter(_Predicting):
+    """The i-th request goes to the next live replica in turn, whatever the replicas hold."""
 
     name = "round-robin"
 
-    def __init__(self, indexes: Sequence[RouterIndex]) -> None:
-        if not indexes:
-            raise RouterConfigError("a router needs at least one replica")
-        self.indexes = list(indexes)
+    def __init__(self, indexes: Sequence[RouterIndex], policy: MatchPolicy) -> None:
+        super().__init__(indexes, policy)
         self._next = 0
 
     def place(
@@ -213,17 +436,31 @@ class RoundRobinRouter:
         token_ids: Sequence[int],
         loads: Sequence[int],
         spans: Sequence[MultimodalSpan] = (),
+        *,
+        live: Sequence[bool] | None = None,
     ) -> Placement:
-        overlaps = tuple(ix.overlap(namespace, token_ids, spans) for ix in self.indexes)
-        chosen = self._next % len(self.indexes)
-        self._next += 1
-        return Placement(chosen, overlaps[chosen], overlaps)
+        """Place one request (the arguments and the result are :meth:`KVRouter.place`'s)."""
+        alive = self._live(live)
+        overlaps, hits = self._predict(namespace, token_ids, spans, alive)
+        n = len(self.indexes)
+        chosen = next(r % n for r in range(self._next, self._next + n) if r % n in alive)
+        self._next = chosen + 1
+        return Placement(chosen, overlaps[chosen], hits[chosen], overlaps, hits)
 
 
-def make_router(name: str, indexes: Sequence[RouterIndex]) -> Router:
-    """The policy ``name`` (one of :data:`ROUTERS`) over one index per replica."""
+def make_router(name: str, indexes: Sequence[RouterIndex], policy: MatchPolicy) -> Router:
+    """A placement policy over one index per replica.
+
+    Args:
+        name: one of :data:`ROUTERS`.
+        indexes: one index per replica, in replica order.
+        policy: the match policy the replicas announced in their hello.
+
+    Returns:
+        The router.
+    """
     if name == "kv":
-        return KVRouter(indexes)
+        return KVRouter(indexes, policy)
     if name == "round-robin":
-        return RoundRobinRouter(indexes)
+        return RoundRobinRouter(indexes, policy)
     raise RouterConfigError(f"unknown router {name!r}; expected one of {ROUTERS}")
