@@ -16,7 +16,10 @@ from prefixkv.spec import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    CheckpointRemoved,
+    CheckpointStored,
     EventMirror,
+    EventStreamError,
     KVEvent,
     Namespace,
     OutOfBlocks,
@@ -334,3 +337,44 @@ def test_replay_feeds_a_checked_mirror() -> None:
         sub.close()
     finally:
         pub.close()
+
+
+def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
+    """All or nothing without a copy: a batch whose last event is bad undoes the others
+    (stores, removals, a clear, checkpoints), and leaves the mirror equal to before."""
+    mirror = EventMirror()
+    mirror.apply_all([stored(10, None, 1), stored(11, 10, 2), stored(12, 10, 3)])
+    mirror.apply_all([stored(11, 10, 2), CheckpointStored((11,))])
+    mirror.apply_all([stored(11, 10, 2), BlockRemoved((11,))])  # 11 held twice, ambiguous
+    assert mirror.ambiguous == {11}
+    before = (
+        {h: list(e) for h, e in mirror.blocks.items()},
+        dict(mirror.checkpoints),
+        set(mirror.ambiguous),
+        mirror.block_size,
+        mirror.num_events,
+    )
+    bad_tails: list[KVEvent] = [BlockRemoved((99,)), stored(5, 77, 1), CheckpointRemoved((12,))]
+    for tail in bad_tails:
+        batch: list[KVEvent] = [
+            BlockRemoved((11,)),
+            CheckpointRemoved((11,)),
+            stored(13, 12, 4),
+            CheckpointStored((13,)),
+            BlockRemoved((13, 12)),
+            AllBlocksCleared(),
+            stored(20, None, 9),
+            tail,
+        ]
+        with pytest.raises(EventStreamError):
+            mirror.apply_all(batch)
+        after = (
+            mirror.blocks,
+            mirror.checkpoints,
+            mirror.ambiguous,
+            mirror.block_size,
+            mirror.num_events,
+        )
+        assert after == before
+    mirror.apply_all([BlockRemoved((11,))])  # and the mirror still works
+    assert 11 in mirror.ambiguous and len(mirror) == 3
