@@ -26,8 +26,10 @@ NOTE: hashes are an index, not an identity. Under a deliberately colliding test 
 (:func:`~prefixkv.spec.hashing.weak_hash`) two published blocks may share one, and a
 ``BlockRemoved`` of that hash cannot say which one left. The mirror then drops the most
 recently stored block under the hash and marks the hash *ambiguous*: for it, INV-EVENTS
-compares the number of blocks only, not their identities. With a collision-free hash (the
-default ``fast_hash`` or ``sha256``) no hash is ever ambiguous and the check is exact.
+compares the number of blocks only, not their identities. The default ``fast_hash`` is no
+defence: it can be inverted, and a client that picks its token ids can build many blocks
+under one hash on purpose (the cache stays correct; its events become ambiguous). With
+``sha256`` a collision takes a birthday search of about 2^32 hashes. See docs/events.md.
 """
 
 from __future__ import annotations
