@@ -378,3 +378,29 @@ def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
         assert after == before
     mirror.apply_all([BlockRemoved((11,))])  # and the mirror still works
     assert 11 in mirror.ambiguous and len(mirror) == 3
+
+
+def test_clients_that_never_read_cannot_take_every_place() -> None:
+    """With one place (max_replays=1), a client that asks and never reads is abandoned
+    after replay_stall_s, and an honest client is served after it."""
+    pub = EventPublisher(max_replays=1, replay_stall_s=0.3)
+    ctx = zmq.Context.instance()
+    idle = ctx.socket(zmq.DEALER)
+    idle.setsockopt(zmq.LINGER, 0)
+    idle.setsockopt(zmq.RCVHWM, 10)
+    idle.connect(pub.replay_endpoint)
+    try:
+        for b in _churn(2000, block_size=2048):
+            pub.publish(b)
+        idle.send_multipart([b"", _seq(0)])
+        time.sleep(0.1)
+        honest = EventSubscriber(pub.endpoint, pub.replay_endpoint, replay_timeout_ms=3000)
+        honest.catch_up()  # refused while the idle client holds the place: asked again
+        assert honest.last_seq == 1999 and not honest.stale
+        assert pub.stalled == 1
+        honest.close()
+    finally:
+        idle.close()
+        pub.close()
+    with pytest.raises(ReplayConfigError):
+        EventPublisher(replay_stall_s=0)

@@ -16,7 +16,10 @@ The replay endpoint cannot be abused:
 
 * a frame over :data:`MAX_REQUEST_BYTES` disconnects its peer before it is read;
 * one replay per client at a time (a request from a client being served is refused), at
-  most ``max_replays`` clients at once, served in turns of :data:`REPLAY_CHUNK` batches;
+  most ``max_replays`` clients at once, served in turns of :data:`REPLAY_CHUNK` batches
+  (up to ``max_replays`` more wait their turn, in order; beyond, requests are refused); a
+  replay whose client reads nothing for ``replay_stall_s`` (10 s by default) is abandoned,
+  so that clients that never read cannot take every place;
 * flow control: a client whose pipe is full waits for its next turn (a ROUTER socket would
   otherwise drop the message silently), so a replay never has a hole, and a client that
   does not read holds up neither the other replays nor the live stream (the PUB socket is
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import attrs
@@ -69,6 +73,7 @@ from .wire import (
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
     "DEFAULT_MAX_REPLAYS",
+    "DEFAULT_REPLAY_STALL_S",
     "MAX_REQUEST_BYTES",
     "EventPublisher",
     "EventSubscriber",
@@ -86,6 +91,8 @@ DEFAULT_MAX_REPLAYS = 64
 """How many clients the replay endpoint serves at once, by default."""
 MAX_REQUEST_BYTES = 64
 """The largest frame the replay endpoint reads (a request's frames are 0 and 8 bytes)."""
+DEFAULT_REPLAY_STALL_S = 10.0
+"""A replay whose client reads nothing for this long is abandoned, by default."""
 REPLAY_CHUNK = 16
 """Batches sent to one client in a turn, before the next client's turn."""
 
@@ -138,6 +145,7 @@ class EventPublisher:
         buffer_size: int = 10_000,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         max_replays: int = DEFAULT_MAX_REPLAYS,
+        replay_stall_s: float = DEFAULT_REPLAY_STALL_S,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         checkpoint_events: bool = False,
         wire_format: WireFormat | str = DEFAULT_FORMAT,
@@ -149,6 +157,11 @@ class EventPublisher:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ReplayConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(replay_stall_s, bool) or not (
+            isinstance(replay_stall_s, int | float) and replay_stall_s > 0
+        ):
+            raise ReplayConfigError(f"replay_stall_s must be > 0, got {replay_stall_s!r}")
+        self.replay_stall_s = float(replay_stall_s)
         self._ctx = context or zmq.Context.instance()
         self.topic = topic
         self.checkpoint_events = checkpoint_events
@@ -177,9 +190,12 @@ class EventPublisher:
         self._lock = threading.Lock()
         self._next_seq = 0
         self._replays: dict[bytes, _Replay] = {}  # client -> its replay in progress
+        self._waiting: dict[bytes, int] = {}  # client -> start, in the order asked
         self.refused = 0
-        """Replay requests refused: malformed, from a client already being served, or
-        over ``max_replays`` clients."""
+        """Replay requests refused: malformed, from a client already served or waiting,
+        or with ``max_replays`` clients already waiting."""
+        self.stalled = 0
+        """Replays abandoned because their client read nothing for ``replay_stall_s``."""
         self.unbuffered = 0
         """Batches larger than ``buffer_bytes``, sent live but not kept for replay."""
         self._stop = threading.Event()
@@ -248,9 +264,20 @@ class EventPublisher:
             timeout = 0 if ready else (2 if self._replays else 50)
             if poller.poll(timeout):
                 self._take_requests()
+            self._admit_waiting()
+            now = time.monotonic()
             for replay in list(self._replays.values()):
                 replay.blocked = False
-                self._send_turn(replay)
+                self._send_turn(replay, now)
+                if replay.blocked and now - replay.moved > self.replay_stall_s:
+                    # NOTE: a client that asks and never reads would hold one of the
+                    # max_replays places forever; its replay ends without an end marker,
+                    # and the client, if it ever reads, times out (ReplayGap).
+                    del self._replays[replay.client]
+                    self.stalled += 1
+                    log.warning(
+                        "replay abandoned: its client read nothing in %gs", self.replay_stall_s
+                    )
 
     def _take_requests(self) -> None:
         for _ in range(REPLAY_CHUNK * 4):  # bounded: requests never starve the sends
@@ -263,22 +290,29 @@ class EventPublisher:
                 log.warning("malformed replay request (%d frames)", len(frames))
                 continue
             client, start = frames[0], _seq(frames[2])
-            if client in self._replays:
+            if client in self._replays or client in self._waiting:
                 # NOTE: one replay per client at a time. Flooding requests only ever
                 # costs the flooder its own turn; it never multiplies the work.
                 self.refused += 1
                 continue
-            if len(self._replays) >= self.max_replays:
+            if len(self._waiting) >= self.max_replays:
                 self.refused += 1
-                log.warning("replay request refused: %d replays in progress", self.max_replays)
+                log.warning("replay request refused: %d clients wait", self.max_replays)
                 continue
-            # The replay covers what was published when it was asked for; later batches
-            # reach the client on the live stream.
+            self._waiting[client] = max(start, 0)
+
+    def _admit_waiting(self) -> None:
+        """Start the replays that wait, in the order asked, while there are places."""
+        while self._waiting and len(self._replays) < self.max_replays:
+            client = next(iter(self._waiting))
+            start = self._waiting.pop(client)
+            # The replay covers what was published when it starts; later batches reach
+            # the client on the live stream.
             with self._lock:
                 end = self._next_seq
-            self._replays[client] = _Replay(client, max(start, 0), end)
+            self._replays[client] = _Replay(client, start, end, time.monotonic())
 
-    def _send_turn(self, replay: _Replay) -> None:
+    def _send_turn(self, replay: _Replay, now: float) -> None:
         """Send up to :data:`REPLAY_CHUNK` of one client's batches, then the end marker."""
         head = [replay.client, b""] + ([self.topic] if self._topic_frame else [])
         for _ in range(REPLAY_CHUNK):
@@ -297,6 +331,7 @@ class EventPublisher:
             if not self._send(replay, [*head, seq.to_bytes(8, "big", signed=True), payload]):
                 return
             replay.next = seq + 1
+            replay.moved = now
 
     def _send(self, replay: _Replay, frames: list[bytes]) -> bool:
         try:
@@ -325,6 +360,8 @@ class _Replay:
     client: bytes
     next: int
     end: int
+    moved: float
+    """When a batch of it was last sent (``time.monotonic``)."""
     blocked: bool = False
 
 
