@@ -372,6 +372,8 @@ class EventSubscriber:
     ``on_batch(seq, events)`` is called after each batch is applied to the mirror, in
     sequence order, replays included: a router feeds its own index from it.
     ``wire_format`` is the vLLM release the publisher sends (payloads and replay frames).
+    ``replay_attempts`` is how many replays a hole is asked for before the subscriber is
+    :attr:`stale`; ``replay_timeout_ms`` bounds the wait for each replayed message.
     """
 
     def __init__(
@@ -395,6 +397,8 @@ class EventSubscriber:
         self.mirror = mirror if mirror is not None else EventMirror()
         self.last_seq = -1
         self.stale = False
+        """Batches were lost for good: the mirror must not be routed on until a batch that
+        starts with ``AllBlocksCleared`` brings it back in sync."""
         self.replays = 0
         """Replay requests sent."""
         self.holes = 0
