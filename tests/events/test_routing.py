@@ -313,7 +313,6 @@ def test_bad_router_arguments_are_typed_errors() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--replicas", "0"), "--replicas must be >= 1"),
         (("--replicas", "2", "--router", "random"), "unknown router 'random'"),
         (("--router", "kv"), "--router needs --replicas"),
         (("--replicas", "2", "--index", "btree"), "unknown router index 'btree'"),
@@ -326,6 +325,19 @@ def test_serve_sim_bad_replica_arguments(
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and report["ok"] is False
     assert "RouterConfigError" in report["error"] and message in report["error"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "must be an int >= 1, got 0"), ("100000", "must be <= 64, got 100000")],
+)
+def test_serve_sim_replica_count_out_of_range_is_a_usage_error(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["serve-sim", "--replicas", value, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 2 and report["ok"] is False and report["exit_code"] == 2
+    assert "--replicas" in report["error"] and message in report["error"]
 
 
 def _one(rid: str, prompt: Sequence[int]) -> list[list[ReplicaRequest]]:
