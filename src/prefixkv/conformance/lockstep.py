@@ -316,8 +316,10 @@ class Lockstep:
         for prefix, snap in (("", self.snap_c), ("SPEC:", self.snap_r)):
             if snap is None:
                 continue
+            # with several copies per identity, a parent may be any copy (as INV-PUBLISH)
+            by_identity = not prefix and self.caps.duplicates != "private"
             try:
-                inv.check_match(snap, req, match)
+                inv.check_match(snap, req, match, parents_by_identity=by_identity)
             except InvariantViolation as exc:
                 self.fail(prefix + InvariantId.MATCH, f"{what}: {exc}")
         if self.ref is None and self.snap_c is not None:

@@ -390,10 +390,12 @@ def build_snapshot(
 
     * A block's parent is the block a lookup of its :attr:`Block.parent_key` returns: the
       first indexed block, in the order ``index`` is given, whose :attr:`Block.key` is that
-      key (so give the index in the order the engine's lookup prefers its copies). A parent
-      key that no indexed block has (a parent evicted before its child) leaves the parent
-      unknown: the block is rendered with the parent id ``-1``, so no match through it can
-      pass INV-MATCH.
+      key (so give the index in the order the engine's lookup prefers its copies); failing
+      that, the published block with that key and the lowest id (a copy a last-wins index
+      dropped). Under ``duplicates="shared"`` or ``"last-wins"`` any copy is a right parent:
+      the kit compares parents by their full identity. A parent key that no published block
+      has (a parent evicted before its child) leaves the parent unknown: the block is
+      rendered with the parent id ``-1``, so no match through it can pass INV-MATCH.
     * With ``cached_in_free_queue`` (engines that evict lazily from the free queue),
       ``free_queue`` may hold cached blocks: only the unpublished ones are free; the cached
       ones count as evictable. Without it, ``free_queue`` is rendered as it is, so a
@@ -413,6 +415,11 @@ def build_snapshot(
     for _, b in entries:
         if b in by_id:  # an entry outside the pool is left for INV-INDEX to report
             owner.setdefault(by_id[b].key, b)
+    for blk in sorted(blocks, key=lambda x: x.block_id):
+        # A published copy the index no longer lists (last-wins) is still a parent: its
+        # children were written after it, and a child may outlive the indexed copy.
+        if blk.block_hash is not None:
+            owner.setdefault(blk.key, blk.block_id)
 
     def parent_of(b: Block) -> int | None:
         return None if b.parent_key is None else owner.get(b.parent_key, -1)
