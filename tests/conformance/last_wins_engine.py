@@ -2,7 +2,8 @@
 several identical blocks (``duplicates="last-wins"``), and its adapter on
 :func:`~prefixkv.conformance.toolkit.build_snapshot`: the most common correct design, which
 the kit must pass. ``WrongParentHash`` chains a block's hash to the wrong parent (the
-sequence's first block), a bug the kit must catch under every duplicates mode."""
+sequence's first block), a bug the kit must catch under every duplicates mode;
+``PublishesAhead`` publishes a block before its KV is written (another INV-PUBLISH)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from examples.plain_engine import NoFreeBlocks, PlainEngine
 from prefixkv.conformance import Capabilities
 from prefixkv.conformance import toolkit as tk
 
-__all__ = ["LastWinsAdapter", "LastWinsEngine", "WrongParentHash", "make"]
+__all__ = ["LastWinsAdapter", "LastWinsEngine", "PublishesAhead", "WrongParentHash", "make"]
 
 
 class LastWinsEngine(PlainEngine):
@@ -51,6 +52,23 @@ class LastWinsEngine(PlainEngine):
             self.num_evicted += 1
         blk.ref_cnt = 1
         return b
+
+
+class PublishesAhead(LastWinsEngine):
+    """Bug: a commit also publishes the next block once its tokens are known, before its KV
+    is written."""
+
+    def computed(self, req_id: object, num_tokens: int, new_tokens: list[int]) -> None:
+        req = self.requests[req_id]
+        super().computed(req_id, num_tokens, new_tokens)
+        j, bs = req.num_computed // self.block_size, self.block_size
+        if j < len(req.blocks) and len(req.tokens) >= (j + 1) * bs and j:
+            blk, parent = self.blocks[req.blocks[j]], self.parent_hash_of(req.blocks, j)
+            if blk.block_hash is None and parent is not None:
+                chunk = tuple(req.tokens[j * bs : (j + 1) * bs])
+                blk.block_hash = hash((parent, req.namespace, chunk))
+                blk.parent_hash, blk.tokens, blk.namespace = parent, chunk, req.namespace
+                self.cached[blk.block_hash] = blk.block_id
 
 
 class WrongParentHash(LastWinsEngine):

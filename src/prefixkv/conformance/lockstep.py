@@ -48,6 +48,7 @@ from prefixkv.spec import (
     CacheState,
     InvariantViolation,
     Match,
+    OutOfBlocks,
     PrefixCacheError,
     Request,
     SeqId,
@@ -59,7 +60,7 @@ from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
 from .events_check import EventStreams
-from .failures import CheckFailed, is_ignored
+from .failures import CheckFailed, fingerprint, is_ignored, message_shape
 from .replay import Recording
 from .safety import KVLedger, root_cause_first, safety_violations
 
@@ -171,9 +172,18 @@ class Lockstep:
         self.caps = Capabilities(exact=ref is not None) if caps is None else caps
         self.compared_fields = compared_fields
         self.ignore = frozenset(ignore)
+        #: The operation being checked (failures name it in their fingerprint).
+        self.operation = ""
+        #: Failure classes this run looked past (ignored), in order: a later failure
+        #: carries them as its likely root causes (:attr:`CheckFailed.after`).
+        self.suppressed: list[str] = []
+        self._shapes_past: set[tuple[str, str]] = set()
         self.ops: Counter[str] = Counter()
         self.op_errors: Counter[str] = Counter()
         self.raised_in_rule = False
+        #: Set whenever an operation raised something else than ``OutOfBlocks``: the
+        #: candidate refused the workload, not the pool's room (the caller resets it).
+        self.refused_in_rule = False
         self.log: list[str] = [] if log is None else log
         self.ref: Any = None
         self.cand: Any = None
@@ -201,6 +211,9 @@ class Lockstep:
         self.ledger = KVLedger()
         self.step_ops = 0
         self.events = EventStreams(record_events)
+        self.suppressed = []
+        self._shapes_past = set()
+        self.operation = ""
 
     def start(self) -> None:
         """Check the freshly built caches: same shape, every invariant."""
@@ -270,9 +283,28 @@ class Lockstep:
         self.step_ops = 0
 
     def fail(self, check: str, message: str) -> None:
-        """Raise :class:`CheckFailed`, unless ``check`` is ignored."""
-        if not is_ignored(check, self.ignore):
-            raise CheckFailed(check, _explain(message))
+        """Raise :class:`CheckFailed`, unless ``check`` or its failure class is ignored (then
+        it is remembered in :attr:`suppressed`)."""
+        if self._looked_past(check, message):
+            return
+        raise CheckFailed(
+            check, _explain(message), operation=self.operation, after=tuple(self.suppressed)
+        )
+
+    def _looked_past(self, check: str, message: str) -> bool:
+        """Whether a failure is ignored; if so, remember its class."""
+        if not self.ignore:
+            return False
+        fp = fingerprint(check, self.operation, message)
+        shape = (check, message_shape(message).split(": ", 1)[-1])
+        # NOTE: a broken state stays broken: once a class is looked past, the same check
+        # and message shape after any later operation is that failure again, not another.
+        if not is_ignored(check, self.ignore, fp) and shape not in self._shapes_past:
+            return False
+        self._shapes_past.add(shape)
+        if fp not in self.suppressed:
+            self.suppressed.append(fp)
+        return True
 
     def op(
         self,
@@ -287,6 +319,7 @@ class Lockstep:
         whatever the state, and must raise that error type."""
         if name in CANCELS and self.step_ops:
             self.end_step()  # a cancel takes effect between steps
+        self.operation = name
         self.ops[name] += 1
         if not pure and name != "end_step":
             self.step_ops += 1
@@ -345,6 +378,7 @@ class Lockstep:
         out = _run(fn, self._recorded)
         if out.raised:
             self.raised_in_rule = True
+            self.refused_in_rule |= not isinstance(out.error, OutOfBlocks)
             self.op_errors[name] += 1
             if not isinstance(out.error, PrefixCacheError):
                 self.snap_c = self.snapshot_candidate(name)
@@ -373,6 +407,7 @@ class Lockstep:
         out_c = _run(fn, self._recorded)
         if out_r.raised:
             self.raised_in_rule = True
+            self.refused_in_rule |= not isinstance(out_r.error, OutOfBlocks)
             self.op_errors[name] += 1
         if out_r.raised and not isinstance(out_r.error, PrefixCacheError):
             raise CheckFailed(
@@ -431,9 +466,13 @@ class Lockstep:
                 found = root_cause_first(
                     [*(more or ()), *safety_violations(snap, self.caps, ledger or self.ledger)]
                 )
-            found = [v for v in found if not is_ignored(prefix + v.invariant, self.ignore)]
+            who = "candidate" if not prefix else "reference"
+            found = [
+                v
+                for v in found
+                if not self._looked_past(prefix + v.invariant, f"after {name}, {who}: {v}")
+            ]
             if found:
-                who = "candidate" if not prefix else "reference"
                 counts = Counter(v.invariant for v in found[1:])
                 also = [f"{n} x {k}" if n > 1 else k for k, n in counts.items()]
                 head = f"after {name}, {who}: {found[0]}"
