@@ -134,6 +134,37 @@ def test_no_evict_no_rollback_one_namespace_whole_prompts() -> None:
     assert _run(factory).rules > 100
 
 
+def test_drafts_without_a_rollback_keep_their_slots() -> None:
+    """rollback=False with speculative drafts (an MTP engine): rollback is never called, the
+    rejected drafts' slots stay reserved for the next step, and the run names why the
+    rollback rule never fired."""
+    report = _run(_without("rollback", rollback=False))
+    assert report.rules > 100 and report.coverage.skipped["rollback"] == "-rollback"
+    assert report.coverage.fired["append"] > 0
+    assert "rollback" not in required_operations(Capabilities(rollback=False))
+    assert "rollback" in required_operations(Capabilities())
+
+
+class _NoCancelBeforeCommit(EngineStyleManager):
+    """Correct, but crashes if a sequence is freed with scheduled known tokens it never
+    computed: an engine whose scheduled writer always runs its forward pass."""
+
+    def free(self, seq_ids: Any) -> None:
+        for s in list(seq_ids) if isinstance(seq_ids, list) else []:
+            seq = self.seqs.get(s)
+            if seq is not None and min(seq.reserved, len(seq.tokens)) > seq.computed:
+                raise RuntimeError(f"{s!r} freed before its forward pass")
+        super().free(seq_ids)
+
+
+def test_a_scheduled_writer_always_runs_its_forward_pass() -> None:
+    """cancel_scheduled=False: the kit commits what a sequence has scheduled before it frees
+    it (the manager crashes otherwise, as it does when the capability is not declared)."""
+    factory = make(_NoCancelBeforeCommit, cancel_scheduled=False)
+    assert _run(factory).rules > 100
+    assert _fails(make(_NoCancelBeforeCommit)).check == "CRASH(free)"
+
+
 def test_a_missing_operation_that_is_not_declared_is_named() -> None:
     with pytest.raises(TypeError, match="lacks evict"):
         _run(_without("evict"), examples=1)

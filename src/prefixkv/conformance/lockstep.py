@@ -45,6 +45,7 @@ from typing import Any
 import attrs
 
 from prefixkv.spec import (
+    CacheBusy,
     CacheState,
     InvariantViolation,
     Match,
@@ -65,6 +66,10 @@ from .replay import Recording
 from .safety import KVLedger, root_cause_first, safety_violations
 
 __all__ = ["CANCELS", "PLAIN_WORDS", "Lockstep", "Outcome"]
+
+#: Errors that answer about the state (no room, sequences live), not refusals of the
+#: workload: the coverage does not count them as refused.
+_STATE_ANSWERS = (OutOfBlocks, CacheBusy)
 
 #: Operations that cancel scheduled work, and so take effect between steps.
 CANCELS = frozenset({"free", "rollback", "reset"})
@@ -181,8 +186,9 @@ class Lockstep:
         self.ops: Counter[str] = Counter()
         self.op_errors: Counter[str] = Counter()
         self.raised_in_rule = False
-        #: Set whenever an operation raised something else than ``OutOfBlocks``: the
-        #: candidate refused the workload, not the pool's room (the caller resets it).
+        #: Set whenever an operation raised something else than ``OutOfBlocks`` or
+        #: ``CacheBusy``: the candidate refused the workload, not answered about the pool's
+        #: room or its live sequences (the caller resets it).
         self.refused_in_rule = False
         self.log: list[str] = [] if log is None else log
         self.ref: Any = None
@@ -378,7 +384,7 @@ class Lockstep:
         out = _run(fn, self._recorded)
         if out.raised:
             self.raised_in_rule = True
-            self.refused_in_rule |= not isinstance(out.error, OutOfBlocks)
+            self.refused_in_rule |= not isinstance(out.error, _STATE_ANSWERS)
             self.op_errors[name] += 1
             if not isinstance(out.error, PrefixCacheError):
                 self.snap_c = self.snapshot_candidate(name)
@@ -407,7 +413,7 @@ class Lockstep:
         out_c = _run(fn, self._recorded)
         if out_r.raised:
             self.raised_in_rule = True
-            self.refused_in_rule |= not isinstance(out_r.error, OutOfBlocks)
+            self.refused_in_rule |= not isinstance(out_r.error, _STATE_ANSWERS)
             self.op_errors[name] += 1
         if out_r.raised and not isinstance(out_r.error, PrefixCacheError):
             raise CheckFailed(

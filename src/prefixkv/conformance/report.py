@@ -100,8 +100,9 @@ class Coverage:
     """What a run exercised, so that a pass says what it tested.
 
     ``fired``: rule -> firings; ``refused``: rule -> firings in which the candidate refused
-    an operation (raised a ``PrefixCacheError`` other than ``OutOfBlocks``, which answers
-    for the pool's room; the bad-input rules, which must be refused, are not counted);
+    an operation (raised a ``PrefixCacheError`` other than ``OutOfBlocks`` or ``CacheBusy``,
+    which answer about the state; the bad-input rules, which must be refused, are not
+    counted);
     ``skipped``: rule -> why it never fired (``-speculative``: the capability that excludes
     it; ``skip_rules``; ``never drawn``); ``ops`` and ``op_errors``: operations issued and
     refused (any error), by kind.

@@ -98,7 +98,7 @@ def required_operations(caps: Capabilities) -> tuple[str, ...]:
     optional = {
         "reset": caps.reset,
         "evict": caps.evict,
-        "rollback": caps.speculative,
+        "rollback": caps.rolls_back,
         "can_continue_prefill": caps.chunked_prefill,
         "continue_prefill": caps.chunked_prefill,
     }

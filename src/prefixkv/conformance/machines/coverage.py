@@ -20,8 +20,8 @@ __all__ = ["CoverageReport", "RuleCoverage"]
 class CoverageReport:
     rules: dict[str, int]
     invalid_rules: dict[str, int]
-    #: Firings in which an operation was refused for another reason than room
-    #: (``OutOfBlocks`` is an answer about the pool, not a refusal of the workload).
+    #: Firings in which an operation was refused for another reason than the state
+    #: (``OutOfBlocks`` and ``CacheBusy`` answer about the pool, not the workload).
     refused_rules: dict[str, int]
     ops: dict[str, int]
     op_errors: dict[str, int]
