@@ -54,6 +54,8 @@ __all__ = [
     "AdapterBase",
     "Block",
     "Counters",
+    "Lineage",
+    "SeqBook",
     "build_snapshot",
     "check_commit",
     "check_count",
@@ -149,8 +151,11 @@ def check_commit(
 
 
 @contextlib.contextmanager
-def refusal(*errors: type[Exception], what: str = "") -> Iterator[None]:
-    """Turn the engine's own refusal (one of ``errors``) into ``InvalidOperation``.
+def refusal(
+    *errors: type[Exception], what: str = "", as_error: type[PrefixCacheError] = InvalidOperation
+) -> Iterator[None]:
+    """Turn the engine's own refusal (one of ``errors``) into ``as_error``
+    (``InvalidOperation``; ``OutOfBlocks`` for an engine's own "no room" error).
 
     NOTE: use it only around an engine call that raises before it changes anything (a
     validation the engine does itself); a refusal half way through breaks INV-TXN, and the
@@ -161,7 +166,7 @@ def refusal(*errors: type[Exception], what: str = "") -> Iterator[None]:
     except PrefixCacheError:
         raise  # already the kit's: an argument check inside the block
     except errors as exc:
-        raise InvalidOperation(f"{what}{': ' if what else ''}{exc}") from None
+        raise as_error(f"{what}{': ' if what else ''}{exc}") from None
 
 
 def check_flag(value: object, what: str = "preserve_cache") -> bool:
@@ -206,7 +211,10 @@ class AdapterBase(Generic[_R]):
     It also writes the operations whose translation is the same for every engine, over
     ``reqs`` (the engine's requests by live sequence id: the adapter's own table, or the
     engine's if it keeps one):
-    ``append`` asks ``can_append`` first, so a refused append changes nothing; ``free``
+    ``append`` asks ``can_append`` first, so a refused append changes nothing (set
+    ``append_asks_can_append = False`` to call ``extend`` directly, which must then raise
+    ``OutOfBlocks`` itself: a ``can_append`` that over-asks is then caught, not hidden);
+    ``free``
     checks the whole batch before it releases any of it; ``reset`` frees every live
     sequence when the cache is kept, and is refused while one is live otherwise. The
     subclass supplies the engine calls behind them: ``extend``, ``release`` and
@@ -214,10 +222,14 @@ class AdapterBase(Generic[_R]):
     capabilities, and the kit never calls it.
     """
 
+    #: ``append`` asks ``can_append`` first (``False``: ``extend`` checks the room itself).
+    append_asks_can_append: bool = True
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.counters = Counters()
         self.reqs: dict[Any, _R] = {}
+        self.books: dict[Any, SeqBook] = {}
 
     def snapshot(self) -> CacheState:
         raise NotImplementedError("render the engine's state with build_snapshot")
@@ -244,7 +256,11 @@ class AdapterBase(Generic[_R]):
 
     def append(self, seq_id: Any, num_tokens: int) -> list[int]:
         """``can_append`` checks the arguments and the room; only then is the engine
-        called, so ``OutOfBlocks`` leaves everything as it was."""
+        called, so ``OutOfBlocks`` leaves everything as it was. Without
+        ``append_asks_can_append`` the arguments are checked and ``extend`` is called."""
+        if not self.append_asks_can_append:
+            live(self.reqs, seq_id)
+            return self.extend(seq_id, check_count(num_tokens, "num_tokens"))
         if not self.can_append(seq_id, num_tokens):
             raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
         return self.extend(seq_id, num_tokens)
@@ -270,6 +286,76 @@ class AdapterBase(Generic[_R]):
             self.free(list(self.reqs))
         elif self.reqs or not self.clear_cache():
             raise CacheBusy("a full reset while sequences are live")
+
+
+@attrs.define
+class SeqBook:
+    """Per-sequence bookkeeping for an engine that keeps less than a
+    :class:`~prefixkv.spec.SeqView` needs: the known tokens, the slots reserved, the
+    tokens computed and the tokens hit at admission. Keep one per live sequence in
+    ``AdapterBase.books`` (:meth:`admitted`, :meth:`reserved`, :meth:`committed`) and
+    render it with :meth:`view`.
+    """
+
+    namespace: bytes
+    tokens: list[int]
+    prompt: int
+    reserved: int = 0
+    computed: int = 0
+    hit: int = 0
+
+    @classmethod
+    def admitted(cls, req: Request, hit: int, reserved: int) -> SeqBook:
+        """A sequence admitted with ``hit`` tokens from the cache and ``reserved`` slots."""
+        toks = list(req.token_ids)
+        return cls(req.namespace.key(), toks, len(toks), reserved, hit, hit)
+
+    def committed(self, num_computed: int, accepted: Iterable[int] = ()) -> None:
+        """``num_computed`` more tokens written; ``accepted`` tokens are now known."""
+        self.tokens += list(accepted)
+        self.computed += num_computed
+
+    def view(self, seq_id: SeqId, block_ids: Sequence[int]) -> SeqView:
+        """The :class:`~prefixkv.spec.SeqView` of this sequence holding ``block_ids``."""
+        return SeqView(
+            seq_id, self.namespace, tuple(self.tokens), tuple(block_ids), self.computed,
+            self.reserved, self.prompt, self.hit,
+        )  # fmt: skip
+
+
+class Lineage:
+    """Parent and identity recording at publication, for an engine that keeps neither.
+
+    Call :meth:`published` when the engine makes a block findable, with the block before it
+    in its sequence (``None`` for a first block), and :meth:`unpublished` when it leaves;
+    :meth:`identity` and :meth:`parent_identity` then fill a :class:`Block`. A block's
+    identity is its namespace and tokens under its parent's identity, so copies of one
+    prefix share it (what ``duplicates="shared"`` and ``"last-wins"`` compare).
+    """
+
+    def __init__(self) -> None:
+        self._ident: dict[int, Hashable] = {}
+        self._parent: dict[int, Hashable | None] = {}
+
+    def published(
+        self, block_id: int, parent: int | None, namespace: bytes, token_ids: Sequence[int]
+    ) -> Hashable:
+        """Record ``block_id`` published under ``parent``; returns its identity."""
+        up = None if parent is None else self._ident.get(parent, ("lost", parent))
+        ident = (up, namespace, tuple(token_ids))
+        self._ident[block_id], self._parent[block_id] = ident, up
+        return ident
+
+    def unpublished(self, block_id: int) -> None:
+        """``block_id`` left (evicted, reused, withdrawn)."""
+        self._ident.pop(block_id, None)
+        self._parent.pop(block_id, None)
+
+    def identity(self, block_id: int) -> Hashable | None:
+        return self._ident.get(block_id)
+
+    def parent_identity(self, block_id: int) -> Hashable | None:
+        return self._parent.get(block_id)
 
 
 @attrs.define
@@ -495,6 +581,10 @@ def dry_run(manager: _T, operation: Callable[[_T], Any]) -> Any:
     """Run ``operation`` on a deep copy of ``manager`` first; only if it succeeds, run it on
     ``manager`` and return its result. A failure raises from the copy and leaves
     ``manager`` untouched, which makes a non-transactional engine call transactional.
+
+    Several objects (the engine and its request object) are one tuple: ``dry_run((engine,
+    req), lambda pair: pair[0].allocate(pair[1]))`` copies them together, so the copy of
+    ``req`` is the one the copied engine refers to.
 
     Exceptions that are not a :class:`~prefixkv.spec.PrefixCacheError` are left for the
     adapter to translate. The copy costs O(state): a testing tool, never a serving path.
