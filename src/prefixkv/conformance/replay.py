@@ -86,8 +86,9 @@ def runs(token_ids: Sequence[int], block_size: int | None = None) -> str:
 def _token_source(value: tuple[int, ...], block_size: int | None) -> str:
     """A tuple of token ids as source: as it is when that is short, else as runs."""
     plain = repr(value)
-    if not all(type(t) is int and t >= 0 for t in value):
-        return plain  # a bad input the kit tries: shown as it was passed
+    if len(value) <= 8 or not all(type(t) is int and t >= 0 for t in value):
+        # NOTE: a short tuple reads as well as its runs; every recorded call comes here
+        return plain  # (or a bad input the kit tries: shown as it was passed)
     shown = f'tokens("{runs(value, block_size)}")'
     return shown if len(shown) < len(plain) else plain
 
