@@ -18,6 +18,7 @@ from prefixkv.spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    Match,
     Namespace,
     OutOfBlocks,
     Request,
@@ -320,7 +321,8 @@ def test_the_readme_adapter_is_at_most_60_lines() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["vllm_style_adapter", "radix_style_adapter", "hybrid_style_adapter"]
+    "module",
+    ["vllm_style_adapter", "radix_style_adapter", "hybrid_style_adapter", "minimal_engine_adapter"],
 )
 def test_each_example_adapter_is_at_most_60_lines(module: str) -> None:
     """Each example manager's adapter is the translation only, counted as the README's."""
@@ -406,3 +408,28 @@ def test_dry_run_over_several_objects_copies_them_together() -> None:
     with pytest.raises(OutOfBlocks):
         tk.dry_run((engine, req), allocate)
     assert engine["queue"] == [1, 2]
+
+
+def test_lineage_observe_records_a_block_once_per_key() -> None:
+    """``observe`` reads publication off the engine's state: a block already recorded under
+    the same key keeps its record; published again under another key, it is recorded again."""
+    lin = tk.Lineage()
+    lin.observe(0, None, b"m", (1,), key=10)
+    lin.observe(1, 0, b"m", (2,), key=11)
+    first = lin.identity(1)
+    lin.observe(0, None, b"m", (9,), key=10)  # the same key: the record stands
+    assert lin.identity(0) == (None, b"m", (1,)) and lin.namespace(1) == b"m"
+    lin.observe(1, None, b"x", (2,), key=12)  # reused and published again elsewhere
+    assert lin.identity(1) != first and lin.parent_identity(1) is None
+    assert lin.namespace(1) == b"x" and lin.namespace(5) == b""
+
+
+def test_counters_count_the_cached_blocks_an_allocation_took_as_evicted() -> None:
+    c = tk.Counters()
+    assert c.evicted_among({1, 2}, [0, 2, 3]) == 1
+    assert c.evicted_among({0}, [0]) == 1 and c.evictions == 2
+
+
+def test_match_of_is_the_hits_whatever_the_room() -> None:
+    req = Request(0, (1, 2, 3, 4, 5), Namespace("m"))
+    assert tk.match_of(req, [3, 1], 2) == Match(5, 4, (3, 1))

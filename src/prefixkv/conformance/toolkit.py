@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -42,6 +42,7 @@ from prefixkv.spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    Match,
     OutOfBlocks,
     PrefixCacheError,
     Request,
@@ -68,6 +69,7 @@ __all__ = [
     "check_tokens",
     "dry_run",
     "live",
+    "match_of",
     "refusal",
     "stats_from",
 ]
@@ -336,6 +338,34 @@ class Lineage:
     def __init__(self) -> None:
         self._ident: dict[int, Hashable] = {}
         self._parent: dict[int, Hashable | None] = {}
+        self._seen: dict[int, Hashable] = {}
+
+    def observe(
+        self,
+        block_id: int,
+        parent: int | None,
+        namespace: bytes,
+        token_ids: Sequence[int],
+        key: Hashable,
+    ) -> None:
+        """Record ``block_id`` as :meth:`published`, unless it was already recorded under
+        the same ``key`` (the engine's hash of it): for an adapter that reads publication off
+        the engine's state in ``snapshot()``, walking each live block table in order, so a
+        parent is seen before its child.
+
+        NOTE: a block evicted and published again with another key is recorded again; one
+        published again with the same key has the same identity, so its record stands.
+
+        Args:
+            block_id: a published block.
+            parent: the block before it in the table of the sequence that holds it.
+            namespace: its namespace.
+            token_ids: its tokens.
+            key: what the engine indexes it by.
+        """
+        if self._seen.get(block_id, self) != key:
+            self._seen[block_id] = key
+            self.published(block_id, parent, namespace, token_ids)
 
     def published(
         self, block_id: int, parent: int | None, namespace: bytes, token_ids: Sequence[int]
@@ -357,6 +387,11 @@ class Lineage:
     def parent_identity(self, block_id: int) -> Hashable | None:
         return self._parent.get(block_id)
 
+    def namespace(self, block_id: int) -> bytes:
+        """The namespace ``block_id`` was published in (``b""`` if it is not recorded)."""
+        ident = self._ident.get(block_id)
+        return ident[1] if isinstance(ident, tuple) else b""
+
 
 @attrs.define
 class Counters:
@@ -371,6 +406,21 @@ class Counters:
     admissions: int = 0
     evictions: int = 0
     published: int = 0
+
+    def evicted_among(self, cached_before: Collection[int], taken: Iterable[int]) -> int:
+        """For an engine that counts no evictions: the blocks an allocation ``taken`` that
+        were cached before it (``cached_before``) were evicted. Adds them to ``evictions``.
+
+        Args:
+            cached_before: the ids of the blocks published before the allocation.
+            taken: the ids of the blocks it handed out.
+
+        Returns:
+            The number of blocks evicted (an ``Admission``'s ``num_evicted``).
+        """
+        n = sum(1 for b in taken if b in cached_before)
+        self.evictions += n
+        return n
 
     def admitted(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         self.queries += num_prompt_tokens
@@ -572,6 +622,25 @@ def build_snapshot(
         else stats_from(views, len(free), len(seqs), counters, block_size=block_size),
         pending_events=(),
     )
+
+
+def match_of(req: Request, hit_block_ids: Sequence[int], block_size: int) -> Match:
+    """The capacity-free :class:`~prefixkv.spec.Match` of ``req``: the cached blocks its
+    prompt starts with, whether or not the rest would fit.
+
+    NOTE: ``match`` must not depend on the room left. For an engine whose lookup is fused
+    with its room check, pass the hits of the lookup part alone (or of the allocation run
+    with :func:`dry_run` on a pool with room), never ``[]`` for a prompt that does not fit.
+
+    Args:
+        req: the request, checked (:func:`check_request`).
+        hit_block_ids: the ids of the cached blocks the prompt starts with, in order.
+        block_size: tokens per block.
+
+    Returns:
+        The match: ``len(hit_block_ids) * block_size`` cached tokens.
+    """
+    return Match(req.num_tokens, len(hit_block_ids) * block_size, tuple(hit_block_ids))
 
 
 # -- dry runs -------------------------------------------------------------------------------
