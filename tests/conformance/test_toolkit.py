@@ -322,7 +322,13 @@ def test_the_readme_adapter_is_at_most_60_lines() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["vllm_style_adapter", "radix_style_adapter", "hybrid_style_adapter", "minimal_engine_adapter"],
+    [
+        "vllm_style_adapter",
+        "radix_style_adapter",
+        "hybrid_style_adapter",
+        "minimal_engine_adapter",
+        "mtp_engine_adapter",
+    ],
 )
 def test_each_example_adapter_is_at_most_60_lines(module: str) -> None:
     """Each example manager's adapter is the translation only, counted as the README's."""
