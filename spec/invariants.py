@@ -37,7 +37,10 @@ __all__ = [
     "check_unchanged",
     "checkpoint_violations",
     "event_violations",
+    "identity_classes",
+    "publish_violations",
     "violations",
+    "wrong_parent",
 ]
 
 #: Invariants of one snapshot, in the order :func:`check` evaluates them. The ids themselves
@@ -157,9 +160,17 @@ def check_events(drained: EventMirror, obj: CacheState | Inspectable) -> None:
         raise InvariantViolation(*found)
 
 
-def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> None:
-    """INV-MATCH for one match result against the state it was computed on."""
+def check_match(
+    obj: CacheState | Inspectable, req: Request, match: Match, *, parents_by_identity: bool = False
+) -> None:
+    """INV-MATCH for one match result against the state it was computed on.
+
+    ``parents_by_identity``: a matched block's parent may be any published block with the
+    same full identity as the block matched before it, not only that block (a cache that
+    publishes duplicates, see :func:`identity_classes`).
+    """
     s = _state(obj)
+    classes = identity_classes(s) if parents_by_identity else None
     bs = s.block_size
     problems: list[str] = []
     if match.num_cached_tokens != len(match.block_ids) * bs:
@@ -180,11 +191,8 @@ def check_match(obj: CacheState | Inspectable, req: Request, match: Match) -> No
         extras = block_extra_keys(req.spans, j * bs, bs)
         if not view.published:
             problems.append(f"matched block {b} (#{j}) is not published")
-        elif (view.namespace, view.token_ids, view.extra_keys, view.parent) != (
-            ns,
-            expect,
-            extras,
-            parent,
+        elif (view.namespace, view.token_ids, view.extra_keys) != (ns, expect, extras) or not (
+            _same_parent(classes, view.parent, parent)
         ):
             problems.append(f"matched block {b} (#{j}) has another identity than the request")
         parent = b
@@ -307,8 +315,76 @@ def _inv_write(s: CacheState) -> Iterator[str]:
                 yield f"private block {b} is shared (refcount {view.refcount})"
 
 
-def _inv_publish(s: CacheState) -> Iterator[str]:
+def identity_classes(s: CacheState) -> dict[int, int]:
+    """Published block -> a number that exactly the published blocks with the same full
+    identity share: namespace, tokens and extra keys, and a parent of the same full
+    identity, up to the first block.
+
+    A cache that publishes duplicates (``shared``, ``last-wins``) holds several blocks per
+    identity, and a block's parent may be any of its parent's copies: which one is a
+    rendering choice (the copy a lookup returns, the writer's own), not a safety property.
+    A parent outside the pool, unpublished or on a cycle makes its child's identity unique:
+    nothing can be the same as a chain that cannot be followed.
+    """
+    classes: dict[int, int] = {}
+    interned: dict[tuple[object, ...], int] = {}
+    for start in s.blocks:
+        chain: list[int] = []
+        on_chain: set[int] = set()
+        b: int | None = start.block_id
+        base: int | None = None  # the class of the block above the chain (None: a root)
+        while b is not None and b not in classes:
+            if not 0 <= b < s.num_blocks or not s.blocks[b].published or b in on_chain:
+                base = -1  # a chain that cannot be followed: its blocks are unique below
+                break
+            chain.append(b)
+            on_chain.add(b)
+            b = s.blocks[b].parent
+        else:
+            base = classes[b] if b is not None else None
+        for c in reversed(chain):
+            v = s.blocks[c]
+            key: tuple[object, ...] = (v.namespace, v.token_ids, v.extra_keys, base)
+            if base is not None and base < 0:
+                key = ("unique", c)
+            base = classes[c] = interned.setdefault(key, len(interned))
+    return classes
+
+
+def _same_parent(classes: dict[int, int] | None, parent: int | None, expected: int | None) -> bool:
+    """``parent`` is ``expected``, or (``classes`` given) a published block of the same full
+    identity."""
+    if parent == expected:
+        return True
+    if classes is None or parent is None or expected is None:
+        return False
+    have, want = classes.get(parent), classes.get(expected)
+    return have is not None and have == want
+
+
+def wrong_parent(s: CacheState, seq: SeqView, j: int, classes: dict[int, int] | None) -> str | None:
+    """INV-PUBLISH's parent part for the published block ``#j`` of ``seq``: a first block has
+    no parent, and any other whose predecessor is published has it as its parent (or, with
+    ``classes``, a published block of the same full identity). ``None`` when it holds."""
+    b = seq.block_ids[j]
+    parent = s.blocks[b].parent
+    if j == 0:
+        return (
+            None if parent is None else f"block {b} is the first of {seq.seq_id!r} but has a parent"
+        )
+    before = seq.block_ids[j - 1]
+    if not s.blocks[before].published or _same_parent(classes, parent, before):
+        return None
+    why = "" if classes is None else f", not a copy of block {before}"
+    return f"block {b} (#{j} of {seq.seq_id!r}) has the wrong parent {parent}{why}"
+
+
+def publish_violations(s: CacheState, *, parents_by_identity: bool = False) -> Iterator[str]:
+    """INV-PUBLISH: a published block in a block table holds the sequence's computed tokens,
+    in its namespace, under the right parent (``parents_by_identity``: as
+    :func:`wrong_parent` says)."""
     bs = s.block_size
+    classes = identity_classes(s) if parents_by_identity else None
     for seq in s.sequences:
         for j, b in enumerate(seq.block_ids):
             view = s.blocks[b]
@@ -323,11 +399,13 @@ def _inv_publish(s: CacheState) -> Iterator[str]:
                 yield f"block {b} (#{j} of {seq.seq_id!r}) is published with other tokens"
             if view.namespace != seq.namespace:
                 yield f"block {b} (#{j} of {seq.seq_id!r}) is published in another namespace"
-            if j > 0 and s.blocks[seq.block_ids[j - 1]].published:
-                if view.parent != seq.block_ids[j - 1]:
-                    yield f"block {b} (#{j} of {seq.seq_id!r}) has the wrong parent"
-            elif j == 0 and view.parent is not None:
-                yield f"block {b} is the first of {seq.seq_id!r} but has a parent"
+            problem = wrong_parent(s, seq, j, classes)
+            if problem is not None:
+                yield problem
+
+
+def _inv_publish(s: CacheState) -> Iterator[str]:
+    return publish_violations(s)
 
 
 def _inv_window(s: CacheState) -> Iterator[str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import pytest
+from kit_runs import FIND_ONLY
 from policy_variants import (
     AnyOrderEviction,
     LastWinsDuplicates,
@@ -36,7 +37,8 @@ _STEPS = 30
 
 def _run(factory: Any, examples: int = _EXAMPLES, **kwargs: Any) -> Any:
     kwargs.setdefault("max_failures", 1)
-    return run_conformance(factory, max_examples=examples, steps=_STEPS, profile="ci", **kwargs)
+    kwargs.setdefault("profile", "ci")
+    return run_conformance(factory, max_examples=examples, steps=_STEPS, **kwargs)
 
 
 def _fails(factory: Any, **kwargs: Any) -> ConformanceFailure:
@@ -132,6 +134,37 @@ def test_no_evict_no_rollback_one_namespace_whole_prompts() -> None:
     assert _run(factory).rules > 100
 
 
+def test_drafts_without_a_rollback_keep_their_slots() -> None:
+    """rollback=False with speculative drafts (an MTP engine): rollback is never called, the
+    rejected drafts' slots stay reserved for the next step, and the run names why the
+    rollback rule never fired."""
+    report = _run(_without("rollback", rollback=False))
+    assert report.rules > 100 and report.coverage.skipped["rollback"] == "-rollback"
+    assert report.coverage.fired["append"] > 0
+    assert "rollback" not in required_operations(Capabilities(rollback=False))
+    assert "rollback" in required_operations(Capabilities())
+
+
+class _NoCancelBeforeCommit(EngineStyleManager):
+    """Correct, but crashes if a sequence is freed with scheduled known tokens it never
+    computed: an engine whose scheduled writer always runs its forward pass."""
+
+    def free(self, seq_ids: Any) -> None:
+        for s in list(seq_ids) if isinstance(seq_ids, list) else []:
+            seq = self.seqs.get(s)
+            if seq is not None and min(seq.reserved, len(seq.tokens)) > seq.computed:
+                raise RuntimeError(f"{s!r} freed before its forward pass")
+        super().free(seq_ids)
+
+
+def test_a_scheduled_writer_always_runs_its_forward_pass() -> None:
+    """cancel_scheduled=False: the kit commits what a sequence has scheduled before it frees
+    it (the manager crashes otherwise, as it does when the capability is not declared)."""
+    factory = make(_NoCancelBeforeCommit, cancel_scheduled=False)
+    assert _run(factory).rules > 100
+    assert _fails(make(_NoCancelBeforeCommit)).check == "CRASH(free)"
+
+
 def test_a_missing_operation_that_is_not_declared_is_named() -> None:
     with pytest.raises(TypeError, match="lacks evict"):
         _run(_without("evict"), examples=1)
@@ -200,17 +233,21 @@ class _TwoBugs(StaleHashAfterReuse, CanAdmitIgnoresHits):
 
 def test_every_distinct_failed_check_is_reported(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    failure = _fails(make(_TwoBugs), max_failures=3, report=out)
+    # found without shrinking: every failure class of the stale entry would be shrunk too
+    failure = _fails(make(_TwoBugs), max_failures=3, report=out, profile=FIND_ONLY)
     report = failure.report
     # the stale entry is found first; with it set aside, the search goes on and finds more
-    assert report.checks[0] == "INV-INDEX" and len(report.checks) >= 2, report.checks
-    assert len(set(report.checks)) == len(report.checks)
+    assert report.checks[0] == "INV-INDEX" and len(report.fingerprints) >= 2, report.checks
+    # the other bug is found too, though the stale entry fails several ways first
+    assert any(fp.startswith("CAN-ADMIT#") for fp in report.fingerprints), report.summary()
+    assert len(set(report.fingerprints)) == len(report.fingerprints)
     data = json.loads(out.read_text())
     assert data["passed"] is False and [f["check"] for f in data["failures"]] == report.checks
     for f in data["failures"]:
         assert f["replay"][1].startswith("cache = make(") and f["steps"] >= 1
         assert f["first_seen_s"] >= f["find_s"] >= 0 and f["shrink_s"] >= 0
-    assert f"{len(report.checks)} distinct check(s) failed" in str(failure)
+        assert f["fingerprint"].startswith(f["check"] + "#") and f["operation"]
+    assert f"{len(report.checks)} root cause(s) failed" in str(failure)
 
 
 def test_ignoring_a_check_and_skipping_a_rule() -> None:

@@ -18,6 +18,7 @@ from prefixkv.spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    Match,
     Namespace,
     OutOfBlocks,
     Request,
@@ -320,7 +321,14 @@ def test_the_readme_adapter_is_at_most_60_lines() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["vllm_style_adapter", "radix_style_adapter", "hybrid_style_adapter"]
+    "module",
+    [
+        "vllm_style_adapter",
+        "radix_style_adapter",
+        "hybrid_style_adapter",
+        "minimal_engine_adapter",
+        "mtp_engine_adapter",
+    ],
 )
 def test_each_example_adapter_is_at_most_60_lines(module: str) -> None:
     """Each example manager's adapter is the translation only, counted as the README's."""
@@ -335,3 +343,99 @@ def test_deepcopy_of_a_populated_manager_is_faithful_enough_for_dry_runs() -> No
     twin = copy.deepcopy(manager)
     twin.free(["a"])
     assert manager.seq_ids() == ("a",) and twin.seq_ids() == ()
+
+
+class _OverAsking(tk.AdapterBase[Any]):
+    """A can_append that says no to everything, and an extend that checks the room."""
+
+    append_asks_can_append = False
+
+    def __init__(self) -> None:
+        super().__init__(4, 2)
+        self.reqs["a"] = "engine request"
+        self.free_slots = 3
+
+    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+        return False
+
+    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
+        with tk.refusal(MemoryError, as_error=OutOfBlocks):
+            if num_tokens > self.free_slots:
+                raise MemoryError("no free slots")
+        self.free_slots -= num_tokens
+        return [9]
+
+
+def test_append_without_asking_can_append_reaches_the_engine() -> None:
+    """An over-asking can_append is not consulted, so the kit sees it (CAN-APPEND) instead
+    of an append that never happens; the engine's own no-room error becomes OutOfBlocks."""
+    adapter = _OverAsking()
+    assert adapter.append("a", 2) == [9]
+    with pytest.raises(OutOfBlocks, match="no free slots"):
+        adapter.append("a", 2)
+    with pytest.raises(UnknownSequence):
+        adapter.append("b", 1)
+    with pytest.raises(InvalidRequest):
+        adapter.append("a", 0)
+
+
+def test_seq_book_renders_a_sequence_view() -> None:
+    book = tk.SeqBook.admitted(Request("s", (1, 2, 3), Namespace("m")), hit=2, reserved=3)
+    book.committed(1, [4])
+    view = book.view("s", [5, 6])
+    assert view == SeqView("s", Namespace("m").key(), (1, 2, 3, 4), (5, 6), 3, 3, 3, 2)
+
+
+def test_lineage_gives_copies_of_one_prefix_one_identity() -> None:
+    ns = Namespace("m").key()
+    lin = tk.Lineage()
+    a0 = lin.published(0, None, ns, (7,))
+    a1 = lin.published(1, 0, ns, (8,))
+    b0 = lin.published(2, None, ns, (7,))  # a copy of block 0
+    b1 = lin.published(3, 2, ns, (8,))  # a copy of block 1, under the copy
+    c1 = lin.published(4, 3, ns, (8,))  # same tokens, one block deeper: another prefix
+    assert a0 == b0 and a1 == b1 and c1 != a1
+    assert lin.parent_identity(3) == a0 and lin.identity(1) == a1
+    lin.unpublished(1)
+    assert lin.identity(1) is None and lin.parent_identity(1) is None
+
+
+def test_dry_run_over_several_objects_copies_them_together() -> None:
+    engine: dict[str, list[int]] = {"queue": [1, 2]}
+    req = {"blocks": engine["queue"]}  # the request refers to the engine's list
+
+    def allocate(pair: tuple[dict[str, list[int]], dict[str, list[int]]]) -> int:
+        eng, r = pair
+        assert r["blocks"] is eng["queue"]  # the copies keep the sharing
+        if len(eng["queue"]) < 3:
+            raise OutOfBlocks("no room")
+        return eng["queue"].pop()
+
+    with pytest.raises(OutOfBlocks):
+        tk.dry_run((engine, req), allocate)
+    assert engine["queue"] == [1, 2]
+
+
+def test_lineage_observe_records_a_block_once_per_key() -> None:
+    """``observe`` reads publication off the engine's state: a block already recorded under
+    the same key keeps its record; published again under another key, it is recorded again."""
+    lin = tk.Lineage()
+    lin.observe(0, None, b"m", (1,), key=10)
+    lin.observe(1, 0, b"m", (2,), key=11)
+    first = lin.identity(1)
+    lin.observe(0, None, b"m", (9,), key=10)  # the same key: the record stands
+    assert lin.identity(0) == (None, b"m", (1,)) and lin.namespace(1) == b"m"
+    lin.observe(1, None, b"x", (2,), key=12)  # reused and published again elsewhere
+    assert lin.identity(1) != first and lin.parent_identity(1) is None
+    assert lin.namespace(1) == b"x" and lin.namespace(5) == b""
+
+
+def test_counters_count_the_cached_blocks_an_allocation_took_as_evicted() -> None:
+    c = tk.Counters()
+    assert c.evicted_among({1, 2}, [0, 2, 3]) == 1
+    assert c.evicted_among({0}, [0]) == 1 and c.evictions == 2
+
+
+def test_match_of_is_the_hits_whatever_the_room() -> None:
+    req = Request(0, (1, 2, 3, 4, 5), Namespace("m"))
+    assert tk.match_of(req, [3, 1], 2) == Match(5, 4, (3, 1))

@@ -85,6 +85,15 @@ class Capabilities:
     #: Multi-token ``append`` and ``rollback`` (speculative decoding). ``False``: decode
     #: grows one token a step and nothing is rolled back.
     speculative: bool = True
+    #: ``rollback(seq_id, n)`` of unwritten tail slots (with ``speculative``). ``False``:
+    #: the engine keeps a rejected draft's slots and the next step fills them (MTP
+    #: engines), or never gives slots back; the kit never calls it, and its decode steps
+    #: reserve only the slots that are missing.
+    rollback: bool = True
+    #: A cancel (``free``, a preemption, ``reset``) between a writer's schedule and its
+    #: commit. ``False``: a scheduled writer always runs its forward pass, so the kit
+    #: commits the scheduled known tokens of a sequence before it cancels it.
+    cancel_scheduled: bool = True
     #: An explicit ``evict(n)``.
     evict: bool = True
     #: ``reset(preserve_cache=...)``.
@@ -147,6 +156,11 @@ class Capabilities:
             for name in _CHOICES
             if getattr(self, name) != getattr(default, name).default
         ]
+
+    @property
+    def rolls_back(self) -> bool:
+        """``rollback`` is called: drafts (``speculative``) and a rollback operation."""
+        return self.speculative and self.rollback
 
     @property
     def batch_namespaces(self) -> int:

@@ -45,9 +45,11 @@ from typing import Any
 import attrs
 
 from prefixkv.spec import (
+    CacheBusy,
     CacheState,
     InvariantViolation,
     Match,
+    OutOfBlocks,
     PrefixCacheError,
     Request,
     SeqId,
@@ -59,11 +61,15 @@ from prefixkv.spec.invariants import Violation
 
 from .capabilities import Capabilities
 from .events_check import EventStreams
-from .failures import CheckFailed, is_ignored
+from .failures import CheckFailed, fingerprint, is_ignored, message_shape
 from .replay import Recording
 from .safety import KVLedger, root_cause_first, safety_violations
 
 __all__ = ["CANCELS", "PLAIN_WORDS", "Lockstep", "Outcome"]
+
+#: Errors that answer about the state (no room, sequences live), not refusals of the
+#: workload: the coverage does not count them as refused.
+_STATE_ANSWERS = (OutOfBlocks, CacheBusy)
 
 #: Operations that cancel scheduled work, and so take effect between steps.
 CANCELS = frozenset({"free", "rollback", "reset"})
@@ -171,9 +177,19 @@ class Lockstep:
         self.caps = Capabilities(exact=ref is not None) if caps is None else caps
         self.compared_fields = compared_fields
         self.ignore = frozenset(ignore)
+        #: The operation being checked (failures name it in their fingerprint).
+        self.operation = ""
+        #: Failure classes this run looked past (ignored), in order: a later failure
+        #: carries them as its likely root causes (:attr:`CheckFailed.after`).
+        self.suppressed: list[str] = []
+        self._shapes_past: set[tuple[str, str]] = set()
         self.ops: Counter[str] = Counter()
         self.op_errors: Counter[str] = Counter()
         self.raised_in_rule = False
+        #: Set whenever an operation raised something else than ``OutOfBlocks`` or
+        #: ``CacheBusy``: the candidate refused the workload, not answered about the pool's
+        #: room or its live sequences (the caller resets it).
+        self.refused_in_rule = False
         self.log: list[str] = [] if log is None else log
         self.ref: Any = None
         self.cand: Any = None
@@ -201,6 +217,9 @@ class Lockstep:
         self.ledger = KVLedger()
         self.step_ops = 0
         self.events = EventStreams(record_events)
+        self.suppressed = []
+        self._shapes_past = set()
+        self.operation = ""
 
     def start(self) -> None:
         """Check the freshly built caches: same shape, every invariant."""
@@ -270,9 +289,28 @@ class Lockstep:
         self.step_ops = 0
 
     def fail(self, check: str, message: str) -> None:
-        """Raise :class:`CheckFailed`, unless ``check`` is ignored."""
-        if not is_ignored(check, self.ignore):
-            raise CheckFailed(check, _explain(message))
+        """Raise :class:`CheckFailed`, unless ``check`` or its failure class is ignored (then
+        it is remembered in :attr:`suppressed`)."""
+        if self._looked_past(check, message):
+            return
+        raise CheckFailed(
+            check, _explain(message), operation=self.operation, after=tuple(self.suppressed)
+        )
+
+    def _looked_past(self, check: str, message: str) -> bool:
+        """Whether a failure is ignored; if so, remember its class."""
+        if not self.ignore:
+            return False
+        fp = fingerprint(check, self.operation, message)
+        shape = (check, message_shape(message).split(": ", 1)[-1])
+        # NOTE: a broken state stays broken: once a class is looked past, the same check
+        # and message shape after any later operation is that failure again, not another.
+        if not is_ignored(check, self.ignore, fp) and shape not in self._shapes_past:
+            return False
+        self._shapes_past.add(shape)
+        if fp not in self.suppressed:
+            self.suppressed.append(fp)
+        return True
 
     def op(
         self,
@@ -287,6 +325,7 @@ class Lockstep:
         whatever the state, and must raise that error type."""
         if name in CANCELS and self.step_ops:
             self.end_step()  # a cancel takes effect between steps
+        self.operation = name
         self.ops[name] += 1
         if not pure and name != "end_step":
             self.step_ops += 1
@@ -316,8 +355,10 @@ class Lockstep:
         for prefix, snap in (("", self.snap_c), ("SPEC:", self.snap_r)):
             if snap is None:
                 continue
+            # with several copies per identity, a parent may be any copy (as INV-PUBLISH)
+            by_identity = not prefix and self.caps.duplicates != "private"
             try:
-                inv.check_match(snap, req, match)
+                inv.check_match(snap, req, match, parents_by_identity=by_identity)
             except InvariantViolation as exc:
                 self.fail(prefix + InvariantId.MATCH, f"{what}: {exc}")
         if self.ref is None and self.snap_c is not None:
@@ -343,6 +384,7 @@ class Lockstep:
         out = _run(fn, self._recorded)
         if out.raised:
             self.raised_in_rule = True
+            self.refused_in_rule |= not isinstance(out.error, _STATE_ANSWERS)
             self.op_errors[name] += 1
             if not isinstance(out.error, PrefixCacheError):
                 self.snap_c = self.snapshot_candidate(name)
@@ -371,6 +413,7 @@ class Lockstep:
         out_c = _run(fn, self._recorded)
         if out_r.raised:
             self.raised_in_rule = True
+            self.refused_in_rule |= not isinstance(out_r.error, _STATE_ANSWERS)
             self.op_errors[name] += 1
         if out_r.raised and not isinstance(out_r.error, PrefixCacheError):
             raise CheckFailed(
@@ -429,9 +472,13 @@ class Lockstep:
                 found = root_cause_first(
                     [*(more or ()), *safety_violations(snap, self.caps, ledger or self.ledger)]
                 )
-            found = [v for v in found if not is_ignored(prefix + v.invariant, self.ignore)]
+            who = "candidate" if not prefix else "reference"
+            found = [
+                v
+                for v in found
+                if not self._looked_past(prefix + v.invariant, f"after {name}, {who}: {v}")
+            ]
             if found:
-                who = "candidate" if not prefix else "reference"
                 counts = Counter(v.invariant for v in found[1:])
                 also = [f"{n} x {k}" if n > 1 else k for k, n in counts.items()]
                 head = f"after {name}, {who}: {found[0]}"

@@ -61,7 +61,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="CHECKS",
-        help='checks or check families to look past, e.g. "INV-WRITE,CRASH" (repeatable)',
+        help="checks, check families or failure classes to look past, e.g. "
+        '"INV-WRITE,CRASH,INV-PUBLISH#1a2b3c4d" (repeatable)',
     )
     group.addoption(
         "--prefixkv-skip-rule",
@@ -75,7 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=8,
         metavar="N",
-        help="stop after N distinct failed checks, each shrunk to its own replay (default 8)",
+        help="stop after N root causes, each shrunk to its own replay (default 8)",
     )
     group.addoption(
         "--prefixkv-report",
@@ -110,6 +111,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="example database shared with other runs, whose failures replay first: a "
         "directory, or redis://host:port/db for a fleet (default: $PREFIXKV_DATABASE, "
         "else the profile's own)",
+    )
+    group.addoption(
+        "--prefixkv-max-shrink-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="most seconds spent shrinking one failure; past it the shortest replay so far "
+        "is reported (default: Hypothesis' own 300 s)",
     )
     group.addoption(
         "--prefixkv-only",
@@ -204,6 +213,7 @@ class ConformanceItem(pytest.Item):
                 report=report_file,
                 target=self.target,
                 database=self.config.stash.get(_DATABASE, None),
+                max_shrink_s=opt("--prefixkv-max-shrink-s"),
             )
         except DatabaseUnavailable as exc:  # the server went away after the start-up check
             pytest.fail(f"--prefixkv-database: {exc}", pytrace=False)

@@ -1,10 +1,16 @@
-"""What a conformance run found: every distinct failed check, with its shortest replay.
+"""What a conformance run found: every distinct failure, by root cause, with its shortest
+replay.
 
 A run does not stop at the first failure. Each failure found is shrunk to a minimal replay,
-then the search starts again with that check set aside, until the run passes or
-``max_failures`` distinct checks have failed. For each, the report keeps when it was first
-seen (time to the first failure: the search) apart from the time spent shrinking it, since
-on a real engine finding takes well under a second and shrinking most of a minute.
+then the search starts again with that failure class set aside (its fingerprint: the check,
+the operation and the message's shape; :func:`~.failures.fingerprint`), so another failure
+of the same check is still found, until the run passes or ``max_failures`` distinct
+failures have been found. A failure whose minimal run first went past an earlier one (the
+earlier one's class fired there, set aside) is that failure's consequence: it is listed
+under it as *related*, and the root cause is reported once. For each, the report keeps
+when it was first seen (time to the first failure: the search) apart from the time spent
+shrinking it, since on a real engine finding takes well under a second and shrinking most
+of a minute.
 
 :meth:`ConformanceReport.to_json` is the ``--prefixkv-report=FILE`` format, for dashboards.
 """
@@ -15,10 +21,10 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ConformanceFailure", "ConformanceReport", "FailedCheck"]
+__all__ = ["ConformanceFailure", "ConformanceReport", "Coverage", "FailedCheck"]
 
 #: The version of the JSON report's layout.
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2
 
 
 @attrs.frozen
@@ -38,14 +44,116 @@ class FailedCheck:
     first_seen_s: float
     find_s: float
     shrink_s: float
+    #: The shrink hit ``max_shrink_s``: ``calls`` is the shortest replay found by then.
+    shrink_capped: bool = False
+    #: The failure class (``CHECK#xxxxxxxx``), stable across runs; ``ignore`` takes it.
+    fingerprint: str = ""
+    #: The operation the check failed at (``""`` when it was not one).
+    operation: str = ""
+    #: Failures of other classes whose minimal runs went past this one first: the same
+    #: root cause, seen by other checks.
+    related: tuple[FailedCheck, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``INV-PUBLISH#1a2b3c4d after commit``."""
+        at = f" after {self.operation}" if self.operation else ""
+        return f"{self.fingerprint or self.check}{at}"
 
     def format(self) -> str:
         replay = "\n".join(f"    {line}" for line in self.calls)
-        return (
-            f"{self.message}\n\nminimal replay ({self.steps} steps, "
+        what = "shortest replay so far" if self.shrink_capped else "minimal replay"
+        capped = ", the cap" if self.shrink_capped else ""
+        text = (
+            f"{self.message}\n\n{what} ({self.steps} steps, "
             f"{max(0, len(self.calls) - 2)} adapter calls; found in {self.find_s:.2f} s, "
-            f"shrunk in {self.shrink_s:.2f} s):\n{replay}"
+            f"shrunk in {self.shrink_s:.2f} s{capped}):\n{replay}"
         )
+        if self.related:
+            lines = [f"  {r.label}: {r.message.splitlines()[0]}" for r in self.related]
+            text += "\n\nthe same root cause, also seen as:\n" + "\n".join(lines)
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """The failure as plain JSON data."""
+        return {
+            "check": self.check,
+            "fingerprint": self.fingerprint,
+            "operation": self.operation,
+            "message": self.message,
+            "steps": self.steps,
+            "replay": list(self.calls),
+            "first_seen_s": round(self.first_seen_s, 3),
+            "find_s": round(self.find_s, 3),
+            "shrink_s": round(self.shrink_s, 3),
+            "shrink_capped": self.shrink_capped,
+            "related": [r.to_json() for r in self.related],
+        }
+
+
+#: A rule refused in more than this fraction of its firings is named in every summary.
+REFUSAL_WARNING = 0.10
+
+
+@attrs.frozen
+class Coverage:
+    """What a run exercised, so that a pass says what it tested.
+
+    ``fired``: rule -> firings; ``refused``: rule -> firings in which the candidate refused
+    an operation (raised a ``PrefixCacheError`` other than ``OutOfBlocks`` or ``CacheBusy``,
+    which answer about the state; the bad-input rules, which must be refused, are not
+    counted);
+    ``skipped``: rule -> why it never fired (``-speculative``: the capability that excludes
+    it; ``skip_rules``; ``never drawn``); ``ops`` and ``op_errors``: operations issued and
+    refused (any error), by kind.
+    """
+
+    fired: dict[str, int] = attrs.field(factory=dict)
+    refused: dict[str, int] = attrs.field(factory=dict)
+    skipped: dict[str, str] = attrs.field(factory=dict)
+    ops: dict[str, int] = attrs.field(factory=dict)
+    op_errors: dict[str, int] = attrs.field(factory=dict)
+
+    def refusal_rate(self, rule: str) -> float:
+        """The fraction of ``rule``'s firings that were refused."""
+        return self.refused.get(rule, 0) / max(1, self.fired.get(rule, 0))
+
+    def mostly_refused(self, limit: float = REFUSAL_WARNING) -> list[str]:
+        """The rules refused in more than ``limit`` of their firings, worst first."""
+        over = [r for r in self.fired if self.refusal_rate(r) > limit]
+        return sorted(over, key=lambda r: -self.refusal_rate(r))
+
+    def format(self) -> str:
+        """The coverage section of a summary: one line per rule, then the operations."""
+        lines = ["coverage (rule: fired, refused):"]
+        for rule in sorted(self.fired, key=lambda r: -self.fired[r]):
+            rate = self.refusal_rate(rule)
+            flag = "  <- mostly refused" if rate > REFUSAL_WARNING else ""
+            lines.append(
+                f"  {rule:<22} {self.fired[rule]:>7} {self.refused.get(rule, 0):>7}"
+                f" ({rate:.0%}){flag}"
+            )
+        for rule, why in sorted(self.skipped.items()):
+            lines.append(f"  {rule:<22} skipped: {why}")
+        ops = ", ".join(
+            f"{name} {n}"
+            + (f" ({self.op_errors[name]} refused)" if self.op_errors.get(name) else "")
+            for name, n in sorted(self.ops.items(), key=lambda kv: -kv[1])
+        )
+        lines.append(f"operations: {ops}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The coverage as plain JSON data."""
+        return {
+            "rules": {
+                r: {"fired": n, "refused": self.refused.get(r, 0)}
+                for r, n in sorted(self.fired.items())
+            },
+            "skipped": dict(sorted(self.skipped.items())),
+            "operations": dict(sorted(self.ops.items())),
+            "operations_refused": dict(sorted(self.op_errors.items())),
+        }
 
 
 @attrs.frozen
@@ -61,6 +169,7 @@ class ConformanceReport:
     ignored: tuple[str, ...] = ()
     skipped_rules: tuple[str, ...] = ()
     max_failures: int = 1
+    coverage: Coverage = attrs.field(factory=Coverage)
 
     @property
     def passed(self) -> bool:
@@ -68,21 +177,43 @@ class ConformanceReport:
 
     @property
     def checks(self) -> list[str]:
-        """The failed checks, in the order they were found."""
+        """The failed checks of the root causes, in the order they were found."""
         return [f.check for f in self.failures]
 
+    @property
+    def fingerprints(self) -> list[str]:
+        """Every failure class found, root causes and related, in the order found."""
+        return [g.fingerprint for f in self.failures for g in (f, *f.related)]
+
     def summary(self) -> str:
-        """One paragraph: the checks that failed and what was looked past."""
+        """One paragraph: the root causes that failed (with the checks related to each)
+        and what was looked past."""
         if self.passed:
             head = f"passed: {self.rules} rule steps, {self.operations} operations"
         else:
             more = " (the search stopped there)" if len(self.failures) >= self.max_failures else ""
-            head = f"{len(self.failures)} distinct check(s) failed{more}: " + ", ".join(self.checks)
+            causes = [
+                f.label + (f" (also: {', '.join(r.label for r in f.related)})" if f.related else "")
+                for f in self.failures
+            ]
+            head = f"{len(self.failures)} root cause(s) failed{more}:\n" + "\n".join(
+                f"  {c}" for c in causes
+            )
         notes = [f"capabilities: {self.capabilities}"]
         if self.ignored:
             notes.append(f"ignored checks: {', '.join(self.ignored)}")
         if self.skipped_rules:
             notes.append(f"skipped rules: {', '.join(self.skipped_rules)}")
+        refused = self.coverage.mostly_refused()
+        if refused:
+            # NOTE: a manager that refuses most of what the kit asks is barely tested; a
+            # pass must not hide it.
+            notes.append(
+                "WARNING, mostly refused (the checks barely ran there): "
+                + ", ".join(f"{r} {self.coverage.refusal_rate(r):.0%}" for r in refused)
+            )
+        if self.coverage.fired:
+            notes.append(self.coverage.format())
         return head + "\n" + "\n".join(notes)
 
     def to_json(self) -> dict[str, Any]:
@@ -97,23 +228,13 @@ class ConformanceReport:
             "rules": self.rules,
             "operations": self.operations,
             "seconds": round(self.seconds, 3),
-            "failures": [
-                {
-                    "check": f.check,
-                    "message": f.message,
-                    "steps": f.steps,
-                    "replay": list(f.calls),
-                    "first_seen_s": round(f.first_seen_s, 3),
-                    "find_s": round(f.find_s, 3),
-                    "shrink_s": round(f.shrink_s, 3),
-                }
-                for f in self.failures
-            ],
+            "failures": [f.to_json() for f in self.failures],
+            "coverage": self.coverage.to_json(),
         }
 
 
 class ConformanceFailure(AssertionError):
-    """A conformance run failed. ``report`` holds every distinct failed check; ``check``,
+    """A conformance run failed. ``report`` holds every root cause; ``check``,
     ``calls`` and ``steps`` are those of the first one (its check name, its minimal
     replay as calls of the adapter, its number of rule steps)."""
 

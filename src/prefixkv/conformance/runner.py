@@ -20,19 +20,23 @@ it with the state machines under the capabilities it declares.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
+
+import attrs
 
 from prefixkv.spec import HASHERS, HybridSpecCache, Inspectable, PrefixCache, SpecCache
 
 from .capabilities import Capabilities
 from .database import DatabaseOption, campaign_settings, parse_database
-from .failures import CheckFailed
-from .report import ConformanceFailure, ConformanceReport, FailedCheck
+from .failures import CheckFailed, message_shape
+from .report import ConformanceFailure, ConformanceReport, Coverage, FailedCheck
 
 __all__ = [
     "AdapterFactory",
@@ -94,7 +98,7 @@ def required_operations(caps: Capabilities) -> tuple[str, ...]:
     optional = {
         "reset": caps.reset,
         "evict": caps.evict,
-        "rollback": caps.speculative,
+        "rollback": caps.rolls_back,
         "can_continue_prefill": caps.chunked_prefill,
         "continue_prefill": caps.chunked_prefill,
     }
@@ -163,6 +167,107 @@ def conformance_machine(
     )
 
 
+def _shape(check: str, message: str) -> tuple[str, str]:
+    """A failure without its operation: the check and the message's shape after the
+    ``after <op>, candidate:`` prefix."""
+    return check, message_shape(message).split(": ", 1)[-1]
+
+
+#: The most failures (root causes and related) a run looks for, per root cause asked for.
+_RELATED_PER_ROOT = 4
+
+
+def _bad_input(rule: str) -> bool:
+    """A bad-input rule: its operations must be refused, so a refusal there is no gap."""
+    return rule.startswith("bad_")
+
+
+def _skipped(
+    machine: Any, caps: Capabilities, fired: Collection[str], skip_rules: Collection[str]
+) -> dict[str, str]:
+    """rule -> why it never fired: the capability whose absence its precondition tests
+    (``-speculative``), ``skip_rules``, or ``never drawn`` (its precondition held, or
+    depends on the run's state, and the search never picked it)."""
+    out = {r: "skip_rules" for r in skip_rules}
+    state = machine.setup_state()
+    for rule in state.rules:
+        name = rule.function.__name__
+        if name in fired or name in out:
+            continue
+        out[name] = _excluded_by(rule.preconditions, caps) or "never drawn"
+    return out
+
+
+class _Probe:
+    """Stands in for a machine when a precondition is asked about capabilities alone: every
+    other attribute reads as a large count (bad inputs are due, the pool is big)."""
+
+    def __init__(self, caps: Capabilities) -> None:
+        self.caps = caps
+
+    def __getattr__(self, name: str) -> Any:
+        return 1 << 20
+
+
+def _holds(preconditions: Any, caps: Capabilities) -> bool | None:
+    try:
+        return all(bool(p(_Probe(caps))) for p in preconditions)
+    except Exception:  # a precondition that reads the run's state: not about capabilities
+        return None
+
+
+def _excluded_by(preconditions: Any, caps: Capabilities) -> str | None:
+    """The capability, off in ``caps``, that keeps ``preconditions`` from holding."""
+    if _holds(preconditions, caps) is not False:
+        return None
+    for field in attrs.fields(Capabilities):
+        if getattr(caps, field.name) is not False:
+            continue
+        try:
+            on = Capabilities.evolve(caps, {field.name: True})
+        except ValueError:
+            continue
+        if _holds(preconditions, on):
+            return f"-{field.name}"
+    return "its precondition never held"
+
+
+def _by_root_cause(found: list[FailedCheck], root_of: dict[str, int]) -> tuple[FailedCheck, ...]:
+    """The root causes in the order found, each with the failures related to it."""
+    related: dict[int, list[FailedCheck]] = {}
+    for i, f in enumerate(found):
+        if root_of[f.fingerprint] != i:
+            related.setdefault(root_of[f.fingerprint], []).append(f)
+    return tuple(
+        attrs.evolve(f, related=tuple(related.get(i, ())))
+        for i, f in enumerate(found)
+        if root_of[f.fingerprint] == i
+    )
+
+
+@contextlib.contextmanager
+def _shrink_cap(seconds: float | None) -> Iterator[None]:
+    """Hypothesis stops shrinking after ``seconds`` and fails with the shortest failing run
+    found so far.
+
+    NOTE: Hypothesis has no setting for it: its engine reads the module constant
+    ``MAX_SHRINKING_SECONDS`` (300) when it starts to shrink, and then replays the best
+    run so far. The constant is set for this run only and restored after it; if a future
+    Hypothesis drops it, the cap is a no-op (the run is still correct, only longer).
+    """
+    from hypothesis.internal.conjecture import engine
+
+    before = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if seconds is None or before is None:
+        yield
+        return
+    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = before
+
+
 def _names(value: str | Iterable[str]) -> tuple[str, ...]:
     """``"A,B"`` or ``["A", "B,C"]`` -> ``("A", "B", "C")``."""
     items = [value] if isinstance(value, str) else list(value)
@@ -184,6 +289,7 @@ def run_conformance(
     target: str | None = None,
     database: DatabaseOption | None = None,
     seed: int | None = None,
+    max_shrink_s: float | None = None,
     **capabilities: object,
 ) -> ConformanceReport:
     """Run the machines against ``factory``; raise :class:`ConformanceFailure` on a failure.
@@ -191,10 +297,13 @@ def run_conformance(
     * ``caps`` (default: the factory's own), then ``capabilities`` as keywords on top, e.g.
       ``publish="schedule", reset=False, block_sizes=(256,)``
       (:meth:`Capabilities.evolve`, the parser the plugin uses too);
-    * ``ignore``: checks (``"INV-WRITE"``) or check families (``"CRASH"``) to look past;
+    * ``ignore``: checks (``"INV-WRITE"``), check families (``"CRASH"``) or failure classes
+      (``"INV-PUBLISH#1a2b3c4d"``, as a report names them) to look past;
       ``skip_rules``: rules that never fire (``"reset"``);
-    * ``max_failures``: the run goes on after a failure, with that check set aside, until it
-      passes or this many distinct checks failed; each is shrunk to its own replay;
+    * ``max_failures``: the run goes on after a failure, with its failure class set aside,
+      until it passes or this many root causes were found (or four times as many failures
+      in all); each is shrunk to its own replay, and one whose run went past an earlier one
+      is reported under it as related;
     * ``report``: a path to write the JSON report to (passing or not);
     * ``database``: the example database to share with other runs, a directory path or a
       ``redis://host:port/db`` URL (:func:`~prefixkv.conformance.database.parse_database`;
@@ -202,7 +311,10 @@ def run_conformance(
       a Redis server that refuses, stalls or answers wrongly). Failures found by any run
       that uses it are replayed first; it turns the profile's derandomization off;
     * ``seed``: the seed of the random search (default: a fresh one, or the profile's
-      derandomized one), so that a run with a database can be repeated exactly.
+      derandomized one), so that a run with a database can be repeated exactly;
+    * ``max_shrink_s``: the most seconds spent shrinking one failure (default: Hypothesis'
+      own cap, 300 s); past it the shortest replay found so far is reported, marked
+      ``shrink_capped`` in the report.
 
     Runs under the Hypothesis profile ``profile`` (``dev``, ``ci``, ``thorough``; default:
     the active one) without making it the active one; ``max_examples`` overrides its
@@ -217,6 +329,8 @@ def run_conformance(
 
     if max_failures < 1:
         raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
+    if max_shrink_s is not None and not max_shrink_s > 0:
+        raise ValueError(f"max_shrink_s must be a positive number, got {max_shrink_s!r}")
     # A Redis server is checked once, here, before anything runs (DatabaseUnavailable).
     db = None if database is None else parse_database(database, connect=True)
     caps = capabilities_of(factory) if caps is None else caps
@@ -237,11 +351,21 @@ def run_conformance(
     run_settings = settings(base, **extra)
     if db is not None:
         run_settings = campaign_settings(run_settings, db)
-    found: list[FailedCheck] = []
+    fired: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    ops: Counter[str] = Counter()
+    op_errors: Counter[str] = Counter()
+    found: list[FailedCheck] = []  # every failure, in the order found
+    root_of: dict[str, int] = {}  # failure class -> the index in found of its root cause
+    shape_of: dict[tuple[str, str], str] = {}  # (check, message shape) -> its first class
     rules = operations = 0
     start = time.perf_counter()
-    while len(found) < max_failures:
-        looked_past = (*ignored, *(f.check for f in found))
+    # NOTE: max_failures counts root causes; one root cause seen by several checks costs a
+    # pass (and a shrink) per check, so the related failures are bounded too.
+    while len({root_of[f.fingerprint] for f in found}) < max_failures and len(found) < (
+        _RELATED_PER_ROOT * max_failures
+    ):
+        looked_past = (*ignored, *(f.fingerprint for f in found))
         machine = conformance_machine(
             factory, caps, hasher=hasher, ignore=looked_past, skip_rules=skipped
         )
@@ -251,15 +375,16 @@ def run_conformance(
         first: list[float] = []
 
         def listen(exc: CheckFailed, first: list[float] = first, past: Any = looked_past) -> None:
-            if not first and not is_ignored(exc.check, past):
+            if not first and not is_ignored(exc.check, past, exc.fingerprint):
                 first.append(time.perf_counter())
 
         failure_listeners.append(listen)
         began = time.perf_counter()
         try:
-            run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]
-                machine, settings=run_settings
-            )
+            with _shrink_cap(max_shrink_s):
+                run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]
+                    machine, settings=run_settings
+                )
         except CheckFailed as exc:
             ended = time.perf_counter()
             seen = first[0] if first else ended
@@ -272,25 +397,49 @@ def run_conformance(
                     first_seen_s=seen - start,
                     find_s=seen - began,
                     shrink_s=ended - seen,
+                    shrink_capped=max_shrink_s is not None and ended - seen >= max_shrink_s,
+                    fingerprint=exc.fingerprint,
+                    operation=exc.operation,
                 )
             )
+            # NOTE: the minimal run of this failure went past the classes in exc.after (set
+            # aside, they fired before it). Shrinking keeps only what this failure needs, so
+            # an earlier class that still fires there is its likeliest root cause.
+            # The same check with the same message shape after another operation is the
+            # same failure, reached by another path.
+            twin = shape_of.setdefault(_shape(exc.check, exc.detail), exc.fingerprint)
+            earlier = [root_of[fp] for fp in (*exc.after, twin) if fp in root_of]
+            root_of[exc.fingerprint] = earlier[0] if earlier else len(found) - 1
             continue
         finally:
             failure_listeners.remove(listen)
             cov = machine.coverage.report()
             rules += cov.total_rules
             operations += sum(cov.ops.values())
+            fired.update(cov.rules)
+            refused.update({r: n for r, n in cov.refused_rules.items() if not _bad_input(r)})
+            ops.update(cov.ops)
+            op_errors.update(cov.op_errors)
         break
+    fired.pop("init", None)
+    coverage = Coverage(
+        dict(fired),
+        dict(refused),
+        _skipped(machine, caps, fired, skipped),
+        dict(ops),
+        dict(op_errors),
+    )
     result = ConformanceReport(
         target=target or str(getattr(factory, "__qualname__", None) or repr(factory)),
         capabilities=caps.describe(),
         rules=rules,
         operations=operations,
         seconds=time.perf_counter() - start,
-        failures=tuple(found),
+        failures=_by_root_cause(found, root_of),
         ignored=ignored,
         skipped_rules=skipped,
         max_failures=max_failures,
+        coverage=coverage,
     )
     if report is not None:
         with open(report, "w", encoding="utf-8") as out:

@@ -13,7 +13,9 @@ policy check for the weakest safety property that still catches real bugs:
   INV-MATCH (the child no longer extends the matched chain), and ``evict(n)`` must reach
   every refcount-0 published block (EVICT): unreachable blocks are evictable, never leaked.
 * ``duplicates=shared``: INV-INDEX allows several published blocks per identity; every one
-  is indexed and verified.
+  is indexed and verified. A block's parent may be any published copy of its writer's
+  parent (the same full identity), in INV-PUBLISH at compute and at schedule time and in
+  INV-MATCH alike; a parent of another identity is still INV-PUBLISH.
 * ``duplicates=last-wins``: as ``shared``, and older copies may leave the index while they
   stay published and read-only.
 * ``checkpoints`` in the safety mode: a reservation may sit at any *safe* save point, not
@@ -240,11 +242,22 @@ def safety_violations(
     """Every invariant of ``state`` under ``caps``'s policy, root cause first."""
     relaxed = set()
     extra: list[Violation] = []
+    by_identity = caps.duplicates != "private"
     if caps.publish == "schedule":
         relaxed |= {InvariantId.PUBLISH, InvariantId.WRITE}
         led = ledger if ledger is not None else KVLedger()
-        extra += [Violation(InvariantId.PUBLISH, m) for m in _publish(state, led)]
+        extra += [Violation(InvariantId.PUBLISH, m) for m in _publish(state, led, by_identity)]
         extra += [Violation(InvariantId.WRITE, m) for m in _write(state, led)]
+    elif by_identity:
+        # NOTE: with several copies per identity, the parent of a block may be any copy of
+        # its writer's parent (a lookup returns one, the writer computed another); what
+        # keeps a hit safe is that the chain of identities is the writer's, so that is
+        # what is checked (docs/conformance.md, "Design differences").
+        relaxed.add(InvariantId.PUBLISH)
+        extra += [
+            Violation(InvariantId.PUBLISH, m)
+            for m in inv.publish_violations(state, parents_by_identity=True)
+        ]
     if caps.eviction == "any":
         relaxed.add(InvariantId.ANCESTOR)
         extra += [Violation(InvariantId.ANCESTOR, m) for m in _parent_in_pool(state)]
@@ -261,10 +274,13 @@ def safety_violations(
     return root_cause_first(found + extra)
 
 
-def _publish(s: CacheState, ledger: KVLedger) -> Iterator[str]:
+def _publish(s: CacheState, ledger: KVLedger, by_identity: bool = False) -> Iterator[str]:
     """INV-PUBLISH without "only when computed": an uncomputed published block must be
-    pending (its writer is live and still to write it)."""
+    pending (its writer is live and still to write it). Its tokens, namespace and parent
+    are its sequence's, as at compute time (``by_identity``: the parent may be any copy of
+    the writer's parent, see :func:`~prefixkv.spec.invariants.identity_classes`)."""
     bs = s.block_size
+    classes = inv.identity_classes(s) if by_identity else None
     for seq in s.sequences:
         for j, b in enumerate(seq.block_ids):
             view = s.blocks[b]
@@ -282,6 +298,9 @@ def _publish(s: CacheState, ledger: KVLedger) -> Iterator[str]:
                 yield f"block {b} (#{j} of {seq.seq_id!r}) is published before its tokens are known"
             if view.namespace != seq.namespace:
                 yield f"block {b} (#{j} of {seq.seq_id!r}) is published in another namespace"
+            problem = inv.wrong_parent(s, seq, j, classes)
+            if problem is not None:
+                yield problem
 
 
 def _write(s: CacheState, ledger: KVLedger) -> Iterator[str]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -42,6 +42,7 @@ from prefixkv.spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    Match,
     OutOfBlocks,
     PrefixCacheError,
     Request,
@@ -54,6 +55,8 @@ __all__ = [
     "AdapterBase",
     "Block",
     "Counters",
+    "Lineage",
+    "SeqBook",
     "build_snapshot",
     "check_commit",
     "check_count",
@@ -66,6 +69,7 @@ __all__ = [
     "check_tokens",
     "dry_run",
     "live",
+    "match_of",
     "refusal",
     "stats_from",
 ]
@@ -149,8 +153,11 @@ def check_commit(
 
 
 @contextlib.contextmanager
-def refusal(*errors: type[Exception], what: str = "") -> Iterator[None]:
-    """Turn the engine's own refusal (one of ``errors``) into ``InvalidOperation``.
+def refusal(
+    *errors: type[Exception], what: str = "", as_error: type[PrefixCacheError] = InvalidOperation
+) -> Iterator[None]:
+    """Turn the engine's own refusal (one of ``errors``) into ``as_error``
+    (``InvalidOperation``; ``OutOfBlocks`` for an engine's own "no room" error).
 
     NOTE: use it only around an engine call that raises before it changes anything (a
     validation the engine does itself); a refusal half way through breaks INV-TXN, and the
@@ -161,7 +168,7 @@ def refusal(*errors: type[Exception], what: str = "") -> Iterator[None]:
     except PrefixCacheError:
         raise  # already the kit's: an argument check inside the block
     except errors as exc:
-        raise InvalidOperation(f"{what}{': ' if what else ''}{exc}") from None
+        raise as_error(f"{what}{': ' if what else ''}{exc}") from None
 
 
 def check_flag(value: object, what: str = "preserve_cache") -> bool:
@@ -206,7 +213,10 @@ class AdapterBase(Generic[_R]):
     It also writes the operations whose translation is the same for every engine, over
     ``reqs`` (the engine's requests by live sequence id: the adapter's own table, or the
     engine's if it keeps one):
-    ``append`` asks ``can_append`` first, so a refused append changes nothing; ``free``
+    ``append`` asks ``can_append`` first, so a refused append changes nothing (set
+    ``append_asks_can_append = False`` to call ``extend`` directly, which must then raise
+    ``OutOfBlocks`` itself: a ``can_append`` that over-asks is then caught, not hidden);
+    ``free``
     checks the whole batch before it releases any of it; ``reset`` frees every live
     sequence when the cache is kept, and is refused while one is live otherwise. The
     subclass supplies the engine calls behind them: ``extend``, ``release`` and
@@ -214,10 +224,14 @@ class AdapterBase(Generic[_R]):
     capabilities, and the kit never calls it.
     """
 
+    #: ``append`` asks ``can_append`` first (``False``: ``extend`` checks the room itself).
+    append_asks_can_append: bool = True
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.counters = Counters()
         self.reqs: dict[Any, _R] = {}
+        self.books: dict[Any, SeqBook] = {}
 
     def snapshot(self) -> CacheState:
         raise NotImplementedError("render the engine's state with build_snapshot")
@@ -244,7 +258,11 @@ class AdapterBase(Generic[_R]):
 
     def append(self, seq_id: Any, num_tokens: int) -> list[int]:
         """``can_append`` checks the arguments and the room; only then is the engine
-        called, so ``OutOfBlocks`` leaves everything as it was."""
+        called, so ``OutOfBlocks`` leaves everything as it was. Without
+        ``append_asks_can_append`` the arguments are checked and ``extend`` is called."""
+        if not self.append_asks_can_append:
+            live(self.reqs, seq_id)
+            return self.extend(seq_id, check_count(num_tokens, "num_tokens"))
         if not self.can_append(seq_id, num_tokens):
             raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
         return self.extend(seq_id, num_tokens)
@@ -273,6 +291,109 @@ class AdapterBase(Generic[_R]):
 
 
 @attrs.define
+class SeqBook:
+    """Per-sequence bookkeeping for an engine that keeps less than a
+    :class:`~prefixkv.spec.SeqView` needs: the known tokens, the slots reserved, the
+    tokens computed and the tokens hit at admission. Keep one per live sequence in
+    ``AdapterBase.books`` (:meth:`admitted`, :meth:`reserved`, :meth:`committed`) and
+    render it with :meth:`view`.
+    """
+
+    namespace: bytes
+    tokens: list[int]
+    prompt: int
+    reserved: int = 0
+    computed: int = 0
+    hit: int = 0
+
+    @classmethod
+    def admitted(cls, req: Request, hit: int, reserved: int) -> SeqBook:
+        """A sequence admitted with ``hit`` tokens from the cache and ``reserved`` slots."""
+        toks = list(req.token_ids)
+        return cls(req.namespace.key(), toks, len(toks), reserved, hit, hit)
+
+    def committed(self, num_computed: int, accepted: Iterable[int] = ()) -> None:
+        """``num_computed`` more tokens written; ``accepted`` tokens are now known."""
+        self.tokens += list(accepted)
+        self.computed += num_computed
+
+    def view(self, seq_id: SeqId, block_ids: Sequence[int]) -> SeqView:
+        """The :class:`~prefixkv.spec.SeqView` of this sequence holding ``block_ids``."""
+        return SeqView(
+            seq_id, self.namespace, tuple(self.tokens), tuple(block_ids), self.computed,
+            self.reserved, self.prompt, self.hit,
+        )  # fmt: skip
+
+
+class Lineage:
+    """Parent and identity recording at publication, for an engine that keeps neither.
+
+    Call :meth:`published` when the engine makes a block findable, with the block before it
+    in its sequence (``None`` for a first block), and :meth:`unpublished` when it leaves;
+    :meth:`identity` and :meth:`parent_identity` then fill a :class:`Block`. A block's
+    identity is its namespace and tokens under its parent's identity, so copies of one
+    prefix share it (what ``duplicates="shared"`` and ``"last-wins"`` compare).
+    """
+
+    def __init__(self) -> None:
+        self._ident: dict[int, Hashable] = {}
+        self._parent: dict[int, Hashable | None] = {}
+        self._seen: dict[int, Hashable] = {}
+
+    def observe(
+        self,
+        block_id: int,
+        parent: int | None,
+        namespace: bytes,
+        token_ids: Sequence[int],
+        key: Hashable,
+    ) -> None:
+        """Record ``block_id`` as :meth:`published`, unless it was already recorded under
+        the same ``key`` (the engine's hash of it): for an adapter that reads publication off
+        the engine's state in ``snapshot()``, walking each live block table in order, so a
+        parent is seen before its child.
+
+        NOTE: a block evicted and published again with another key is recorded again; one
+        published again with the same key has the same identity, so its record stands.
+
+        Args:
+            block_id: a published block.
+            parent: the block before it in the table of the sequence that holds it.
+            namespace: its namespace.
+            token_ids: its tokens.
+            key: what the engine indexes it by.
+        """
+        if self._seen.get(block_id, self) != key:
+            self._seen[block_id] = key
+            self.published(block_id, parent, namespace, token_ids)
+
+    def published(
+        self, block_id: int, parent: int | None, namespace: bytes, token_ids: Sequence[int]
+    ) -> Hashable:
+        """Record ``block_id`` published under ``parent``; returns its identity."""
+        up = None if parent is None else self._ident.get(parent, ("lost", parent))
+        ident = (up, namespace, tuple(token_ids))
+        self._ident[block_id], self._parent[block_id] = ident, up
+        return ident
+
+    def unpublished(self, block_id: int) -> None:
+        """``block_id`` left (evicted, reused, withdrawn)."""
+        self._ident.pop(block_id, None)
+        self._parent.pop(block_id, None)
+
+    def identity(self, block_id: int) -> Hashable | None:
+        return self._ident.get(block_id)
+
+    def parent_identity(self, block_id: int) -> Hashable | None:
+        return self._parent.get(block_id)
+
+    def namespace(self, block_id: int) -> bytes:
+        """The namespace ``block_id`` was published in (``b""`` if it is not recorded)."""
+        ident = self._ident.get(block_id)
+        return ident[1] if isinstance(ident, tuple) else b""
+
+
+@attrs.define
 class Counters:
     """The token and event counters an adapter keeps for an engine without statistics.
 
@@ -285,6 +406,21 @@ class Counters:
     admissions: int = 0
     evictions: int = 0
     published: int = 0
+
+    def evicted_among(self, cached_before: Collection[int], taken: Iterable[int]) -> int:
+        """For an engine that counts no evictions: the blocks an allocation ``taken`` that
+        were cached before it (``cached_before``) were evicted. Adds them to ``evictions``.
+
+        Args:
+            cached_before: the ids of the blocks published before the allocation.
+            taken: the ids of the blocks it handed out.
+
+        Returns:
+            The number of blocks evicted (an ``Admission``'s ``num_evicted``).
+        """
+        n = sum(1 for b in taken if b in cached_before)
+        self.evictions += n
+        return n
 
     def admitted(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         self.queries += num_prompt_tokens
@@ -390,10 +526,12 @@ def build_snapshot(
 
     * A block's parent is the block a lookup of its :attr:`Block.parent_key` returns: the
       first indexed block, in the order ``index`` is given, whose :attr:`Block.key` is that
-      key (so give the index in the order the engine's lookup prefers its copies). A parent
-      key that no indexed block has (a parent evicted before its child) leaves the parent
-      unknown: the block is rendered with the parent id ``-1``, so no match through it can
-      pass INV-MATCH.
+      key (so give the index in the order the engine's lookup prefers its copies); failing
+      that, the published block with that key and the lowest id (a copy a last-wins index
+      dropped). Under ``duplicates="shared"`` or ``"last-wins"`` any copy is a right parent:
+      the kit compares parents by their full identity. A parent key that no published block
+      has (a parent evicted before its child) leaves the parent unknown: the block is
+      rendered with the parent id ``-1``, so no match through it can pass INV-MATCH.
     * With ``cached_in_free_queue`` (engines that evict lazily from the free queue),
       ``free_queue`` may hold cached blocks: only the unpublished ones are free; the cached
       ones count as evictable. Without it, ``free_queue`` is rendered as it is, so a
@@ -413,6 +551,11 @@ def build_snapshot(
     for _, b in entries:
         if b in by_id:  # an entry outside the pool is left for INV-INDEX to report
             owner.setdefault(by_id[b].key, b)
+    for blk in sorted(blocks, key=lambda x: x.block_id):
+        # A published copy the index no longer lists (last-wins) is still a parent: its
+        # children were written after it, and a child may outlive the indexed copy.
+        if blk.block_hash is not None:
+            owner.setdefault(blk.key, blk.block_id)
 
     def parent_of(b: Block) -> int | None:
         return None if b.parent_key is None else owner.get(b.parent_key, -1)
@@ -481,6 +624,25 @@ def build_snapshot(
     )
 
 
+def match_of(req: Request, hit_block_ids: Sequence[int], block_size: int) -> Match:
+    """The capacity-free :class:`~prefixkv.spec.Match` of ``req``: the cached blocks its
+    prompt starts with, whether or not the rest would fit.
+
+    NOTE: ``match`` must not depend on the room left. For an engine whose lookup is fused
+    with its room check, pass the hits of the lookup part alone (or of the allocation run
+    with :func:`dry_run` on a pool with room), never ``[]`` for a prompt that does not fit.
+
+    Args:
+        req: the request, checked (:func:`check_request`).
+        hit_block_ids: the ids of the cached blocks the prompt starts with, in order.
+        block_size: tokens per block.
+
+    Returns:
+        The match: ``len(hit_block_ids) * block_size`` cached tokens.
+    """
+    return Match(req.num_tokens, len(hit_block_ids) * block_size, tuple(hit_block_ids))
+
+
 # -- dry runs -------------------------------------------------------------------------------
 
 
@@ -488,6 +650,10 @@ def dry_run(manager: _T, operation: Callable[[_T], Any]) -> Any:
     """Run ``operation`` on a deep copy of ``manager`` first; only if it succeeds, run it on
     ``manager`` and return its result. A failure raises from the copy and leaves
     ``manager`` untouched, which makes a non-transactional engine call transactional.
+
+    Several objects (the engine and its request object) are one tuple: ``dry_run((engine,
+    req), lambda pair: pair[0].allocate(pair[1]))`` copies them together, so the copy of
+    ``req`` is the one the copied engine refers to.
 
     Exceptions that are not a :class:`~prefixkv.spec.PrefixCacheError` are left for the
     adapter to translate. The copy costs O(state): a testing tool, never a serving path.

@@ -105,8 +105,8 @@ _ARGUMENT_ERRORS: dict[str, type[Exception]] = {
 _NEEDS: dict[str, str] = {
     "reset_flag": "reset",
     "evict": "evict",
-    "rollback": "speculative",
-    "rollback_past_computed": "speculative",
+    "rollback": "rolls_back",
+    "rollback_past_computed": "rolls_back",
     "admit_budget": "partial_admission",
     "can_admit_budget": "partial_admission",
 }
@@ -125,7 +125,7 @@ class BadInputRules(ProtocolSteps):
         self._since_bad = 0
         if kind.endswith("continue_prefill") and not self.caps.chunked_prefill:
             return
-        if kind == "unknown:rollback" and not self.caps.speculative:
+        if kind == "unknown:rollback" and not self.caps.rolls_back:
             return
         type(self).coverage.variants[f"bad_sequence_op:{kind}"] += 1
         ghost = self._ghost()

@@ -37,15 +37,17 @@ def counted(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(self: MachineBase, **kwargs: Any) -> Any:
-        self.oracle.raised_in_rule = False
+        self.oracle.raised_in_rule = self.oracle.refused_in_rule = False
         self._since_bad += 1
         try:
             out = fn(self, **kwargs)
             self.oracle.end_step()  # a rule is one engine step, or ends with one
             return out
         except CheckFailed as exc:
-            if not is_ignored(exc.check, type(self).ignored_checks):
+            if not is_ignored(exc.check, type(self).ignored_checks, exc.fingerprint):
                 raise
+            if exc.fingerprint not in self.oracle.suppressed:
+                self.oracle.suppressed.append(exc.fingerprint)
             self.oracle.resync()
             return multiple() if targeted else None
         finally:
@@ -55,6 +57,8 @@ def counted(fn: _F) -> _F:
             cov.rules[name] += 1
             if self.oracle.raised_in_rule:
                 cov.invalid_rules[name] += 1
+            if self.oracle.refused_in_rule:
+                cov.refused_rules[name] += 1
 
     return wrapper  # type: ignore[return-value]
 

@@ -20,6 +20,9 @@ __all__ = ["CoverageReport", "RuleCoverage"]
 class CoverageReport:
     rules: dict[str, int]
     invalid_rules: dict[str, int]
+    #: Firings in which an operation was refused for another reason than the state
+    #: (``OutOfBlocks`` and ``CacheBusy`` answer about the pool, not the workload).
+    refused_rules: dict[str, int]
     ops: dict[str, int]
     op_errors: dict[str, int]
     variants: dict[str, int]
@@ -69,6 +72,7 @@ class RuleCoverage:
     def reset(self) -> None:
         self.rules: Counter[str] = Counter()
         self.invalid_rules: Counter[str] = Counter()
+        self.refused_rules: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self.op_errors: Counter[str] = Counter()
         self.variants: Counter[str] = Counter()
@@ -78,6 +82,7 @@ class RuleCoverage:
         return CoverageReport(
             rules=dict(self.rules),
             invalid_rules=dict(self.invalid_rules),
+            refused_rules=dict(self.refused_rules),
             ops=dict(self.ops),
             op_errors=dict(self.op_errors),
             variants=dict(self.variants),

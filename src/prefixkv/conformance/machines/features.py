@@ -181,6 +181,7 @@ class FeatureRules(ProtocolSteps):
         if adm is None or before.raised:
             return
         self._prefill_steps(req.seq_id, budget, chunks, sampled)
+        self._run_scheduled([req.seq_id])  # a writer that always runs commits first
         view = self.oracle.view(req.seq_id)
         if view is None:
             return

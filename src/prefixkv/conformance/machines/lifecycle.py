@@ -245,13 +245,18 @@ class LifecycleRules(ProtocolSteps):
             return
         unwritten = view.num_reserved - view.num_computed
         if n == 7:
-            self._commit(seq, unwritten + 1, tuple(accepted) or (1,))
+            # an engine error the candidate must refuse: not a refusal of the workload
+            refused = self.oracle.refused_in_rule
+            self._commit(seq, unwritten + 1, tuple(accepted[:1]) or (1,))
+            self.oracle.refused_in_rule = refused
             return
+        if not self.caps.speculative:
+            accepted = accepted[:1]  # one token a step: nothing to accept beyond it
         known = len(view.token_ids) + len(accepted)
         n = max(0, min(n, unwritten, known - view.num_computed))
         self._commit(seq, n, tuple(accepted))
 
-    @precondition(lambda self: self.caps.speculative)
+    @precondition(lambda self: self.caps.rolls_back)
     @rule(seq=seqs, n=st.integers(1, 6))
     @counted
     def rollback(self, seq: SeqId, n: int) -> None:
@@ -334,6 +339,7 @@ class LifecycleRules(ProtocolSteps):
     def reset(self, mode: str) -> None:
         """reset(preserve_cache=True), a full reset (refused while live), or both in turn."""
         if mode != "full":
+            self._run_scheduled(list(self.oracle.views))
             self._remember(list(self.oracle.views))
             self.oracle.op("reset", lambda c: c.reset(preserve_cache=True))
             self._prune_seqs()

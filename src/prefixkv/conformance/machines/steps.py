@@ -162,10 +162,26 @@ class ProtocolSteps(MachineBase):
         view = self.oracle.view(seq_id)
         assert view is not None
         unwritten = view.num_reserved - view.num_computed
-        if unwritten and self.caps.speculative:
+        if unwritten and self.caps.rolls_back:
             self.oracle.op("rollback", lambda cache: cache.rollback(seq_id, unwritten))
+        # without a rollback the rejected drafts' slots stay reserved: the next step's
+        # tokens fill them (it reserves only what is missing)
+
+    def _run_scheduled(self, seq_ids: list[SeqId]) -> None:
+        """Without ``cancel_scheduled``, a scheduled writer always runs its forward pass:
+        commit each sequence's scheduled known tokens before it is cancelled."""
+        if self.caps.cancel_scheduled:
+            return
+        for seq_id in seq_ids:
+            view = self.oracle.view(seq_id)
+            if view is None:
+                continue
+            n = min(view.num_reserved, len(view.token_ids)) - view.num_computed
+            if n > 0:
+                self._commit(seq_id, n, ())
 
     def _free(self, seq_ids: list[SeqId]) -> bool:
+        self._run_scheduled(seq_ids)
         self._remember(seq_ids)
         out = self.oracle.op("free", lambda c: c.free(list(seq_ids)))
         self._prune_seqs()
