@@ -174,7 +174,11 @@ def test_served_prefix_blocks_counts_published_identities() -> None:
 def test_the_kit_catches_each_event_bug_with_a_short_replay(bug: str) -> None:
     """The conformance machines, aimed at an engine with the bug, fail on INV-EVENTS."""
     with pytest.raises(ConformanceFailure) as info:
-        run_conformance(make_buggy(bug), Capabilities(exact=False), max_examples=300, steps=40)
+        # NOTE: one root cause is all this asks; the hunt for further ones (max_failures=8 by
+        # default) shrinks every other class the one bug also breaks, for minutes.
+        run_conformance(
+            make_buggy(bug), Capabilities(exact=False), max_examples=300, steps=40, max_failures=1
+        )
     assert info.value.check == "INV-EVENTS", str(info.value)
     assert len(info.value.calls) <= 40, str(info.value)  # shrunk: a few dozen calls at most
 
@@ -182,7 +186,13 @@ def test_the_kit_catches_each_event_bug_with_a_short_replay(bug: str) -> None:
 def test_exact_mode_names_inv_events_before_the_state_difference() -> None:
     """Against the spec, the event check runs before the snapshot comparison."""
     with pytest.raises(ConformanceFailure) as info:
-        run_conformance(make_buggy("duplicate_store"), Capabilities(), max_examples=100, steps=20)
+        run_conformance(
+            make_buggy("duplicate_store"),
+            Capabilities(),
+            max_examples=100,
+            steps=20,
+            max_failures=1,
+        )
     assert info.value.check == "INV-EVENTS", str(info.value)
 
 
