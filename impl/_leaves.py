@@ -55,8 +55,9 @@ class LeafHeap:
         chain above it is climbed without touching the heap: a parent that just became a
         leaf is taken at once while its entry is smaller than the heap's smallest (one
         tuple comparison), and pushed only when it is not (or when the batch is complete).
-        A parent taken at once was never pushed, so it needs no new ``leaf_version``: every
-        older entry of it is stale already (it stopped being a leaf when it got a child).
+        A parent taken at once needs no new ``leaf_version``: it is evicted here, so any
+        older entry of it fails the liveness test (depth 0), and every way back into the
+        leaf set (``push`` from a release, the climb's own push) bumps the version.
         The order is exactly the heap's.
         """
         heap = self.heap

@@ -270,6 +270,9 @@ PAST_A_BOUND: tuple[tuple[str, ...], ...] = (
     ("serve-sim", "--device", "bogus"),
     ("serve-sim", "--device", "cuda:x"),
     ("serve-sim", "--plot", "ttft.xyz"),
+    ("serve-sim", "--stall-timeout", "inf"),
+    ("audit-events", "tcp://127.0.0.1:9", "--num-blocks", str(2**40)),
+    ("audit-events", "tcp://127.0.0.1:9", "--duration", "inf"),  # a bound that never ends
     ("bench-engine", "--device", "bogus"),
     ("prove", "--invariants", ""),
     ("prove", "--invariants", " , "),

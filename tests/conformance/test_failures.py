@@ -26,6 +26,10 @@ def test_a_failure_class_ignores_numbers_and_ids_but_not_the_operation() -> None
     other = "after commit, candidate: INV-PUBLISH: block 3 (#1 of 0) is published but only 2"
     assert fingerprint("INV-PUBLISH", "commit", a) != fingerprint("INV-PUBLISH", "commit", other)
     assert message_shape("blocks [3, 4, 5] of (1, 2)") == "blocks [N...] of (N...)"
+    # the machines draw ids of every kind: one bug, one class, whatever the id's kind
+    for kind in ("SubclassedIntId(3)", "EnumId(5)", "SubclassedStrId(7)"):
+        c = f"after commit, candidate: INV-PUBLISH: block 3 (#1 of {kind}) has the wrong parent 2"
+        assert message_shape(c) == message_shape(b), c
 
 
 class _TwoPublishBugs(PublishesAhead, WrongParentHash):

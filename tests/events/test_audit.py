@@ -261,10 +261,11 @@ def test_joining_a_running_stream_is_not_a_violation() -> None:
         b"\x93\xcb" + b"\x00" * 8 + b"\x91\x91\xa7Unknown\x00",  # an unknown tag
         b"\x92\xa2ts\x90",  # ts is text
         encode_batch([BlockRemoved((1,))])[:-3],  # truncated
+        b"\x93\xcb" + b"\x00" * 8 + b"\x91\x81\xa4type\x91\xa1x\x00",  # a tag that is a list
     ],
     # NOTE: named ids, since the truncated batch carries the time it was encoded, and
     # pytest-xdist's workers must collect the same test names.
-    ids=["not-msgpack", "unknown-tag", "text-timestamp", "truncated"],
+    ids=["not-msgpack", "unknown-tag", "text-timestamp", "truncated", "list-tag"],
 )
 def test_a_batch_that_does_not_decode_is_decodes(payload: bytes) -> None:
     with pytest.raises(ValueError):

@@ -19,20 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from prefixkv.cli import EXIT_FAILURE, CommandError, Runner, emit_json
+from prefixkv.spec.contract import MAX_NUM_BLOCKS
 
-from .support import int_at_least
+from .support import int_at_least, int_in, seconds
 
 __all__ = ["setup"]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def setup(parser: argparse.ArgumentParser) -> Runner:
@@ -56,7 +47,7 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--topic", default="", help="the publisher's topic (default: every topic)")
     parser.add_argument(
         "--duration",
-        type=_positive_float,
+        type=seconds,
         metavar="SECONDS",
         help="stop after this long (default: until --max-batches or Ctrl-C)",
     )
@@ -68,14 +59,14 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--replay-timeout",
-        type=_positive_float,
+        type=seconds,
         default=2.0,
         metavar="SECONDS",
         help="how long a replay may take before its gap is reported (default: 2)",
     )
     parser.add_argument(
         "--num-blocks",
-        type=int_at_least(1),
+        type=int_in(1, MAX_NUM_BLOCKS),
         metavar="N",
         help="the engine's pool size (blocks per medium and KV cache group): enables the "
         "capacity check",

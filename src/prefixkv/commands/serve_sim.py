@@ -35,7 +35,15 @@ from prefixkv.serving import (
     serve_on_off,
 )
 
-from .support import check_workload_size, device_name, int_at_least, int_in, plot_path, progress
+from .support import (
+    check_workload_size,
+    device_name,
+    int_at_least,
+    int_in,
+    plot_path,
+    progress,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from prefixkv.engine import EngineConfig, Turn
@@ -157,7 +165,7 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
     )
     parser.add_argument(
         "--stall-timeout",
-        type=_seconds,
+        type=seconds,
         default=STALL_TIMEOUT_S,
         metavar="S",
         help="with --replicas: a replica that does not answer a tick within S seconds is "
@@ -178,17 +186,6 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
         "for a PATH without a suffix, PATH/figure.png for a folder)",
     )
     return _run
-
-
-def _seconds(text: str) -> float:
-    """An argparse ``type``: a number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
 
 
 def _run(args: argparse.Namespace) -> int:

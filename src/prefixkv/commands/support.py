@@ -27,6 +27,7 @@ __all__ = [
     "output_dir",
     "plot_path",
     "progress",
+    "seconds",
 ]
 
 #: The files ``--plot`` can write (matplotlib's Agg backend saves each).
@@ -35,7 +36,7 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?")
 
 
-def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
+def int_in(minimum: int, maximum: int | None) -> Callable[[str], int]:
     """An argparse ``type``: the flag's text as an int in ``minimum..maximum``.
 
     A bad value is a usage error (exit 2) with the validator's message, not argparse's
@@ -47,7 +48,7 @@ def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
 
     Args:
         minimum: the smallest value allowed.
-        maximum: the largest value allowed.
+        maximum: the largest value allowed (None: no bound, for a flag that is no size).
 
     Returns:
         The parser argparse calls with the flag's text.
@@ -62,12 +63,31 @@ def int_in(minimum: int, maximum: int) -> Callable[[str], int]:
             value = require_int(value, "the value", minimum=minimum)
         except InvalidConfig as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        if value > maximum:
+        if maximum is not None and value > maximum:
             raise argparse.ArgumentTypeError(f"the value must be <= {maximum:,}, got {text}")
         return value
 
-    parse.__name__ = f"int in {minimum}..{maximum}"
+    parse.__name__ = f"int >= {minimum}" if maximum is None else f"int in {minimum}..{maximum}"
     return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0 (a timeout or a duration; an
+    infinite one would let a bounded run never end).
+
+    Args:
+        text: the flag's value.
+
+    Returns:
+        The number of seconds.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 #: The most prompt tokens a generated workload may hold in all (every turn's prompt is
@@ -145,25 +165,9 @@ def device_name(text: str) -> str:
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type``: the flag's text as an int ``>= minimum`` (for a flag that is no
-    size: a seed; sizes use :func:`int_in`).
-
-    A bad value is a usage error (exit 2) with the validator's message, not argparse's
-    generic "invalid value".
-    """
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        try:
-            return require_int(value, "the value", minimum=minimum)
-        except InvalidConfig as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = f"int >= {minimum}"
-    return parse
+    """An argparse ``type``: the flag's text as an int ``>= minimum``, with no upper bound
+    (for a flag that is no size: a seed, a count of batches; sizes use :func:`int_in`)."""
+    return int_in(minimum, None)
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, quick: str, out: str) -> None:

@@ -31,6 +31,8 @@ __all__ = [
 _QUOTED = re.compile(r"b?'[^']*'|\"[^\"]*\"")
 _NUMBER = re.compile(r"(?<![\w-])-?\d+(?:\.\d+)?")
 _SERIES = re.compile(r"N(?:[,\s]+N)+,?")
+#: A sequence id of a subclassed or enum kind, as the machines draw them: ``EnumId(N)``.
+_WRAPPED = re.compile(r"\b[A-Z]\w*\(N\)")
 
 #: Called with every :class:`CheckFailed` as it is raised (the runner records the time of
 #: the first failure here, before Hypothesis starts shrinking).
@@ -40,9 +42,10 @@ failure_listeners: list[Callable[[CheckFailed], None]] = []
 def message_shape(message: str) -> str:
     """The first line of ``message`` with every number, quoted id and list of them blanked
     to ``N``: ``"block 3 (#1 of 'a') has the wrong parent 2"`` and ``"block 7 (#2 of 0) has
-    the wrong parent 5"`` have one shape."""
+    the wrong parent 5"`` have one shape, and so has ``"... (#1 of SubclassedIntId(3)) ..."``
+    (an id of any kind is an id)."""
     head = message.split("\n", 1)[0]
-    head = _NUMBER.sub("N", _QUOTED.sub("N", head))
+    head = _WRAPPED.sub("N", _NUMBER.sub("N", _QUOTED.sub("N", head)))
     return _SERIES.sub("N...", head)
 
 

@@ -144,7 +144,7 @@ def _event(raw: Any, i: int) -> EngineEvent:
         fields = dict(zip(names, raw[1:], strict=False))
     else:
         raise _DecodeFailure(f"event {i} is {raw!r}: neither a tagged map nor a tagged array")
-    if kind not in _ARRAY_FIELDS:
+    if not isinstance(kind, str) or kind not in _ARRAY_FIELDS:
         raise _DecodeFailure(f"event {i} has an unknown tag {kind!r}")
     if kind == "AllBlocksCleared":
         return EngineEvent(kind)
