@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TypeVar, cast
 
-from prefixkv.errors import InvalidConfig
+from prefixkv.errors import InvalidConfig, require_int
 
 from .errors import (
     CacheBusy,
@@ -80,11 +80,7 @@ def check_count(value: object, what: str, *, minimum: int) -> int:
 
     INV-TXN: a malformed count is refused before anything changes.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{what} must be an int, got {value!r}")
-    if value < minimum:
-        raise InvalidRequest(f"{what} must be >= {minimum}, got {value}")
-    return value
+    return require_int(value, what, minimum=minimum, error=InvalidRequest)
 
 
 #: The most blocks a pool may have: block ids are int32 in engines' block tables (and in
@@ -113,11 +109,7 @@ def check_pool_shape(num_blocks: object, block_size: object) -> tuple[int, int]:
         (num_blocks, "num_blocks", MAX_NUM_BLOCKS),
         (block_size, "block_size", MAX_BLOCK_SIZE),
     ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidConfig(f"{what} must be an int, got {value!r}")
-        if value < 1:
-            raise InvalidConfig(f"{what} must be >= 1, got {value}")
-        if value > most:
+        if require_int(value, what, minimum=1) > most:
             raise InvalidConfig(f"{what} must be <= {most}, got {value}")
     assert isinstance(num_blocks, int) and isinstance(block_size, int)
     return int(num_blocks), int(block_size)

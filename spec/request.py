@@ -11,6 +11,8 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from prefixkv.errors import require_int
+
 from .errors import InvalidRequest
 from .multimodal import MultimodalSpan
 from .namespace import Namespace
@@ -270,13 +272,12 @@ def _to_spans(value: object) -> tuple[MultimodalSpan, ...]:
 
 
 def _check_recompute(_: object, __: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidRequest(f"recompute_blocks must be an int >= 0, got {value!r}")
+    require_int(value, "recompute_blocks", minimum=0, error=InvalidRequest)
 
 
 def _check_limit(_: object, __: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidRequest(f"kv_token_limit must be None or an int >= 1, got {value!r}")
+    if value is not None:
+        require_int(value, "kv_token_limit (or None)", minimum=1, error=InvalidRequest)
 
 
 @attrs.frozen

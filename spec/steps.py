@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from prefixkv.errors import require_int
+
 from .errors import DuplicateSequence, InvalidRequest, PrefixCacheError
 from .request import SeqId, check_seq_id
 
@@ -101,11 +103,7 @@ class BatchOutcome(NamedTuple):
 
 
 def _check_count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{what} must be an int, got {value!r}")
-    if value < 0:
-        raise InvalidRequest(f"{what} must be >= 0, got {value}")
-    return value
+    return require_int(value, what, minimum=0, error=InvalidRequest)
 
 
 def check_step_counts(num_rejected: object, num_reserve: object) -> None:

@@ -79,6 +79,18 @@ def test_facade_exports_the_public_surface() -> None:
     assert isinstance(prefixkv.__version__, str) and prefixkv.__version__
 
 
+def test_facade_dir_lists_the_public_surface_only() -> None:
+    # dir() is what an editor completes and a reader explores: the public names, the lazy
+    # managers among them, and none of the façade's own imports.
+    import prefixkv
+
+    listed = dir(prefixkv)
+    assert listed == sorted(listed)
+    assert set(prefixkv.__all__) <= set(listed)
+    assert {"PrefixCacheManager", "__version__"} <= set(listed)
+    assert not {"import_module", "TYPE_CHECKING", "version", "Any"} & set(listed)
+
+
 def test_facade_imports_neither_torch_nor_z3() -> None:
     code = "import sys, prefixkv; print('torch' in sys.modules, 'z3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -57,6 +57,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'prefixkv' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The public names, the lazy managers among them (``dir(prefixkv)`` shows them)."""
+    return sorted({*__all__, *_LAZY, "__version__"})
+
+
 try:
     __version__ = version("prefixkv")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree

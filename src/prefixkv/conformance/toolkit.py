@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from prefixkv.errors import require_int
 from prefixkv.spec import (
     BlockView,
     CacheBusy,
@@ -87,9 +88,7 @@ MAX_TOKEN_ID = 2**32
 
 def check_count(value: object, what: str, minimum: int = 1) -> int:
     """An ``int`` (not a ``bool``) at least ``minimum``, else ``InvalidRequest``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidRequest(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
+    return require_int(value, what, minimum=minimum, error=InvalidRequest)
 
 
 def check_seq_id(value: object) -> SeqId:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from prefixkv.errors import require_int
 from prefixkv.spec.errors import InvalidRequest
 from prefixkv.spec.multimodal import MultimodalSpan
 from prefixkv.spec.namespace import Namespace
@@ -57,8 +58,7 @@ def _to_items(value: object) -> tuple[MultimodalItem, ...]:
 
 
 def _check_max_new(_: object, __: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"max_new_tokens must be an int >= 1, got {value!r}")
+    require_int(value, "max_new_tokens", minimum=1, error=InvalidRequest)
 
 
 @attrs.frozen

@@ -82,6 +82,21 @@ class _Reservation:
     num_tokens: int
 
 
+@attrs.define
+class _StepBuild:
+    """The step being planned, passed through ``schedule``'s three phases."""
+
+    scheduled: list[Generation] = attrs.Factory(list)
+    entries: list[ScheduledSeq] = attrs.Factory(list)
+    preempted: list[str] = attrs.Factory(list)  # request ids, in preemption order
+    used_decode: int = 0
+    used_prefill: int = 0
+
+    def budget_left(self, config: SchedulerConfig) -> int:
+        """Tokens of the step's budget not yet given to a decode or a prefill."""
+        return config.max_num_batched_tokens - self.used_decode - self.used_prefill
+
+
 def _off_namespace(base: Namespace, request_id: str, attempt: int) -> Namespace:
     """A namespace no other admission shares: cache off, like for like.
 
@@ -179,18 +194,17 @@ class Scheduler:
         self,
         gen: Generation,
         fits: Callable[[], bool],
-        scheduled: list[Generation],
-        preempted: list[str],
+        build: _StepBuild,
     ) -> bool:
         """Preempt newer sequences until ``fits()``; False if ``gen`` itself had to go."""
         while not fits():
-            victim = policy.choose_victim(self._running, scheduled)
+            victim = policy.choose_victim(self._running, build.scheduled)
             if victim is None or victim is gen:
                 self._preempt(gen)
-                preempted.append(gen.request_id)
+                build.preempted.append(gen.request_id)
                 return False
             self._preempt(victim)
-            preempted.append(victim.request_id)
+            build.preempted.append(victim.request_id)
         return True
 
     def _items_in(self, gen: Generation, start: int, end: int) -> tuple[MultimodalItem, ...]:
@@ -201,23 +215,43 @@ class Scheduler:
         )
 
     def schedule(self) -> StepPlan:
-        """Plan the next step and reserve its slots in the cache (see the module docstring)."""
+        """Plan the next step and reserve its slots in the cache (see the module docstring).
+
+        Returns:
+            The step's plan: one entry per scheduled sequence, in the order decided.
+
+        Raises:
+            InvalidOperation: the previous step is neither committed nor cancelled.
+            OutOfBlocks: a waiting request cannot fit even an empty pool.
+        """
         if self._plan is not None:
             raise InvalidOperation("the previous step is neither committed nor cancelled")
-        cfg = self.config
         self._step += 1
         self.stats.steps += 1
         if not self._waiting and not self._running:
             self.stats.idle_steps += 1
             self._plan = StepPlan(step=self._step, seqs=())
             return self._plan
-        cache = self.cache
-        scheduled: list[Generation] = []
-        entries: list[ScheduledSeq] = []
-        preempted: list[str] = []
         self._journal = []
+        build = _StepBuild()
+        self._schedule_decodes(build)
+        self._schedule_chunks(build)
+        self._schedule_admissions(build)
+        self._plan = StepPlan(
+            step=self._step,
+            seqs=tuple(build.entries),
+            preempted=tuple(build.preempted),
+            num_prefill_tokens=build.used_prefill,
+            num_decode_tokens=build.used_decode,
+        )
+        if self._plan.is_idle:
+            self.stats.idle_steps += 1
+        return self._plan
 
-        # 1. decode, round robin, with drafts
+    def _schedule_decodes(self, build: _StepBuild) -> None:
+        """Phase 1: decodes, round robin, each with its drafts, within the decode budget."""
+        cfg = self.config
+        cache = self.cache
         decoding = [g for g in self._running if g.status is Status.DECODE]
         order = policy.rotate(decoding, self._rr)
         drafts: dict[int, list[int]] = {}
@@ -233,12 +267,11 @@ class Scheduler:
         decode_budget, _ = policy.split_budget(
             cfg.max_num_batched_tokens, decode_demand, prefill_demand, cfg.min_prefill_tokens
         )
-        used_decode = 0
         served = 0
         for g in order:
             if g.status is not Status.DECODE:  # preempted earlier in this loop
                 continue
-            keep = policy.fit_decode(len(drafts[id(g)]), decode_budget - used_decode)
+            keep = policy.fit_decode(len(drafts[id(g)]), decode_budget - build.used_decode)
             if keep < 0:
                 break
             proposal = drafts[id(g)][:keep]
@@ -247,14 +280,14 @@ class Scheduler:
             def fits(g: Generation = g, n: int = n) -> bool:
                 return cache.can_append(g.request_id, n)
 
-            if not self._make_room(g, fits, scheduled, preempted):
+            if not self._make_room(g, fits, build):
                 continue
             cache.append(g.request_id, n)
             self._journal.append(_Reservation(g, "append", n))
-            scheduled.append(g)
+            build.scheduled.append(g)
             served += 1
-            used_decode += n
-            entries.append(
+            build.used_decode += n
+            build.entries.append(
                 ScheduledSeq(
                     seq_id=g.request_id,
                     kind=Kind.DECODE,
@@ -266,37 +299,43 @@ class Scheduler:
                 )
             )
         self._rr += served
-        budget = cfg.max_num_batched_tokens - used_decode
 
-        # 2. next chunks of running prefills (admission order: the oldest finishes first)
-        used_prefill = 0
+    def _schedule_chunks(self, build: _StepBuild) -> None:
+        """Phase 2: the next chunks of running prefills, oldest admission first."""
+        cache = self.cache
         for g in list(self._running):
-            if budget <= 0:
+            if build.budget_left(self.config) <= 0:
                 break
-            if g.status is not Status.PREFILL or g in scheduled:
+            if g.status is not Status.PREFILL or g in build.scheduled:
                 continue
+            budget = build.budget_left(self.config)
 
             def chunk_fits(g: Generation = g, b: int = budget) -> bool:
                 return cache.can_continue_prefill(g.request_id, b)
 
-            if not self._make_room(g, chunk_fits, scheduled, preempted):
+            if not self._make_room(g, chunk_fits, build):
                 continue
             n = cache.continue_prefill(g.request_id, budget)
             self._journal.append(_Reservation(g, "chunk", n))
             self.stats.prefill_chunks += 1
-            scheduled.append(g)
-            entries.append(self._prefill_entry(g, n))
-            budget -= n
-            used_prefill += n
+            build.scheduled.append(g)
+            build.entries.append(self._prefill_entry(g, n))
+            build.used_prefill += n
 
-        # 3. admit waiting requests, first come first served
-        while self._waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+    def _schedule_admissions(self, build: _StepBuild) -> None:
+        """Phase 3: admit waiting requests, first come first served, while budget lasts."""
+        cfg = self.config
+        cache = self.cache
+        while self._waiting and len(self._running) < cfg.max_num_seqs:
+            budget = build.budget_left(cfg)
+            if budget <= 0:
+                break
             g = self._waiting[0]
-            if g.request_id in preempted:
+            if g.request_id in build.preempted:
                 break  # preempted to make room this step: admitting it now would thrash
             req = self._cache_request(g)
             if not cache.can_admit(req, budget):
-                if not self._running and not scheduled:
+                if not self._running and not build.scheduled:
                     # Nothing holds a block, so the pool can never fit this request.
                     cache.admit(req, budget)  # raises OutOfBlocks with the numbers
                     raise OutOfBlocks("admission failed after can_admit")  # pragma: no cover
@@ -311,21 +350,9 @@ class Scheduler:
                 g.num_cached_at_admission = adm.num_cached_tokens
             self._running.append(g)
             self._journal.append(_Reservation(g, "admit", adm.num_scheduled_tokens))
-            scheduled.append(g)
-            entries.append(self._prefill_entry(g, adm.num_scheduled_tokens))
-            budget -= adm.num_scheduled_tokens
-            used_prefill += adm.num_scheduled_tokens
-
-        self._plan = StepPlan(
-            step=self._step,
-            seqs=tuple(entries),
-            preempted=tuple(preempted),
-            num_prefill_tokens=used_prefill,
-            num_decode_tokens=used_decode,
-        )
-        if self._plan.is_idle:
-            self.stats.idle_steps += 1
-        return self._plan
+            build.scheduled.append(g)
+            build.entries.append(self._prefill_entry(g, adm.num_scheduled_tokens))
+            build.used_prefill += adm.num_scheduled_tokens
 
     def _prefill_entry(self, g: Generation, n: int) -> ScheduledSeq:
         start = g.num_computed
