@@ -13,7 +13,7 @@ import torch
 
 from prefixkv.engine import Engine, EngineConfig, ModelConfig, Turn, image_item
 from prefixkv.engine.generation import MultimodalItem
-from prefixkv.engine.layers import apply_rope
+from prefixkv.engine.layers import DecoderLayer, apply_rope
 from prefixkv.engine.model import TinyDecoder
 from prefixkv.engine.multimodal import StubEncoder
 from prefixkv.engine.policy import SchedulerConfig
@@ -28,6 +28,7 @@ def dense_logits(model: TinyDecoder, embeds: torch.Tensor) -> torch.Tensor:
     if model.recurrent is not None:
         x, _ = model.recurrent(x, None)  # the whole sequence in one scan, from a zero state
     for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)
         h = layer.attn_norm(x)
         qkv = layer.attn.qkv(h)
         q_end = cfg.num_heads * cfg.head_dim

@@ -3,6 +3,8 @@ manager with a torch-free fake model whose "KV" is read back through the block t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from fake_model import FakeRunner, oracle
 from prefixkv.impl import PrefixCacheManager
@@ -80,7 +82,7 @@ def test_config_is_validated() -> None:
 class NgramLike:
     """Proposes the tokens that followed the last occurrence of the last token."""
 
-    def propose(self, tokens: list[int] | tuple[int, ...], max_tokens: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
         last = tokens[-1]
         for i in range(len(tokens) - 2, -1, -1):
             if tokens[i] == last:

@@ -6,6 +6,7 @@ check_pool_shape`), before anything is allocated.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -81,7 +82,7 @@ def test_pool_nbytes_is_what_the_pool_allocates(
         value = getattr(pool, name, None)
         if isinstance(value, (bytes, bytearray)):
             held += len(value)
-        elif hasattr(value, "buffer_info"):
+        elif isinstance(value, array):
             held += value.itemsize * len(value)
         elif isinstance(value, list) and len(value) == num_blocks:
             held += 8 * len(value)  # one pointer per block

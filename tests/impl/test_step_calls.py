@@ -110,7 +110,7 @@ def test_failed_reservation_undoes_the_commit(cls: type[Any]) -> None:
     assert cache.snapshot() == before
     out = cache.advance_batch([DecodeStep("s", 3, (9,)), DecodeStep("t", 0)])
     assert isinstance(out, BatchOutcome) and out.num_applied == 1 and not out.ok
-    assert out.failed_seq_id == "t"
+    assert out.failed_seq_id == "t" and out.error is not None
     with pytest.raises(type(out.error)):
         out.raise_for_error()
     bad = cache.advance_batch([DecodeStep("s", 99)])

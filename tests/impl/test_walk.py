@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 from prefixkv.impl import PrefixCacheManager
@@ -34,7 +35,7 @@ def _prefill(cache: object, seq_id: int, prompt: list[int]) -> None:
 def test_non_consecutive_chains_match_like_the_spec(hasher: object) -> None:
     """Interleaved prefills give chains of scattered block ids; every match agrees."""
     rng = random.Random(3)
-    kwargs = {} if hasher is None else {"hasher": hasher}
+    kwargs: dict[str, Any] = {} if hasher is None else {"hasher": hasher}
     impl = PrefixCacheManager(256, BS, **kwargs)
     spec = SpecCache(256, BS, **kwargs)
     base = _prompt(rng, 6)

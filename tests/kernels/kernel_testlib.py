@@ -31,7 +31,9 @@ failed by a few ulps (kernel error up to 3.3x naive), so the floors stay as they
 def examples(n: int) -> int:
     """``n`` examples under Hypothesis' default budget of 100, scaled with the active
     profile (so a ``thorough`` profile runs more and ``ci`` fewer), at least 3."""
-    return max(3, settings.default.max_examples * n // 100)
+    default = settings.default
+    assert default is not None  # Hypothesis always has a default profile loaded
+    return max(3, default.max_examples * n // 100)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from prefixkv.kernels import (
     write_kv,
 )
 from prefixkv.kernels import reference as R
+from prefixkv.kernels.index_math import Layout
 
 # bf16 tl.dot is wrong in the CPU interpreter: bf16 attention runs on the GPU only.
 DTYPES = [
@@ -57,7 +58,7 @@ def _heads(data: st.DataObject, device: torch.device) -> tuple[int, int, int]:
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_prefill_attention(
-    device: torch.device, dtype: torch.dtype, layout: str, data: st.DataObject
+    device: torch.device, dtype: torch.dtype, layout: Layout, data: st.DataObject
 ) -> None:
     _skip_unsupported(device, dtype)
     b = draw_batch(data, sizes_for(device), device, min_new=0)
@@ -118,7 +119,7 @@ def test_prefill_attention(
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_decode_attention(
-    device: torch.device, dtype: torch.dtype, layout: str, data: st.DataObject
+    device: torch.device, dtype: torch.dtype, layout: Layout, data: st.DataObject
 ) -> None:
     _skip_unsupported(device, dtype)
     b = draw_batch(data, sizes_for(device), device, decode=True)

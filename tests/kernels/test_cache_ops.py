@@ -18,6 +18,7 @@ from kernel_testlib import (
 )
 from prefixkv.kernels import _common, copy_blocks, gather_kv, write_kv
 from prefixkv.kernels import reference as R
+from prefixkv.kernels.index_math import Layout
 
 LAYOUTS = ("NHD", "HND")
 # Data movement does no arithmetic, so bf16 is exact under the interpreter too.
@@ -36,7 +37,7 @@ def _dims(data: st.DataObject, device: torch.device) -> tuple[int, int]:
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_write_kv_exact_with_canaries(
-    device: torch.device, layout: str, data: st.DataObject
+    device: torch.device, layout: Layout, data: st.DataObject
 ) -> None:
     b = draw_batch(data, sizes_for(device), device, min_new=0)
     heads, dim = _dims(data, device)
@@ -80,7 +81,7 @@ def test_write_kv_exact_with_canaries(
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_gather_kv_exact_with_canaries(
-    device: torch.device, layout: str, data: st.DataObject
+    device: torch.device, layout: Layout, data: st.DataObject
 ) -> None:
     b = draw_batch(data, sizes_for(device), device, min_new=0)
     heads, dim = _dims(data, device)
@@ -146,7 +147,7 @@ def test_gather_kv_cached_prefix_only(device: torch.device) -> None:
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_copy_blocks_exact_with_canaries(
-    device: torch.device, layout: str, data: st.DataObject
+    device: torch.device, layout: Layout, data: st.DataObject
 ) -> None:
     sz = sizes_for(device)
     heads, dim = _dims(data, device)
@@ -178,7 +179,7 @@ def test_copy_blocks_exact_with_canaries(
 @settings(deadline=None, max_examples=examples(15))
 @given(data=st.data())
 def test_copy_blocks_cow_fork_at_block_edges(
-    device: torch.device, layout: str, data: st.DataObject
+    device: torch.device, layout: Layout, data: st.DataObject
 ) -> None:
     """Copy-on-write fork of every sequence's last block, lengths drawn at a block boundary
     and +-1 (a full last block, one token short, one token into a new block).

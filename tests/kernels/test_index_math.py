@@ -91,7 +91,8 @@ def test_torch_ops_agree_with_python_ops() -> None:
 def test_layout_strides_and_offsets() -> None:
     nhd = torch.empty(5, 4, 3, 8)
     hnd = torch.empty(5, 3, 4, 8)
-    for t, layout in ((nhd, "NHD"), (hnd, "HND")):
+    cases: tuple[tuple[torch.Tensor, im.Layout], ...] = ((nhd, "NHD"), (hnd, "HND"))
+    for t, layout in cases:
         st4 = im.cache_strides(t.stride(), layout)
         assert im.cache_dims(t.shape, layout) == (5, 4, 3, 8)
         flat = t.reshape(-1)

@@ -123,7 +123,7 @@ HUGE_CACHE = (2**17, 16, 8, 128)
 EDGE_CACHE = (2**17 - 1, 16, 8, 128)
 
 
-def _write(layout: str, huge: str, tokens: int = 4) -> dict[str, torch.Tensor]:
+def _write(layout: index_math.Layout, huge: str, tokens: int = 4) -> dict[str, torch.Tensor]:
     pages, ps, heads, dim = HUGE_CACHE if huge in ("key_cache", "value_cache") else (64, 16, 8, 128)
     small = (64, ps, heads, dim) if layout == "NHD" else (64, heads, ps, dim)
     big = (pages, ps, heads, dim) if layout == "NHD" else (pages, heads, ps, dim)
@@ -140,7 +140,7 @@ def _write(layout: str, huge: str, tokens: int = 4) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("huge", ["none", "key", "value", "key_cache", "value_cache"])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_write_kv_decides_int64_for_every_tensor(
-    launches: list[Launch], layout: str, huge: str, slot_dtype: torch.dtype
+    launches: list[Launch], layout: index_math.Layout, huge: str, slot_dtype: torch.dtype
 ) -> None:
     t = _write(layout, huge)
     if huge in ("key_cache", "value_cache"):  # K and V caches must agree in shape

@@ -414,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help=f"with --survey: write {CATCHES.name}")
     args = parser.parse_args(argv)
     if args.list:
-        for i, bug in enumerate(ENGINE_BUGS):
-            print(f"{i:>3}  {bug.name}" + ("  (equivalent)" if bug.equivalent else ""))
+        for i, listed in enumerate(ENGINE_BUGS):
+            print(f"{i:>3}  {listed.name}" + ("  (equivalent)" if listed.equivalent else ""))
         return 0
     known = {bug.name: bug for bug in ENGINE_BUGS}
     unknown = [name for name in args.bug if name not in known]

@@ -54,8 +54,9 @@ def _now() -> float:
 
 def _summary(report: Any) -> str:
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-    if crash is not None and getattr(crash, "message", ""):
-        return str(crash.message).splitlines()[0][:300]
+    message = getattr(crash, "message", None)
+    if message:
+        return str(message).splitlines()[0][:300]
     text = str(getattr(report, "longreprtext", "") or "").strip().splitlines()
     errors = [line for line in text if line.startswith("E ")]
     return ((errors or text or [""])[-1])[:300]
@@ -140,6 +141,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = os.environ.get("PREFIXKV_MUTANT_REPORT")
     if not path or hasattr(session.config, "workerinput"):  # xdist workers report upward
         return
-    result = {"first": _first, "exitstatus": int(exitstatus), "first_test": _first_test}
-    result.update(collected=_collected, failures=_failures, durations=_durations)
+    result: dict[str, Any] = {"first": _first, "exitstatus": int(exitstatus)}
+    result.update(first_test=_first_test, collected=_collected)
+    result.update(failures=_failures, durations=_durations)
     Path(path).write_text(json.dumps(result))

@@ -131,14 +131,13 @@ def run_one(bug: Bug | None, workdir: Path, *, shrink: bool, timeout: float) -> 
     env["PREFIXKV_MUTANT_T0"] = repr(time.monotonic())
     start = time.perf_counter()
     pids: list[int] = []
+
+    def on_start(pid: int) -> None:
+        pids.append(pid)
+        _started(name, pid)
+
     try:
-        done = run_isolated(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            timeout=timeout,
-            on_start=lambda pid: (pids.append(pid), _started(name, pid)),
-        )
+        done = run_isolated(cmd, cwd=ROOT, env=env, timeout=timeout, on_start=on_start)
     finally:
         with _LIVE_LOCK:
             _LIVE.difference_update(pids)

@@ -27,7 +27,15 @@ import time
 from typing import Any
 
 from prefixkv.impl import PrefixCacheManager
-from prefixkv.spec import HASHERS, Namespace, PrefixCacheError, Request, SpecCache, invariants
+from prefixkv.spec import (
+    HASHERS,
+    Namespace,
+    PrefixCacheError,
+    Request,
+    SeqId,
+    SpecCache,
+    invariants,
+)
 
 NAMESPACES = (
     Namespace("llm@1"),
@@ -94,11 +102,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tuple(rng.randrange(1, 32_000) for _ in range(rng.randrange(4, 32) * bs)) for _ in range(8)
     ]
     max_suffix = args.max_suffix or max(4 * bs, args.blocks * bs // (4 * args.seqs))
-    live: dict[int, tuple[int, ...]] = {}
+    live: dict[SeqId, tuple[int, ...]] = {}
     next_id = 0
     start_wall, start_cpu = time.perf_counter(), time.process_time()
 
-    def free(ids: list[int]) -> None:
+    def free(ids: list[SeqId]) -> None:
         pair.op("free", ids)
         for seq_id in ids:
             del live[seq_id]

@@ -25,6 +25,7 @@ from prefixkv.spec import (
     OutOfStateSlots,
     PrefixCache,
     PrefixCacheError,
+    SeqId,
     SpecCache,
     UnknownSequence,
 )
@@ -33,7 +34,7 @@ from prefixkv.spec import contract as c
 from prefixkv.errors import InvalidConfig
 
 IMG = MultimodalSpan(4, 8, "image", b"cat")  # tokens 4..7
-LIVE = {"a": 1, 7: 2}
+LIVE: dict[SeqId, int] = {"a": 1, 7: 2}
 
 #: ``(call, error class, fragment of the message)``: each call must raise exactly that.
 BAD: list[tuple[str, Callable[[], object], type[Exception], str]] = [
@@ -99,7 +100,12 @@ BAD: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         "reserving up to 6 would split the span",
     ),
     ("append: zero", lambda: c.check_append("a", 0, 4, 4, 4, None, ()), InvalidRequest, ">= 1"),
-    ("append: str", lambda: c.check_append("a", "1", 4, 4, 4, None, ()), InvalidRequest, "'1'"),
+    (
+        "append: str",
+        lambda: c.check_append("a", "1", 4, 4, 4, None, ()),  # type: ignore[arg-type]
+        InvalidRequest,
+        "'1'",
+    ),
     (
         "append: prefill limit",
         lambda: c.check_append("a", 3, 4, 2, 10, 4, ()),
@@ -364,7 +370,7 @@ def test_lost_reuse_adds_up_to_the_prompt(
         (HybridPrefixCacheManager, HybridPrefixCache),
     ],
 )
-def test_caches_implement_every_protocol_method(cls: type, protocol: type) -> None:
+def test_caches_implement_every_protocol_method(cls: type[PrefixCache], protocol: type) -> None:
     """Each cache subclasses its protocol explicitly (its API docs inherit the protocol's
     docstrings), so a method it forgot would silently inherit the protocol's empty body:
     none may."""

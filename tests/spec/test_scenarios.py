@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 from prefixkv.impl import PrefixCacheManager
 from prefixkv.spec import (
+    BlockRemoved,
     MultimodalSpan,
     Namespace,
     OutOfBlocks,
@@ -106,7 +107,7 @@ def test_eviction_order_under_pressure(make: Factory) -> None:
     snap = cache.snapshot()  # type: ignore[attr-defined]
     old_blocks = [b.block_id for b in snap.blocks if b.token_ids == (1,) * 4]
     cache.admit(Request("x", [3] * 23, NS))  # needs all 6 blocks: evicts every cached one
-    removed = [e.block_hashes for e in cache.take_events() if type(e).__name__ == "BlockRemoved"]
+    removed = [e.block_hashes for e in cache.take_events() if isinstance(e, BlockRemoved)]
     assert len(removed) == 4
     # the two "old" blocks go first, the deeper one before its parent
     assert {b.block_id for b in snap.blocks if b.block_hash in removed[0] + removed[1]} == set(

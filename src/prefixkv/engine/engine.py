@@ -56,6 +56,10 @@ def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
     return tuple(tokens)
 
 
+def _item_tuple(items: Iterable[MultimodalItem]) -> tuple[MultimodalItem, ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class Turn:
     """One request of a workload.
@@ -71,7 +75,7 @@ class Turn:
     max_new_tokens: int
     follows: str | None = None
     arrival_step: int = 0
-    multimodal: tuple[MultimodalItem, ...] = attrs.field(default=(), converter=tuple)
+    multimodal: tuple[MultimodalItem, ...] = attrs.field(default=(), converter=_item_tuple)
     kv_token_limit: int | None = None
 
 
