@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import time
@@ -213,18 +214,18 @@ def _holds(preconditions: Any, caps: Capabilities) -> bool | None:
 
 
 def _excluded_by(preconditions: Any, caps: Capabilities) -> str | None:
-    """The capability, off in ``caps``, that keeps ``preconditions`` from holding."""
+    """The capability, off in ``caps``, that keeps ``preconditions`` from holding, or the
+    two that do together (``rollback`` needs ``speculative`` and ``rollback``)."""
     if _holds(preconditions, caps) is not False:
         return None
-    for field in attrs.fields(Capabilities):
-        if getattr(caps, field.name) is not False:
-            continue
+    off = [f.name for f in attrs.fields(Capabilities) if getattr(caps, f.name) is False]
+    for names in [(n,) for n in off] + list(itertools.combinations(off, 2)):
         try:
-            on = Capabilities.evolve(caps, {field.name: True})
+            on = Capabilities.evolve(caps, dict.fromkeys(names, True))
         except ValueError:
             continue
         if _holds(preconditions, on):
-            return f"-{field.name}"
+            return " ".join(f"-{n}" for n in names)
     return "its precondition never held"
 
 
