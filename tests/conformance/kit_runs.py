@@ -40,6 +40,18 @@ def first_failure(factory: Any) -> ConformanceFailure:
     return info.value
 
 
+def every_root_cause(bugs: dict[str, type], factory_for: Any, max_failures: int) -> Any:
+    """The report of one run, unshrunk, on one engine with every bug of ``bugs`` in it (each
+    bug overrides its own method, so the subclasses combine), up to ``max_failures``
+    failure classes."""
+    factory = factory_for(type("AllBugs", tuple(bugs.values()), {}))
+    with pytest.raises(ConformanceFailure) as info:
+        run_conformance(
+            factory, max_examples=50, steps=STEPS, profile=FIND_ONLY, max_failures=max_failures
+        )
+    return info.value.report
+
+
 def shortest_failure(factory: Any) -> FailedCheck:
     """The first failed check of a buggy manager, shrunk to its shortest replay."""
     with pytest.raises(ConformanceFailure) as info:

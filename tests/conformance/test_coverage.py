@@ -10,47 +10,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from last_wins_engine import LastWinsAdapter, LastWinsEngine, make
 from prefixkv.spec import InvalidOperation
 
+from examples.minimal_engine import MinimalEngine
+from examples.minimal_engine_adapter import MinimalEngineAdapter, make_manager
 from prefixkv.conformance import run_conformance
 
 
 def test_a_report_names_what_ran_and_what_did_not(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    report = run_conformance(make(), max_examples=20, steps=20, profile="ci", report=out)
+    report = run_conformance(make_manager, max_examples=20, steps=20, profile="ci", report=out)
     cov = report.coverage
     assert cov.fired["admit"] > 0 and cov.ops["admit"] > 0 and "init" not in cov.fired
     # each rule the capabilities exclude is named with the capability
-    assert cov.skipped["rollback"] == "-speculative"
+    assert cov.skipped["rollback"] == "-speculative -rollback"  # it needs both
     assert cov.skipped["evict"] == "-evict" and cov.skipped["reset"] == "-reset"
     assert cov.skipped["continue_prefill"] == "-chunked_prefill"
     assert cov.skipped["match_rich"] == "-multimodal"
     assert not set(cov.skipped) & set(cov.fired)
     data = json.loads(out.read_text())["coverage"]
-    assert data["skipped"]["rollback"] == "-speculative"
+    assert data["skipped"]["rollback"] == "-speculative -rollback"
     assert data["rules"]["admit"]["fired"] == cov.fired["admit"]
     assert "coverage (rule: fired, refused):" in report.summary()
-    assert "rollback               skipped: -speculative" in report.summary()
+    assert "rollback               skipped: -speculative -rollback" in report.summary()
 
 
-class _RefusesDecode(LastWinsAdapter):
+class _RefusesDecode(MinimalEngineAdapter):
     """Correct, but refuses every commit past the prompt: most decode work never runs."""
 
     def commit(self, seq_id: Any, num_computed: int, accepted_tokens: Any = ()) -> None:
-        r = self.engine.requests.get(seq_id)
-        if r is not None and num_computed and r.num_computed >= r.num_prompt_tokens:
+        s = self.e.seqs.get(seq_id)
+        if s is not None and num_computed and s.num_computed_tokens >= s.num_prompt_tokens:
             raise InvalidOperation("this engine does not decode")
         super().commit(seq_id, num_computed, accepted_tokens)
 
 
 def test_a_manager_that_refuses_the_workload_is_flagged() -> None:
-    factory = make()
-
     def refusing(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
-        return _RefusesDecode(LastWinsEngine(num_blocks, block_size))
+        return _RefusesDecode(MinimalEngine(num_blocks, block_size))
 
-    refusing.capabilities = factory.capabilities  # type: ignore[attr-defined]
+    refusing.capabilities = make_manager.capabilities  # type: ignore[attr-defined]
     report = run_conformance(refusing, max_examples=20, steps=20, profile="ci", skip_rules="")
     assert report.passed
     assert "advance" in report.coverage.mostly_refused(), report.summary()
@@ -63,7 +62,9 @@ def test_a_manager_that_refuses_the_workload_is_flagged() -> None:
         "examples.engine_style:make_manager",
         "examples.vllm_style_adapter:make_manager",
         "examples.radix_style_adapter:make_manager",
-        "last_wins_engine:make",
+        "examples.hybrid_style_adapter:make_manager",
+        "examples.minimal_engine_adapter:make_manager",
+        "examples.mtp_engine_adapter:make_manager",
     ],
 )
 def test_the_example_managers_are_rarely_refused(target: str) -> None:
@@ -71,6 +72,5 @@ def test_the_example_managers_are_rarely_refused(target: str) -> None:
     its firings on a correct example manager."""
     module, _, name = target.partition(":")
     factory = getattr(importlib.import_module(module), name)
-    factory = factory() if name == "make" else factory
     report = run_conformance(factory, max_examples=30, steps=30, profile="ci")
     assert report.passed and not report.coverage.mostly_refused(), report.summary()

@@ -5,12 +5,15 @@ still caught under every duplicates mode."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kit_runs import first_failure
-from last_wins_engine import LastWinsEngine, WrongParentHash, make
+from last_wins_engine import WrongParentHash, make
 from prefixkv.spec import CacheState, InvariantViolation, Match, Namespace, Request, SeqView
 from prefixkv.spec import invariants as inv
 
+from examples.minimal_engine_adapter import make_manager
 from prefixkv.conformance import Capabilities, Lockstep, run_conformance
 from prefixkv.conformance import toolkit as tk
 from prefixkv.conformance.failures import CheckFailed
@@ -21,17 +24,17 @@ _MODES = ("private", "shared", "last-wins")
 _PUBLISH = ("compute", "schedule")
 
 
-def _oracle(engine: type[LastWinsEngine], duplicates: str = "last-wins") -> Lockstep:
-    factory = make(engine, duplicates)
+def _oracle(factory: Any) -> Lockstep:
     oracle = Lockstep(None, factory(4, 1, record_events=False), caps=factory.capabilities)
     oracle.start()
     return oracle
 
 
 def test_two_identical_prompts_computed_concurrently_pass_under_last_wins() -> None:
-    """The replay of a false alarm: the older copy's child is rendered under the newer copy
-    of its parent (the one the index keeps), which is a correct parent."""
-    oracle = _oracle(LastWinsEngine)
+    """The replay of a false alarm, on the minimal example engine (no parents, a last-wins
+    index, an adapter on build_snapshot): the older copy's child is rendered under the newer
+    copy of its parent (the one the index keeps), which is a correct parent."""
+    oracle = _oracle(make_manager)
     oracle.op("admit", lambda c: c.admit(Request(0, (7, 7), _NS)))
     oracle.op("admit", lambda c: c.admit(Request(1, (7, 7), _NS)))
     oracle.op("commit", lambda c: c.commit(0, 2, (1,)))
@@ -48,7 +51,7 @@ def test_two_identical_prompts_computed_concurrently_pass_under_last_wins() -> N
 def test_a_parent_chained_to_another_block_is_caught_in_every_mode(duplicates: str) -> None:
     """A block hashed under the wrong parent (the sequence's first block, of another
     identity) is INV-PUBLISH whatever the duplicates mode."""
-    oracle = _oracle(WrongParentHash, duplicates)
+    oracle = _oracle(make(WrongParentHash, duplicates))
     oracle.op("admit", lambda c: c.admit(Request(0, (5, 6, 7, 8), _NS)))
     with pytest.raises(CheckFailed) as info:
         oracle.op("commit", lambda c: c.commit(0, 3, ()))
@@ -155,8 +158,9 @@ def test_identity_classes_follow_the_whole_chain() -> None:
 
 
 def test_the_last_wins_engine_passes_the_kit() -> None:
-    """The whole workload, with the adapter on build_snapshot: no false alarm (before the
-    parents were compared by identity, this run failed INV-PUBLISH)."""
+    """The whole workload, with the adapter on build_snapshot and the engine's own parent
+    hashes: no false alarm (before the parents were compared by identity, this run failed
+    INV-PUBLISH), so the wrong-parent bug below fails for its bug alone."""
     report = run_conformance(make(), max_examples=60, steps=30, profile="ci")
     assert report.passed and report.rules > 100, report.summary()
 

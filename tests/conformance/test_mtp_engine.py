@@ -4,11 +4,11 @@ own API first, then the conformance kit on its adapter."""
 from __future__ import annotations
 
 import pytest
-from kit_runs import first_failure, passes
+from kit_runs import every_root_cause, first_failure, passes
 
 from examples.minimal_engine import Sequence
 from examples.mtp_engine import BUGS, MTPEngine
-from examples.mtp_engine_adapter import BUG_FACTORIES, CAPABILITIES, make_manager
+from examples.mtp_engine_adapter import BUG_FACTORIES, CAPABILITIES, factory_for, make_manager
 
 
 def test_drafts_reserve_across_a_block_boundary_and_stay_reserved() -> None:
@@ -48,3 +48,14 @@ def test_every_bug_has_an_expected_check() -> None:
 def test_each_bug_is_caught(bug: str) -> None:
     failure = first_failure(BUG_FACTORIES[bug])
     assert failure.check in EXPECTED[bug], str(failure)
+
+
+def test_every_bug_is_its_own_root_cause_in_one_report() -> None:
+    """All three bugs in one engine: one report lists each as a root cause of its own (a
+    bug that fires in nearly every run is in every other bug's run too; folding a failure
+    into the one its run went past made them all one root cause)."""
+    checks = [c for expected in EXPECTED.values() for c in expected]
+    assert len(checks) == len(set(checks))  # a failed check names the bug behind it
+    report = every_root_cause(BUGS, factory_for, max_failures=6)
+    for bug, expected in EXPECTED.items():
+        assert any(f.check in expected for f in report.failures), (bug, report.summary())

@@ -43,10 +43,11 @@ def message_shape(message: str) -> str:
     """The first line of ``message`` with every number, quoted id and list of them blanked
     to ``N``: ``"block 3 (#1 of 'a') has the wrong parent 2"`` and ``"block 7 (#2 of 0) has
     the wrong parent 5"`` have one shape, and so has ``"... (#1 of SubclassedIntId(3)) ..."``
-    (an id of any kind is an id)."""
+    (an id of any kind is an id). A message that says the same thing of several blocks,
+    clause after clause (``"hits block 0 ...; hits block 1 ..."``), has the shape of one."""
     head = message.split("\n", 1)[0]
-    head = _WRAPPED.sub("N", _NUMBER.sub("N", _QUOTED.sub("N", head)))
-    return _SERIES.sub("N...", head)
+    head = _SERIES.sub("N...", _WRAPPED.sub("N", _NUMBER.sub("N", _QUOTED.sub("N", head))))
+    return "; ".join(dict.fromkeys(head.split("; ")))
 
 
 def fingerprint(check: str, operation: str, message: str) -> str:

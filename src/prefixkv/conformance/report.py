@@ -5,9 +5,12 @@ A run does not stop at the first failure. Each failure found is shrunk to a mini
 then the search starts again with that failure class set aside (its fingerprint: the check,
 the operation and the message's shape; :func:`~.failures.fingerprint`), so another failure
 of the same check is still found, until the run passes or ``max_failures`` distinct
-failures have been found. A failure whose minimal run first went past an earlier one (the
-earlier one's class fired there, set aside) is that failure's consequence: it is listed
-under it as *related*, and the root cause is reported once. For each, the report keeps
+failures have been found. Every failure class is a root cause of its own, reported once.
+A failure whose minimal run first went past an earlier one (the earlier one's class fired
+there, set aside), or that fails the same check in the same words after another
+operation, may follow from it: it is also named under that one as *possibly related*,
+never folded into it (several bugs of one engine stay several root causes). For each, the
+report keeps
 when it was first seen (time to the first failure: the search) apart from the time spent
 shrinking it, since on a real engine finding takes well under a second and shrinking most
 of a minute.
@@ -23,8 +26,9 @@ import attrs
 
 __all__ = ["ConformanceFailure", "ConformanceReport", "Coverage", "FailedCheck"]
 
-#: The version of the JSON report's layout.
-REPORT_FORMAT = 2
+#: The version of the JSON report's layout (3: ``related`` names failure classes reported
+#: on their own; 2 folded them into the earlier failure).
+REPORT_FORMAT = 3
 
 
 @attrs.frozen
@@ -50,9 +54,10 @@ class FailedCheck:
     fingerprint: str = ""
     #: The operation the check failed at (``""`` when it was not one).
     operation: str = ""
-    #: Failures of other classes whose minimal runs went past this one first: the same
-    #: root cause, seen by other checks.
-    related: tuple[FailedCheck, ...] = ()
+    #: The failure classes found later whose minimal runs went past this one first (or
+    #: that fail the same check in the same words after another operation): possibly the
+    #: same bug seen again, each also reported as a root cause of its own.
+    related: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -70,8 +75,7 @@ class FailedCheck:
             f"shrunk in {self.shrink_s:.2f} s{capped}):\n{replay}"
         )
         if self.related:
-            lines = [f"  {r.label}: {r.message.splitlines()[0]}" for r in self.related]
-            text += "\n\nthe same root cause, also seen as:\n" + "\n".join(lines)
+            text += "\n\npossibly related (reported on their own): " + ", ".join(self.related)
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -87,7 +91,7 @@ class FailedCheck:
             "find_s": round(self.find_s, 3),
             "shrink_s": round(self.shrink_s, 3),
             "shrink_capped": self.shrink_capped,
-            "related": [r.to_json() for r in self.related],
+            "related": list(self.related),
         }
 
 
@@ -182,18 +186,24 @@ class ConformanceReport:
 
     @property
     def fingerprints(self) -> list[str]:
-        """Every failure class found, root causes and related, in the order found."""
-        return [g.fingerprint for f in self.failures for g in (f, *f.related)]
+        """Every failure class found, in the order found."""
+        return [f.fingerprint for f in self.failures]
 
     def summary(self) -> str:
-        """One paragraph: the root causes that failed (with the checks related to each)
-        and what was looked past."""
+        """One paragraph: the root causes that failed (with the later ones possibly related
+        to each) and what was looked past."""
         if self.passed:
             head = f"passed: {self.rules} rule steps, {self.operations} operations"
         else:
             more = " (the search stopped there)" if len(self.failures) >= self.max_failures else ""
+            label = {f.fingerprint: f.label for f in self.failures}
             causes = [
-                f.label + (f" (also: {', '.join(r.label for r in f.related)})" if f.related else "")
+                f.label
+                + (
+                    f" (possibly related: {', '.join(label.get(r, r) for r in f.related)})"
+                    if f.related
+                    else ""
+                )
                 for f in self.failures
             ]
             head = f"{len(self.failures)} root cause(s) failed{more}:\n" + "\n".join(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import time
@@ -173,10 +174,6 @@ def _shape(check: str, message: str) -> tuple[str, str]:
     return check, message_shape(message).split(": ", 1)[-1]
 
 
-#: The most failures (root causes and related) a run looks for, per root cause asked for.
-_RELATED_PER_ROOT = 4
-
-
 def _bad_input(rule: str) -> bool:
     """A bad-input rule: its operations must be refused, so a refusal there is no gap."""
     return rule.startswith("bad_")
@@ -217,32 +214,29 @@ def _holds(preconditions: Any, caps: Capabilities) -> bool | None:
 
 
 def _excluded_by(preconditions: Any, caps: Capabilities) -> str | None:
-    """The capability, off in ``caps``, that keeps ``preconditions`` from holding."""
+    """The capability, off in ``caps``, that keeps ``preconditions`` from holding, or the
+    two that do together (``rollback`` needs ``speculative`` and ``rollback``)."""
     if _holds(preconditions, caps) is not False:
         return None
-    for field in attrs.fields(Capabilities):
-        if getattr(caps, field.name) is not False:
-            continue
+    off = [f.name for f in attrs.fields(Capabilities) if getattr(caps, f.name) is False]
+    for names in [(n,) for n in off] + list(itertools.combinations(off, 2)):
         try:
-            on = Capabilities.evolve(caps, {field.name: True})
+            on = Capabilities.evolve(caps, dict.fromkeys(names, True))
         except ValueError:
             continue
         if _holds(preconditions, on):
-            return f"-{field.name}"
+            return " ".join(f"-{n}" for n in names)
     return "its precondition never held"
 
 
-def _by_root_cause(found: list[FailedCheck], root_of: dict[str, int]) -> tuple[FailedCheck, ...]:
-    """The root causes in the order found, each with the failures related to it."""
-    related: dict[int, list[FailedCheck]] = {}
-    for i, f in enumerate(found):
-        if root_of[f.fingerprint] != i:
-            related.setdefault(root_of[f.fingerprint], []).append(f)
-    return tuple(
-        attrs.evolve(f, related=tuple(related.get(i, ())))
-        for i, f in enumerate(found)
-        if root_of[f.fingerprint] == i
-    )
+def _by_root_cause(found: list[FailedCheck], related_to: dict[int, int]) -> tuple[FailedCheck, ...]:
+    """Every failure class found, in the order found, each a root cause of its own; under
+    each, the later failures possibly related to it (``related_to``: the index of a later
+    failure in ``found`` -> the index of the earlier one its run went past)."""
+    related: dict[int, list[str]] = {}
+    for later, earlier in sorted(related_to.items()):
+        related.setdefault(earlier, []).append(found[later].fingerprint)
+    return tuple(attrs.evolve(f, related=tuple(related.get(i, ()))) for i, f in enumerate(found))
 
 
 @contextlib.contextmanager
@@ -301,9 +295,10 @@ def run_conformance(
       (``"INV-PUBLISH#1a2b3c4d"``, as a report names them) to look past;
       ``skip_rules``: rules that never fire (``"reset"``);
     * ``max_failures``: the run goes on after a failure, with its failure class set aside,
-      until it passes or this many root causes were found (or four times as many failures
-      in all); each is shrunk to its own replay, and one whose run went past an earlier one
-      is reported under it as related;
+      until it passes or this many failure classes were found; each is a root cause of its
+      own, shrunk to its own replay, and one whose run went past an earlier one (or failed
+      the same check in the same words after another operation) is also listed under that
+      one as possibly related;
     * ``report``: a path to write the JSON report to (passing or not);
     * ``database``: the example database to share with other runs, a directory path or a
       ``redis://host:port/db`` URL (:func:`~prefixkv.conformance.database.parse_database`;
@@ -355,16 +350,13 @@ def run_conformance(
     refused: Counter[str] = Counter()
     ops: Counter[str] = Counter()
     op_errors: Counter[str] = Counter()
-    found: list[FailedCheck] = []  # every failure, in the order found
-    root_of: dict[str, int] = {}  # failure class -> the index in found of its root cause
+    found: list[FailedCheck] = []  # every failure class, in the order found
+    index_of: dict[str, int] = {}  # failure class -> its index in found
+    related_to: dict[int, int] = {}  # a later failure -> the earlier one it may follow from
     shape_of: dict[tuple[str, str], str] = {}  # (check, message shape) -> its first class
     rules = operations = 0
     start = time.perf_counter()
-    # NOTE: max_failures counts root causes; one root cause seen by several checks costs a
-    # pass (and a shrink) per check, so the related failures are bounded too.
-    while len({root_of[f.fingerprint] for f in found}) < max_failures and len(found) < (
-        _RELATED_PER_ROOT * max_failures
-    ):
+    while len(found) < max_failures:
         looked_past = (*ignored, *(f.fingerprint for f in found))
         machine = conformance_machine(
             factory, caps, hasher=hasher, ignore=looked_past, skip_rules=skipped
@@ -403,13 +395,16 @@ def run_conformance(
                 )
             )
             # NOTE: the minimal run of this failure went past the classes in exc.after (set
-            # aside, they fired before it). Shrinking keeps only what this failure needs, so
-            # an earlier class that still fires there is its likeliest root cause.
-            # The same check with the same message shape after another operation is the
-            # same failure, reached by another path.
+            # aside, they fired before it), or it fails the same check in the same words as
+            # an earlier class after another operation: it may follow from that one. It is
+            # listed under it as possibly related, and never folded into it: a bug that
+            # fires in nearly every run is in the minimal run of every other bug of the
+            # same engine, and folding made several bugs one root cause.
             twin = shape_of.setdefault(_shape(exc.check, exc.detail), exc.fingerprint)
-            earlier = [root_of[fp] for fp in (*exc.after, twin) if fp in root_of]
-            root_of[exc.fingerprint] = earlier[0] if earlier else len(found) - 1
+            earlier = [index_of[fp] for fp in (*exc.after, twin) if fp in index_of]
+            index_of[exc.fingerprint] = len(found) - 1
+            if earlier:
+                related_to[len(found) - 1] = earlier[0]
             continue
         finally:
             failure_listeners.remove(listen)
@@ -435,7 +430,7 @@ def run_conformance(
         rules=rules,
         operations=operations,
         seconds=time.perf_counter() - start,
-        failures=_by_root_cause(found, root_of),
+        failures=_by_root_cause(found, related_to),
         ignored=ignored,
         skipped_rules=skipped,
         max_failures=max_failures,

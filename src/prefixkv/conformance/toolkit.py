@@ -230,7 +230,6 @@ class AdapterBase(Generic[_R]):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.counters = Counters()
         self.reqs: dict[Any, _R] = {}
-        self.books: dict[Any, SeqBook] = {}
 
     def snapshot(self) -> CacheState:
         raise NotImplementedError("render the engine's state with build_snapshot")
@@ -293,9 +292,10 @@ class AdapterBase(Generic[_R]):
 class SeqBook:
     """Per-sequence bookkeeping for an engine that keeps less than a
     :class:`~prefixkv.spec.SeqView` needs: the known tokens, the slots reserved, the
-    tokens computed and the tokens hit at admission. Keep one per live sequence in
-    ``AdapterBase.books`` (:meth:`admitted`, :meth:`reserved`, :meth:`committed`) and
-    render it with :meth:`view`.
+    tokens computed and the tokens hit at admission. Keep one per live sequence (as the
+    adapter's ``reqs`` when the engine keeps no request of its own: :meth:`admitted`,
+    :meth:`committed`), or build one from the engine's fields, and render it with
+    :meth:`view`.
     """
 
     namespace: bytes

@@ -318,9 +318,12 @@ class HybridMachine(DifferentialMachine):
         if held.raised or held.value is None:
             return
         position = view.num_computed + ahead
+        # a draft's state must be refused: not a refusal of the workload
+        refused = self.oracle.refused_in_rule
         self.oracle.op(
             "keep_state", _calling("keep_state", seq, position), must_raise=InvalidOperation
         )
+        self.oracle.refused_in_rule = refused
 
     @rule()
     @counted
