@@ -1,4 +1,4 @@
-"""Obligations of the small, self-contained models (:mod:`.spans`, :mod:`.joint`).
+"""Obligations of the small, self-contained models (:mod:`.kv.spans`, :mod:`.joint`).
 
 Each such model is a handful of Z3 terms: no quantifiers, bounded slots, unbounded
 integers. What they share is how an obligation is stated, proved, shown, and broken on
@@ -12,7 +12,7 @@ purpose, so the command line and the tests treat every model alike:
 * a :class:`Variant` is the same model with one deliberate bug; its named obligation must
   yield a counterexample.
 
-NOTE: these models are kept apart from :mod:`.encoding` and :mod:`.checkpoints` on purpose,
+NOTE: these models are kept apart from :mod:`.kv` and :mod:`.ckpt` on purpose,
 so that each can move with the tree it belongs to without touching the others.
 """
 

@@ -1,4 +1,4 @@
-"""No drift between the checkpoint model (:mod:`.checkpoints`) and :class:`HybridSpecCache`.
+"""No drift between the checkpoint model (:mod:`.transitions`) and :class:`HybridSpecCache`.
 
 Random runs of the executable spec, step by step: the pre-state is abstracted to the model's
 variables, the environment's choices (evicted nodes, published nodes, the index's node for the

@@ -1,4 +1,4 @@
-"""The joint model (:mod:`.joint`) checked on :class:`HybridSpecCache`'s reachable states.
+"""The joint model (:mod:`.model`) checked on :class:`HybridSpecCache`'s reachable states.
 
 Every reachable state of the spec, abstracted, satisfies the joint invariants, every restore
 the spec makes is RESTORE-SAFE, and two runs that differ only in routed-expert data stay
@@ -15,11 +15,11 @@ at each ``restore_issued`` (before it) and each restoring admission (after it) t
 ``restore_safe`` formula must hold.
 
 What this checks and what it does not: Reserved checkpoints are not part of the joint model
-(they are the checkpoint model's, :mod:`.ckpt_drift`), so they abstract to free slots. J-REF
+(they are the checkpoint model's, :mod:`..ckpt.drift`), so they abstract to free slots. J-REF
 counts hits only, while the spec's refcounts also count private blocks, so J-REF is left to
 the main encoding's INV-REF, and is not evaluated here. Step-by-step agreement of each
 transition is the business of the two drift checks the model is composed of
-(:mod:`.drift`, :mod:`.ckpt_drift`); this check ties their composition to the spec.
+(:mod:`..kv.drift`, :mod:`..ckpt.drift`); this check ties their composition to the spec.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The joint KV + checkpoint model: restore safety over every interleaving (INV-CKPT).
 
-The checkpoint model (:mod:`.checkpoints`) takes the KV side as an environment: a hit's node
+The checkpoint model (:mod:`..ckpt`) takes the KV side as an environment: a hit's node
 is published and held, the index returns a published node at the boundary's depth, a commit
 publishes only unpublished blocks. This model composes the two transition systems over one
 shared node set, so those facts are proved together with the lifecycle instead of assumed:

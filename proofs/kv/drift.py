@@ -4,7 +4,7 @@ Each *drift check* takes one concrete pre-state and one operation and evaluates 
 
 * the spec: :class:`~prefixkv.spec.SpecCache` in that state runs the operation, and either
   raises a :class:`~prefixkv.spec.PrefixCacheError` or reaches a successor;
-* the model: the transition of :class:`~.encoding.Encoding` with the pre-state, the
+* the model: the transition of :class:`~.transitions.Encoding` with the pre-state, the
   arguments and the spec's successor substituted in. One formula per operation,
   ``enabled & bounded & choice & post == spec_post``, is built once in a concrete domain;
   a check is one ``substitute`` + ``simplify``, which must give ``True``. When the spec

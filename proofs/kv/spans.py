@@ -2,7 +2,7 @@
 
 A span's KV attends to the span's own earlier positions, so half a span is never a
 reusable prefix and never a chunk on its own (choices 5 and 8). The main encoding
-(:mod:`.encoding`) proves the pool, the index and the lookup's one-span clamp; this model
+(:mod:`.transitions`) proves the pool, the index and the lookup's one-span clamp; this model
 proves what spans change in one sequence's life, with several spans per prompt:
 
 * admission's match is clamped out of every span (``clamp_out_of_spans``, a loop), before
