@@ -16,11 +16,11 @@ drift check against the spec  ``kv.drift``               ``ckpt.drift``
 ============================  =========================  ==============================
 
 NOTE: the two small models go where what they prove lives. The span model
-(``kv.spans``, ``kv.span_drift``) proves the span parts of INV-LIMIT and INV-MATCH: it
-refines the KV model's admission, chunks and tail, and is checked against ``SpecCache``,
-so it sits in the KV tree (two modules: it is a few hundred lines on :mod:`.small`). The
-joint model (:mod:`.joint`: ``model``, ``drift``) composes the KV and checkpoint systems
-over one node set; it belongs to neither tree, so it is a package of its own beside them.
+(:mod:`.spans`) proves the span parts of INV-LIMIT and INV-MATCH: it refines the KV model's
+admission, chunks and tail and is checked against ``SpecCache``, but shares no code with
+the KV encoding, so it is a package of its own with the same parts. The joint model
+(:mod:`.joint`: ``model``, ``drift``) composes the KV and checkpoint systems over one node
+set; it belongs to neither tree, so it is a package of its own beside them.
 
 Shared by all: :mod:`.small` (how a small model states, proves and breaks an obligation),
 :mod:`.driver` (the drift runs and seeded drifts), :mod:`.terms` (the typed names of Z3

@@ -19,14 +19,16 @@ from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.errors import InvalidConfig
 
 from . import ckpt as checkpoints
-from . import kernel_index, small
+from . import kernel_index, small, spans
 from .ckpt import drift as ckpt_drift
 from .driver import SeededResult
 from .joint import drift as joint_drift
 from .joint import model as joint
-from .kv import broken, drift, obligations, span_drift, spans
+from .kv import broken, drift, obligations
 from .kv.model import Bounds
 from .kv.transitions import Encoding
+from .spans import drift as span_drift
+from .spans import seeded as span_seeded
 
 __all__ = [
     "PROVED",
@@ -476,8 +478,8 @@ def _span_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> bo
     n = max(1000, args.drift // 5)
     rep = span_drift.run_span_drift(n, seed=args.seed)
     seeded = [
-        span_drift.check_seeded_span(name, d, m, seed=args.seed)
-        for name, d, m in span_drift.SEEDED_SPAN_DRIFTS
+        span_seeded.check_seeded_span(name, d, m, seed=args.seed)
+        for name, d, m in span_seeded.SEEDED_SPAN_DRIFTS
     ]
     doc["span_drift"] = {
         "checks": rep.checks,

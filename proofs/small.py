@@ -1,4 +1,4 @@
-"""Obligations of the small, self-contained models (:mod:`.kv.spans`, :mod:`.joint`).
+"""Obligations of the small, self-contained models (:mod:`.spans`, :mod:`.joint`).
 
 Each such model is a handful of Z3 terms: no quantifiers, bounded slots, unbounded
 integers. What they share is how an obligation is stated, proved, shown, and broken on
