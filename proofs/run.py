@@ -19,11 +19,11 @@ from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.errors import InvalidConfig
 
 from . import ckpt as checkpoints
-from . import kernel_index, small, spans
+from . import joint, kernel_index, small, spans
 from .ckpt import drift as ckpt_drift
 from .driver import SeededResult
 from .joint import drift as joint_drift
-from .joint import model as joint
+from .joint import seeded as joint_seeded
 from .kv import broken, drift, obligations
 from .kv.model import Bounds
 from .kv.transitions import Encoding
@@ -510,11 +510,11 @@ def _joint_drift(args: ProveOptions, doc: dict[str, Any], say: Emit | None) -> b
     rep = joint_drift.run_joint_drift(n, seed=args.seed)
     ex = joint_drift.run_experts_lockstep(n, seed=args.seed)
     seeded = [
-        joint_drift.check_seeded_joint(name, d, c, seed=args.seed)
-        for name, d, c in joint_drift.SEEDED_JOINT_DRIFTS
+        joint_seeded.check_seeded_joint(name, d, c, seed=args.seed)
+        for name, d, c in joint_seeded.SEEDED_JOINT_DRIFTS
     ] + [
-        joint_drift.check_seeded_experts(name, d, c, seed=args.seed)
-        for name, d, c in joint_drift.SEEDED_EXPERT_DRIFTS
+        joint_seeded.check_seeded_experts(name, d, c, seed=args.seed)
+        for name, d, c in joint_seeded.SEEDED_EXPERT_DRIFTS
     ]
     doc["joint_drift"] = {
         "checks": rep.checks,

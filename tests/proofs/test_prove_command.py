@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("z3")
 
 from prefixkv.proofs import ckpt as ck
+from prefixkv.proofs import joint as jt
 from prefixkv.proofs import run as proofs_run
 from prefixkv.proofs import spans
-from prefixkv.proofs.joint import model as jt
 from prefixkv.proofs.kv import broken
 from prefixkv.spec.invariant_ids import InvariantId
 
