@@ -25,6 +25,7 @@ from .driver import SeededResult
 from .joint import drift as joint_drift
 from .joint import seeded as joint_seeded
 from .kv import broken, drift, obligations
+from .kv import seeded as kv_seeded
 from .kv.model import Bounds
 from .kv.transitions import Encoding
 from .spans import drift as span_drift
@@ -382,7 +383,9 @@ def run(opts: ProveOptions, emit: Emit | None = None) -> ProofReport:
 
     if args.drift:
         report = drift.default_run(enc, args.drift, seed=args.seed)
-        seeded = [drift.check_seeded(n, d, c, bounds=bounds) for n, d, c in drift.SEEDED_DRIFTS]
+        seeded = [
+            kv_seeded.check_seeded(n, d, c, bounds=bounds) for n, d, c in kv_seeded.SEEDED_DRIFTS
+        ]
         ok &= all(s.caught for s in seeded)
         doc["drift"] = {
             "checks": report.checks,
