@@ -21,6 +21,7 @@ from prefixkv.errors import InvalidConfig
 from . import ckpt as checkpoints
 from . import joint, kernel_index, small, spans
 from .ckpt import drift as ckpt_drift
+from .ckpt import seeded as ckpt_seeded
 from .driver import SeededResult
 from .joint import drift as joint_drift
 from .joint import seeded as joint_seeded
@@ -414,8 +415,8 @@ def run(opts: ProveOptions, emit: Emit | None = None) -> ProofReport:
         n_ck = max(1000, args.drift // 5)
         crep = ckpt_drift.run_ckpt_drift(n_ck, seed=args.seed)
         cseeded = [
-            ckpt_drift.check_seeded_ckpt(n, d, m, seed=args.seed)
-            for n, d, m in ckpt_drift.SEEDED_CKPT_DRIFTS
+            ckpt_seeded.check_seeded_ckpt(n, d, m, seed=args.seed)
+            for n, d, m in ckpt_seeded.SEEDED_CKPT_DRIFTS
         ]
         ok &= all(s.caught for s in cseeded)
         doc["checkpoint_drift"] = {
