@@ -15,6 +15,7 @@ from prefixkv.proofs import joint as jt
 from prefixkv.proofs import run as proofs_run
 from prefixkv.proofs import spans
 from prefixkv.proofs.kv import broken
+from prefixkv.proofs.kv import suite as kv_suite
 from prefixkv.spec.invariant_ids import InvariantId
 
 from prefixkv import cli
@@ -91,7 +92,7 @@ def test_json_has_span_and_joint_rows(prove_json: ProveJson) -> None:
 def test_exits_non_zero_when_an_obligation_fails(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(proofs_run, "Encoding", broken.EvictKeepsIndexEntry)
+    monkeypatch.setattr(kv_suite, "Encoding", broken.EvictKeepsIndexEntry)
     code = cli.main(
         [
             "prove",
