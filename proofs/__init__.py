@@ -27,8 +27,9 @@ NOTE: the modules that are not a model's part sit beside the packages, each for 
 * :mod:`.kernel_index` proves ``prefixkv.kernels.index_math`` in bit-vectors by running the
   kernels' own functions on symbolic values: no state, no transitions and no model that
   could drift, so it is one module with a suite of obligations and broken variants;
-* ``kv.concrete`` (concrete states, and the bridge to ``SpecCache``) is the KV model's alone:
-  only its pool is symbolic, so only it needs concrete states to search and sample.
+* ``kv.concrete`` (concrete states, and the bridge to ``SpecCache``) and ``kv.calls`` (the
+  drift check's random spec calls) are the KV model's alone: only its pool is symbolic, so
+  only it needs concrete states to search and sample, and calls drawn for them.
 
 Importing this package imports z3 and the spec, never torch.
 """

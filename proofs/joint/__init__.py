@@ -6,7 +6,8 @@ The same parts as :mod:`prefixkv.proofs.kv` and :mod:`prefixkv.proofs.ckpt`: :mo
 obligations, RESTORE-SAFE, EXPERTS and witness scenarios;
 :class:`~.obligations.JointModel` is the whole model), :mod:`.broken` (broken variants),
 :mod:`.drift` (the model on ``HybridSpecCache``'s reachable states, and the routed-experts
-lockstep) and :mod:`.seeded` (drifted specs those checks must catch).
+lockstep), :mod:`.seeded` (drifted specs those checks must catch) and :mod:`.suite` (what
+``prove`` runs of it).
 
 NOTE: the joint model composes the KV and checkpoint systems over one node set; it belongs
 to neither tree and shares neither's code (it is proved through :mod:`..small`), so it is a

@@ -5,8 +5,9 @@ The same parts as :mod:`prefixkv.proofs.kv` and :mod:`prefixkv.proofs.ckpt`: :mo
 (state, data types, the spec's decision points), :mod:`.formulas` (the ``SPAN-*``
 invariants), :mod:`.transitions` (one per operation), :mod:`.obligations` (the obligations
 and witness scenarios; :class:`~.obligations.SpanModel` is the whole model),
-:mod:`.broken` (broken variants), :mod:`.drift` (the model against ``SpecCache``) and
-:mod:`.seeded` (drifted models the drift check must catch).
+:mod:`.broken` (broken variants), :mod:`.drift` (the model against ``SpecCache``),
+:mod:`.seeded` (drifted models the drift check must catch) and :mod:`.suite` (what
+``prove`` runs of it).
 
 NOTE: the model refines the KV model's admission, chunks and tail, but it shares none of
 its code: it is a handful of quantifier-free terms proved through :mod:`..small`, so it is a
