@@ -5,6 +5,9 @@ Each model's drift module (:mod:`.kv.drift`, :mod:`.spans.drift`, :mod:`.ckpt.dr
 module runs such steps until a budget of checks is spent (:func:`drive`), and turns a run
 against a deliberately drifted model or spec into a :class:`SeededResult` (:func:`seeded`):
 a seeded drift is caught when the run raises :class:`DriftError`.
+
+NOTE: it sits beside the model packages because all four drift checks use it; what is one
+model's (how to abstract its spec, which calls to draw) stays in that model's package.
 """
 
 from __future__ import annotations
