@@ -47,7 +47,7 @@ class LeafHeap:
 
     def pop(self, pool: BlockPool, count: int) -> list[int]:
         """Take up to ``count`` live leaves off the heap, in order (see
-        :meth:`BlockPool.pop_leaves`); a parent left without children is queued in turn.
+        :meth:`~._pool.BlockPool.pop_leaves`); a parent left without children is queued in turn.
 
         NOTE: a batch of victims is mostly whole chains: a sequence's blocks are released
         together (same last use), and the parent that a victim leaves childless is one

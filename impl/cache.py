@@ -467,7 +467,7 @@ class PrefixCacheManager(PrefixCache):
         return True
 
     def continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> int:
-        """Reserve the next prefill chunk; see :meth:`SpecCache.continue_prefill`."""
+        """Reserve the next prefill chunk; see :meth:`~prefixkv.spec.SpecCache.continue_prefill`."""
         seq = self._seq(seq_id)
         end, need = self._chunk_plan(seq, num_new_tokens)
         if need > 0:

@@ -8,7 +8,7 @@ references exactly (``torch.equal``) and leave every element they do not own unc
 
 Caches are ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or
 ``[num_pages, num_kv_heads, page_size, head_dim]`` (HND). The launchers reorder the four
-strides to (page, token, head, dim) with :func:`index_math.cache_strides`, so one kernel
+strides to (page, token, head, dim) with :func:`~.index_math.cache_strides`, so one kernel
 body serves both layouts and any strided view (e.g. ``kv_cache.unbind(1)``).
 """
 

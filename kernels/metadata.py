@@ -10,8 +10,8 @@ The kernels take the vLLM layout:
 
 A sequence's cached length is ``seq_lens[i] - (query_start_loc[i+1] - query_start_loc[i])``.
 
-Host-side builders (:func:`build_batch_metadata`, :func:`plan_*`) take Python lists, the
-form a cache manager holds. The device-side converters (:func:`compute_slot_mapping`,
+Host-side builders (:func:`build_batch_metadata` and the ``plan_*`` functions) take Python
+lists, the form a cache manager holds. The device-side converters (:func:`compute_slot_mapping`,
 :func:`to_kernel_pages`, :func:`to_flashinfer_csr` with ``num_total_pages``) use only tensor
 ops and never synchronise with the device. All of them evaluate the formulas of
 :mod:`prefixkv.kernels.index_math`, on ints (:data:`~index_math.PY_OPS`) or on tensors

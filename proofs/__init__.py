@@ -1,31 +1,35 @@
 """prefixkv.proofs: Z3 proofs about the spec and the kernels' index arithmetic (a library;
 the command is ``prefixkv prove``, :mod:`prefixkv.commands.prove`).
 
-Two parallel trees, one per transition system of the spec, with the same parts each:
+Four models, one package each: :mod:`.kv` (the KV block cache), :mod:`.ckpt` (the
+recurrent-state checkpoints), :mod:`.spans` (multimodal spans in one sequence's life) and
+:mod:`.joint` (the KV and checkpoint systems composed). Each has the same modules:
 
-============================  =========================  ==============================
-part                          KV cache (:mod:`.kv`)      checkpoints (:mod:`.ckpt`)
-============================  =========================  ==============================
-state, data types, the spec's ``kv.model``               ``ckpt.model``
-decision points
-invariants as formulas        ``kv.formulas``            ``ckpt.formulas``
-one transition per operation  ``kv.transitions``         ``ckpt.transitions``
-proof obligations             ``kv.obligations``         ``ckpt.obligations``
-broken variants               ``kv.broken``              ``ckpt.broken``
-drift check against the spec  ``kv.drift``               ``ckpt.drift``
-============================  =========================  ==============================
+* ``model``: state, data types, the spec's decision points;
+* ``formulas``: the invariants as formulas;
+* ``transitions``: one transition per operation;
+* ``obligations``: the proof obligations and the witnesses that they are not vacuous;
+* ``broken``: deliberately broken variants, each refuted by a counterexample;
+* ``drift``: the model checked against the executable spec;
+* ``seeded``: drifted models (or specs) the drift check must catch;
+* ``suite``: what ``prove`` runs of the model.
 
-NOTE: the two small models go where what they prove lives. The span model
-(``kv.spans``, ``kv.span_drift``) proves the span parts of INV-LIMIT and INV-MATCH: it
-refines the KV model's admission, chunks and tail, and is checked against ``SpecCache``,
-so it sits in the KV tree (two modules: it is a few hundred lines on :mod:`.small`). The
-joint model (:mod:`.joint`: ``model``, ``drift``) composes the KV and checkpoint systems
-over one node set; it belongs to neither tree, so it is a package of its own beside them.
+Each ``suite`` module exports the model's :class:`~.suite.ProofSuite` (``SUITE``), and
+:func:`.run.run` is a loop over them (:data:`.run.SUITES`): the rows of ``prove --json``.
 
-Shared by all: :mod:`.small` (how a small model states, proves and breaks an obligation),
-:mod:`.driver` (the drift runs and seeded drifts), :mod:`.terms` (the typed names of Z3
-terms), :mod:`.run` (run every model's obligations, variants and drift checks: the rows of
-``prove --json``) and :mod:`.kernel_index` (``prefixkv.kernels.index_math`` in bit-vectors).
+NOTE: the modules that are not a model's part sit beside the packages, each for a reason:
+
+* :mod:`.small` states, proves and breaks the obligations of the two quantifier-free models
+  (spans, joint): shared by two packages, it belongs to neither;
+* :mod:`.driver` runs every model's drift check and seeded drifts, and :mod:`.terms` names
+  the Z3 term types: shared by all four;
+* :mod:`.suite` is the record every model exports, and :mod:`.run` the loop over them;
+* :mod:`.kernel_index` proves ``prefixkv.kernels.index_math`` in bit-vectors by running the
+  kernels' own functions on symbolic values: no state, no transitions and no model that
+  could drift, so it is one module with a suite of obligations and broken variants;
+* ``kv.concrete`` (concrete states, and the bridge to ``SpecCache``) and ``kv.calls`` (the
+  drift check's random spec calls) are the KV model's alone: only its pool is symbolic, so
+  only it needs concrete states to search and sample, and calls drawn for them.
 
 Importing this package imports z3 and the spec, never torch.
 """

@@ -1,10 +1,13 @@
 """One driver for the drift checks: random runs against the spec, and seeded drifts.
 
-Each model's drift module (:mod:`.kv.drift`, :mod:`.kv.span_drift`, :mod:`.ckpt.drift`,
+Each model's drift module (:mod:`.kv.drift`, :mod:`.spans.drift`, :mod:`.ckpt.drift`,
 :mod:`.joint.drift`) says how to start one random run and how to take one step of it. This
 module runs such steps until a budget of checks is spent (:func:`drive`), and turns a run
 against a deliberately drifted model or spec into a :class:`SeededResult` (:func:`seeded`):
 a seeded drift is caught when the run raises :class:`DriftError`.
+
+NOTE: it sits beside the model packages because all four drift checks use it; what is one
+model's (how to abstract its spec, which calls to draw) stays in that model's package.
 """
 
 from __future__ import annotations

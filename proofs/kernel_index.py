@@ -23,6 +23,11 @@ picks int32 only when ``offsets_fit_int32`` says ``max_element_offset(shape, str
 INT32_MAX``. The proofs show every intermediate of the offset formulas is at most
 ``max_element_offset`` (evaluated symbolically too), so that test is sufficient, and that the
 int64 path never overflows for any supported size.
+
+NOTE: one module, not a package with the models' parts: the proofs run the kernels' own
+``index_math`` on symbolic values, so there is no state, no transition, and no model that
+could drift from the code (hence no drift check and no seeded drifts). What ``prove`` runs
+of it, its obligations and its broken variants, is its :data:`SUITE`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from unittest import mock
 import z3
 from prefixkv.kernels import index_math as im
 
+from .kv.obligations import PROPERTY_IDS
+from .suite import BrokenRow, Part, ProofSuite, Selection
+
 #: NOTE: index_math is typed for ints and runs here over ``Sym``, which duck-types int;
 #: the symbolic calls go through this untyped alias on purpose.
 im_sym: Any = im
@@ -44,6 +52,7 @@ im_sym: Any = im
 __all__ = [
     "KERNEL_OBLIGATIONS",
     "KERNEL_VARIANTS",
+    "SUITE",
     "KernelObligation",
     "KernelResult",
     "KernelVariant",
@@ -807,3 +816,58 @@ def check_kernel_variant(v: KernelVariant, rlimit: int = 30_000_000) -> KernelRe
     ]
     with v.patch():
         return run_obligation(ob, rlimit, 0)
+
+
+# -- the suite ------------------------------------------------------------------------------
+
+
+def _suite_obligations(sel: Selection) -> Part:
+    results: list[KernelResult] = []
+    if not sel.opts.no_kernels:
+        for ob in KERNEL_OBLIGATIONS:
+            res = run_obligation(ob, sel.opts.rlimit, sel.opts.seed)
+            results.append(res)
+            sel.show(
+                res.invariant,
+                f"{res.function} [{res.method}]",
+                res.status,
+                res.seconds,
+                "index_math",
+            )
+    proved = sum(k.status == "proved" for k in results)
+    return Part(
+        all(k.status == "proved" and k.non_vacuous for k in results),
+        {"kernel": [k.as_dict() for k in results]},
+        [f"{proved}/{len(results)} kernel obligations proved"],
+    )
+
+
+def _suite_broken(sel: Selection) -> list[BrokenRow]:
+    # NOTE: the kernel variants run with the KV invariants, not with --no-kernels:
+    # '--invariants INV-CKPT --broken' checks the checkpoint variants only
+    if not sel.invariants_of(PROPERTY_IDS):
+        return []
+    return [
+        {
+            "name": v.name,
+            "invariant": "KERNEL",
+            "step": v.function,
+            "kind": "kernel",
+            "description": v.description,
+            "caught": k.status != "proved",
+            "seconds": round(k.seconds, 3),
+            "counterexample": k.detail,
+        }
+        for v in KERNEL_VARIANTS
+        for k in [check_kernel_variant(v, sel.opts.rlimit)]
+    ]
+
+
+SUITE = ProofSuite(
+    name="KERNEL",
+    invariants=(),
+    operations=(),
+    obligations=_suite_obligations,
+    broken=_suite_broken,
+)
+"""The kernels' index arithmetic (``--no-kernels`` skips the obligations)."""

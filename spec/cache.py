@@ -525,7 +525,7 @@ class SpecCache(StepCalls, PrefixCache):
     def continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> int:
         """Reserve the next prefill chunk of a sequence whose last chunk is committed.
 
-        The chunk is sized like the first one (:func:`chunk_end`): at most
+        The chunk is sized like the first one (:func:`~.contract.chunk_end`): at most
         ``num_new_tokens`` and ``kv_token_limit`` tokens, never splitting a span. Returns the
         number of tokens scheduled. If the blocks cannot be had, it raises ``OutOfBlocks``
         and the committed prefix stays exactly as it was.

@@ -416,7 +416,7 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
         ``position`` must be the sequence's committed tokens (``num_computed``): with
         drafts, the state after the last accepted draft token. A state past them belongs
         to tokens that were rolled back or are not committed yet, and one before them is
-        stale; both raise :class:`InvalidOperation`, as does a pending restore (the slot
+        stale; both raise :class:`~.errors.InvalidOperation`, as does a pending restore (the slot
         must receive the checkpoint first).
         """
         with self._transaction():

@@ -75,7 +75,7 @@ class Match:
 
 @attrs.frozen
 class Admission:
-    """The outcome of a successful :meth:`admit`.
+    """The outcome of a successful :meth:`~.protocol.PrefixCache.admit`.
 
     ``block_ids`` is the whole block table: the ``num_cached_tokens // block_size`` attached
     cached blocks, then ``num_new_blocks`` fresh private ones covering the scheduled tokens.

@@ -2,8 +2,9 @@
 
 The same parts as :mod:`prefixkv.proofs.kv`: :mod:`.model` (state, data types, the spec's
 decision points), :mod:`.formulas` (INV-CKPT's clauses), :mod:`.transitions` (one per
-operation), :mod:`.obligations` (the prover), :mod:`.broken` (broken variants) and
-:mod:`.drift` (the model against ``HybridSpecCache``).
+operation), :mod:`.obligations` (the prover), :mod:`.broken` (broken variants),
+:mod:`.drift` (the model against ``HybridSpecCache``), :mod:`.seeded` (drifted models the
+drift check must catch) and :mod:`.suite` (what ``prove`` runs of it).
 """
 
 from .broken import CKPT_VARIANTS, CkptVariant, CkptVariantResult, check_ckpt_variant

@@ -1,4 +1,4 @@
-"""No drift between the checkpoint model (:mod:`.checkpoints`) and :class:`HybridSpecCache`.
+"""No drift between the checkpoint model (:mod:`.transitions`) and :class:`HybridSpecCache`.
 
 Random runs of the executable spec, step by step: the pre-state is abstracted to the model's
 variables, the environment's choices (evicted nodes, published nodes, the index's node for the
@@ -8,7 +8,8 @@ with the pre-state, the arguments and the spec's successor substituted in must s
 runtime slot, no restore pending, a busy full reset), the model's guard must simplify to
 ``False``. Rejections on the KV side (a bad commit count, no free block) are the main drift
 check's business and are only counted here. Every reachable pre-state must also satisfy the
-model's invariant (and the spec's ``invariants.check``), so the two cannot drift apart.
+model's invariant (and the spec's ``invariants.check``), so the two cannot drift apart. The
+drifted models this check must catch are in :mod:`.seeded`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from prefixkv.spec.cache import identity_chain
 from prefixkv.spec.contract import save_point
 
 from .. import ckpt as ck
-from ..driver import DriftError, SeededResult, Substituter, drive, seeded
+from ..driver import DriftError, Substituter, drive
 from ..terms import Term
 from .model import (
     COUNTERS,
@@ -43,18 +44,10 @@ from .model import (
     RUNTIME,
     CkptArgs,
     CkptBounds,
-    CState,
-    NoArgs,
 )
 from .transitions import CkptModel
 
-__all__ = [
-    "SEEDED_CKPT_DRIFTS",
-    "CkptDriftChecker",
-    "CkptDriftReport",
-    "check_seeded_ckpt",
-    "run_ckpt_drift",
-]
+__all__ = ["CkptDriftChecker", "CkptDriftReport", "run_ckpt_drift"]
 
 SEQ_IDS = ("q0", "q1", "q2")
 NS = Namespace("hybrid-proofs@1")
@@ -289,8 +282,46 @@ class _Runner:
         self.S = checker.model.S
 
     def step(self) -> None:
-        rng, cache = self.rng, self.cache
-        live = [str(s) for s in cache._s.seqs]
+        cache = self.cache
+        op, sid = self.pick()
+        q = SEQ_IDS.index(sid) if op in ck.SEQ_OPS else 0
+        pre = abstract(cache, self.S)
+        self.report.invariant_checks += 1
+        if not self.checker.invariant_holds(pre):
+            raise DriftError(
+                "a reachable state breaks the model's invariant\n" + ck.format_cstate(pre)
+            )
+        vals: dict[str, Any] = {}
+        trial: HybridSpecCache | None = None
+        if op == "admit":
+            action, kv_trial, trial = self.admit_action(sid, vals)
+            try:
+                kv_trial()
+            except PrefixCacheError:
+                self._kv_rejected(op, action)
+                return
+        else:
+            action = self.action(op, sid)
+        try:
+            action()
+        except PrefixCacheError:
+            if op in ("admit", "restore_issued", "reset_full") or (
+                not pre["live"][q] and op in ck.SEQ_OPS
+            ):
+                self._fill_rejected(op, vals, pre, sid, trial)
+                self._record(op, q, pre, vals, None)
+            else:
+                self.report.kv_rejections += 1
+            return
+        post = abstract(cache, self.S)
+        self._fill(op, vals, pre, post, sid, trial)
+        self._record(op, q, pre, vals, post)
+
+    def pick(self) -> tuple[str, str]:
+        """A random operation and the sequence it acts on (mostly a live one, or a free slot
+        for ``admit``; now and then one that makes the spec refuse)."""
+        rng = self.rng
+        live = [str(s) for s in self.cache._s.seqs]
         free = [s for s in SEQ_IDS[: self.S] if s not in live]
         op = rng.choices(_OPS, _WEIGHTS)[0]
         if op == "admit" and not free:
@@ -304,105 +335,60 @@ class _Runner:
             sid = rng.choice(free) if rng.random() < 0.95 else rng.choice(SEQ_IDS[: self.S])
         else:
             sid = SEQ_IDS[0]
-        q = SEQ_IDS.index(sid) if op in ck.SEQ_OPS else 0
-        pre = abstract(cache, self.S)
-        self.report.invariant_checks += 1
-        if not self.checker.invariant_holds(pre):
-            raise DriftError(
-                "a reachable state breaks the model's invariant\n" + ck.format_cstate(pre)
-            )
-        vals: dict[str, Any] = {}
-        action: Callable[[], object]
-        kv_trial: Callable[[SpecCache], object] | None = None
-        if op == "admit":
-            req = _request(rng, sid)
-            n_new = rng.choice((None, None, 1, 2, 3))
-            trial = copy.deepcopy(cache)
-            m = trial.match(req)
-            c = m.num_cached_tokens // BS
-            vals.update(
-                c=c,
-                h=m.block_ids[c - 1] if c else -1,
-                r=-1 if m.restore_slot is None else m.restore_slot,
-            )
+        return op, sid
 
-            def kv_admit(t: SpecCache) -> object:
-                return SpecCache.admit(t, req, n_new)
+    def admit_action(
+        self, sid: str, vals: dict[str, Any]
+    ) -> tuple[Callable[[], object], Callable[[], object], HybridSpecCache]:
+        """An admission, its KV part alone on a copy of the cache (the trial), and the copy;
+        the environment's choices (hit length, hit node, restore slot) go into ``vals``."""
+        rng, cache = self.rng, self.cache
+        req = _request(rng, sid)
+        n_new = rng.choice((None, None, 1, 2, 3))
+        trial = copy.deepcopy(cache)
+        m = trial.match(req)
+        c = m.num_cached_tokens // BS
+        vals.update(
+            c=c,
+            h=m.block_ids[c - 1] if c else -1,
+            r=-1 if m.restore_slot is None else m.restore_slot,
+        )
+        return (
+            lambda: cache.admit(req, n_new),
+            lambda: SpecCache.admit(trial, req, n_new),
+            trial,
+        )
 
-            kv_trial = kv_admit
-
-            def action() -> object:
-                return cache.admit(req, n_new)
-        elif op == "append":
+    def action(self, op: str, sid: str) -> Callable[[], object]:
+        """The spec call of ``op`` (not ``admit``) on ``sid``, its random arguments drawn."""
+        rng, cache = self.rng, self.cache
+        if op == "append":
             k = rng.randint(1, 3)
-
-            def action() -> object:
-                return cache.append(sid, k)
-        elif op == "continue_prefill":
+            return lambda: cache.append(sid, k)
+        if op == "continue_prefill":
             n2 = rng.choice((None, 1, 2))
-
-            def action() -> object:
-                return cache.continue_prefill(sid, n2)
-        elif op == "rollback":
+            return lambda: cache.continue_prefill(sid, n2)
+        if op == "rollback":
             seq = cache._s.seqs.get(sid)
             k = max(1, seq.num_reserved - seq.num_computed) if seq else 1
             k = rng.randint(1, k)
-
-            def action() -> object:
-                cache.rollback(sid, k)
-                return None
-        elif op == "commit":
+            return lambda: cache.rollback(sid, k)
+        if op == "commit":
             seq = cache._s.seqs.get(sid)
             room = seq.num_reserved - seq.num_computed if seq else 1
             delta = room if rng.random() < 0.5 else rng.randint(0, max(0, room))
             need = (seq.num_computed + delta - len(seq.tokens)) if seq else 0
             accepted = [rng.randrange(4) for _ in range(max(0, need))]
-
-            def action() -> object:
-                cache.commit(sid, delta, accepted)
-                return None
-        elif op == "restore_issued":
-
-            def action() -> object:
-                cache.restore_issued(sid)
-                return None
-        elif op == "free":
-
-            def action() -> object:
-                cache.free([sid])
-                return None
-        elif op == "evict":
+            return lambda: cache.commit(sid, delta, accepted)
+        if op == "restore_issued":
+            return lambda: cache.restore_issued(sid)
+        if op == "free":
+            return lambda: cache.free([sid])
+        if op == "evict":
             k = rng.randint(1, 3)
-
-            def action() -> object:
-                return cache.evict(k)
-        else:
-            keep = op == "reset_keep"
-
-            def action() -> object:
-                cache.reset(preserve_cache=keep)
-                return None
-
-        if kv_trial is not None:
-            try:
-                kv_trial(trial)
-            except PrefixCacheError:
-                self._kv_rejected(op, action)
-                return
-        try:
-            action()
-        except PrefixCacheError:
-            if op in ("admit", "restore_issued", "reset_full") or (
-                not pre["live"][q] and op in ck.SEQ_OPS
-            ):
-                self._fill_rejected(op, vals, pre, sid, trial if kv_trial else None)
-                self._record(op, q, pre, vals, None)
-            else:
-                self.report.kv_rejections += 1
-            return
-        post = abstract(cache, self.S)
-        self._fill(op, vals, pre, post, sid, trial if kv_trial else None)
-        self._record(op, q, pre, vals, post)
+            return lambda: cache.evict(k)
+        keep = op == "reset_keep"
+        return lambda: cache.reset(preserve_cache=keep)
 
     def _kv_rejected(self, op: str, action: Callable[[], object]) -> None:
         try:
@@ -531,93 +517,3 @@ def run_ckpt_drift(
         return _Runner(checkers[bounds], cache, rng, report)
 
     return drive(report, checks, lambda r: r.checks, start, seed=seed, steps_per_run=steps_per_run)
-
-
-# -- seeded drifts --------------------------------------------------------------------------
-
-
-class _HighestFreeSlot(CkptModel):
-    def lowest_free(self, st: CState, s: int) -> Any:
-        return z3.And(st.kind[s] == FREE, *[st.kind[t] != FREE for t in range(s + 1, self.K)])
-
-
-class _NewestReadyEvicted(CkptModel):
-    def pressure_victim(self, st: CState, s: int) -> Any:
-        return z3.And(
-            st.kind[s] == READY,
-            *[
-                z3.Implies(st.kind[t] == READY, st.order[s] > st.order[t])
-                for t in range(self.K)
-                if t != s
-            ],
-        )
-
-
-class _RestoreNotCounted(CkptModel):
-    def restore_issued(self, st: CState, q: int, a: NoArgs) -> ck.Step:
-        step = super().restore_issued(st, q, a)
-        step.post.ctr["restored"] = st.ctr["restored"]
-        return step
-
-
-class _CommitIgnoresTwin(CkptModel):
-    def node_taken(self, st: CState, t: Any) -> Any:
-        return z3.BoolVal(False)
-
-
-class _StaleCountedEvicted(CkptModel):
-    def evict_node(self, st: CState, n: int, c: Any) -> CState:
-        out = self.drop(
-            st,
-            [z3.And(c, self.restorable(st, s), st.node[s] == n) for s in range(self.K)],
-            "evicted",
-        )
-        out.pub[n] = z3.If(c, False, st.pub[n])
-        return out
-
-
-class _FreeKeepsReservation(CkptModel):
-    def release_seq(self, st: CState, q: int) -> CState:
-        out = super().release_seq(st, q)
-        for s in range(self.K):
-            keep = z3.And(st.kind[s] == RESERVED, st.owner[s] == q)
-            out.kind[s] = z3.If(keep, RESERVED, out.kind[s])
-            out.owner[s] = z3.If(keep, q, out.owner[s])
-        out.ctr["discarded"] = st.ctr["discarded"]
-        return out
-
-
-SEEDED_CKPT_DRIFTS: tuple[tuple[str, str, type[CkptModel]], ...] = (
-    ("highest-free-slot", "takes the highest free state slot", _HighestFreeSlot),
-    (
-        "newest-ready-evicted",
-        "slot pressure evicts the newest Ready checkpoint",
-        _NewestReadyEvicted,
-    ),
-    ("restore-not-counted", "restore_issued does not count the restore", _RestoreNotCounted),
-    (
-        "commit-ignores-twin",
-        "a commit readies a reservation on a node that has one",
-        _CommitIgnoresTwin,
-    ),
-    (
-        "stale-counted-evicted",
-        "a stale release counts as a slot-pressure eviction",
-        _StaleCountedEvicted,
-    ),
-    ("free-keeps-reservation", "free keeps the sequence's reservation", _FreeKeepsReservation),
-)
-
-
-def check_seeded_ckpt(
-    name: str, description: str, model: type[CkptModel], budget: int = 3000, seed: int = 0
-) -> SeededResult:
-    """Run the drift check against a drifted model until it is caught (or ``budget``)."""
-    return seeded(
-        name,
-        description,
-        CkptDriftReport(),
-        lambda r: r.checks,
-        lambda r: run_ckpt_drift(budget, seed=seed, model=model, report=r),
-        counts_the_catch=True,
-    )

@@ -30,6 +30,18 @@ class CkptFormulas(SpecDecisions):
     """The invariant formulas; :class:`~.transitions.CkptModel` adds the transitions."""
 
     def invariants(self, st: CState) -> dict[str, Any]:
+        return {
+            "CKPT-SLOTS": z3.And(self.slots_clauses(st)),
+            "CKPT-RESERVED": z3.And(self.reserved_clauses(st)),
+            "CKPT-NODE": z3.And(self.node_clauses(st)),
+            "CKPT-PIN": z3.And(self.pin_clauses(st)),
+            "AUX-HIT": z3.And(self.hit_clauses(st)),
+            "AUX-ORDER": z3.And(self.order_clauses(st)),
+        }
+
+    def slots_clauses(self, st: CState) -> list[Any]:
+        """CKPT-SLOTS: a slot's kind is one of the five; a Runtime slot and its live owner
+        point at each other; at most ``runtime`` live sequences."""
         K, S, R = self.K, self.S, self.b.runtime
         slots = []
         for s in range(K):
@@ -50,7 +62,12 @@ class CkptFormulas(SpecDecisions):
                 )
             )
         slots.append(count_true(st.live) <= R)
+        return slots
 
+    def reserved_clauses(self, st: CState) -> list[Any]:
+        """CKPT-RESERVED: a Reserved slot belongs to a live sequence, at its save point; one
+        per sequence."""
+        K = self.K
         reserved = []
         for s in range(K):
             reserved.append(
@@ -74,7 +91,12 @@ class CkptFormulas(SpecDecisions):
                         )
                     )
                 )
+        return reserved
 
+    def node_clauses(self, st: CState) -> list[Any]:
+        """CKPT-NODE: a restorable checkpoint sits on a published node at its boundary; a Ready
+        one has no owner; one per node."""
+        K = self.K
         node = []
         for s in range(K):
             node.append(
@@ -97,7 +119,11 @@ class CkptFormulas(SpecDecisions):
                         )
                     )
                 )
+        return node
 
+    def pin_clauses(self, st: CState) -> list[Any]:
+        """CKPT-PIN: a Pinned checkpoint is its live owner's hit; one per owner."""
+        K = self.K
         pin = []
         for s in range(K):
             pin.append(
@@ -119,7 +145,12 @@ class CkptFormulas(SpecDecisions):
                         )
                     )
                 )
+        return pin
 
+    def hit_clauses(self, st: CState) -> list[Any]:
+        """AUX-HIT: a live sequence's hit is a published node at its cached depth (none when
+        nothing is cached), within its computed blocks; its save point, if any, is ahead."""
+        S = self.S
         hit = []
         for q in range(S):
             hit.append(
@@ -141,7 +172,11 @@ class CkptFormulas(SpecDecisions):
                     ),
                 )
             )
+        return hit
 
+    def order_clauses(self, st: CState) -> list[Any]:
+        """AUX-ORDER: restorable checkpoints have distinct orders below the clock."""
+        K = self.K
         order = [st.clock >= 0]
         for s in range(K):
             order.append(
@@ -157,14 +192,7 @@ class CkptFormulas(SpecDecisions):
                         )
                     )
                 )
-        return {
-            "CKPT-SLOTS": z3.And(slots),
-            "CKPT-RESERVED": z3.And(reserved),
-            "CKPT-NODE": z3.And(node),
-            "CKPT-PIN": z3.And(pin),
-            "AUX-HIT": z3.And(hit),
-            "AUX-ORDER": z3.And(order),
-        }
+        return order
 
     def inv(self, st: CState) -> Term:
         return z3.And(list(self.invariants(st).values()))

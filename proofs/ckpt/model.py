@@ -1,4 +1,4 @@
-"""INV-CKPT in Z3: the recurrent-state checkpoint lifecycle of :class:`HybridSpecCache`.
+"""INV-CKPT in Z3: the checkpoint lifecycle of :class:`~prefixkv.spec.HybridSpecCache`.
 
 The state-slot pool and the checkpoints are encoded over a bounded number of slots, sequence
 slots and nodes (published blocks), with every position counted in blocks::

@@ -1,4 +1,4 @@
-"""The joint model (:mod:`.joint`) checked on :class:`HybridSpecCache`'s reachable states.
+"""The joint model (:mod:`.model`) checked on :class:`HybridSpecCache`'s reachable states.
 
 Every reachable state of the spec, abstracted, satisfies the joint invariants, every restore
 the spec makes is RESTORE-SAFE, and two runs that differ only in routed-expert data stay
@@ -15,11 +15,11 @@ at each ``restore_issued`` (before it) and each restoring admission (after it) t
 ``restore_safe`` formula must hold.
 
 What this checks and what it does not: Reserved checkpoints are not part of the joint model
-(they are the checkpoint model's, :mod:`.ckpt_drift`), so they abstract to free slots. J-REF
+(they are the checkpoint model's, :mod:`..ckpt.drift`), so they abstract to free slots. J-REF
 counts hits only, while the spec's refcounts also count private blocks, so J-REF is left to
 the main encoding's INV-REF, and is not evaluated here. Step-by-step agreement of each
 transition is the business of the two drift checks the model is composed of
-(:mod:`.drift`, :mod:`.ckpt_drift`); this check ties their composition to the spec.
+(:mod:`..kv.drift`, :mod:`..ckpt.drift`); this check ties their composition to the spec.
 """
 
 from __future__ import annotations
@@ -36,19 +36,11 @@ import z3
 from prefixkv.spec import Admission, HybridSpecCache, Match, Namespace, PrefixCacheError, Request
 from prefixkv.spec.state import CacheState
 
-from ..driver import DriftError, SeededResult, Substituter, drive, seeded
+from ..driver import DriftError, Substituter, drive
 from . import model as jt
+from .obligations import JointModel
 
-__all__ = [
-    "SEEDED_EXPERT_DRIFTS",
-    "SEEDED_JOINT_DRIFTS",
-    "ExpertsReport",
-    "JointDriftReport",
-    "check_seeded_experts",
-    "check_seeded_joint",
-    "run_experts_lockstep",
-    "run_joint_drift",
-]
+__all__ = ["BS", "ExpertsReport", "JointDriftReport", "run_experts_lockstep", "run_joint_drift"]
 
 NS = Namespace("joint-proofs@1")
 BS = 2
@@ -136,7 +128,7 @@ def _experts(data: bytes | None) -> int:
     return 1 + int.from_bytes(hashlib.sha256(data).digest()[:4], "big")
 
 
-def abstract(cache: HybridSpecCache, g: _Ghosts, m: jt.JointModel) -> list[int | bool]:
+def abstract(cache: HybridSpecCache, g: _Ghosts, m: JointModel) -> list[int | bool]:
     """The joint model's state of ``cache``, in :func:`_fields` order."""
     snap = cache.snapshot()
     view = snap.state_slots
@@ -191,7 +183,7 @@ def abstract(cache: HybridSpecCache, g: _Ghosts, m: jt.JointModel) -> list[int |
 
 
 class _Checker:
-    def __init__(self, m: jt.JointModel) -> None:
+    def __init__(self, m: JointModel) -> None:
         x = m.fresh("d.")
         self.m = m
         self.sub = Substituter(_fields(x))
@@ -261,71 +253,10 @@ class _Run:
             if op == "admit"
             else rng.choice(live or list(SEQ_IDS))
         )
-        s = SEQ_IDS.index(sid)
-        action: Callable[[], object]
         before = self.state()
         stale_before = cache.stats().checkpoints_released_stale
-        restore_slot: int | None = None
-        if op == "admit":
-            req = _request(rng, sid)
-
-            def action() -> object:
-                return cache.admit(req, rng.choice((None, 2, 4)))
-
-        elif op == "commit":
-            seq = cache._s.seqs.get(sid)  # the driver reads the spec's state to pick counts
-            room = seq.num_reserved - seq.num_computed if seq else 0
-            delta = room if rng.random() < 0.7 else rng.randint(0, max(0, room))
-            need = (seq.num_computed + delta - len(seq.tokens)) if seq else 0
-            accepted = [rng.randrange(8) for _ in range(max(0, need))]
-            first = seq.num_computed // BS if seq else 0
-            stop = (seq.num_computed + delta) // BS if seq else 0
-            experts = (
-                [rng.choice((b"e1", b"e2")) for _ in range(stop - first)]
-                if rng.random() < 0.5
-                else None
-            )
-
-            def action() -> object:
-                cache.commit(sid, delta, accepted, routed_experts=experts)
-                return None
-
-        elif op == "append":
-
-            def action() -> object:
-                return cache.append(sid, rng.randint(1, 3))
-
-        elif op == "rollback":
-
-            def action() -> object:
-                cache.rollback(sid, rng.randint(1, 2))
-                return None
-
-        elif op == "restore_issued":
-            restore_slot = self.pinned_slot(sid) if sid in live else None
-
-            def action() -> object:
-                cache.restore_issued(sid)
-                return None
-
-        elif op == "free":
-
-            def action() -> object:
-                cache.free([sid])
-                return None
-
-        elif op == "evict":
-
-            def action() -> object:
-                return cache.evict(rng.randint(1, 3))
-
-        else:
-            keep = rng.random() < 0.5
-
-            def action() -> object:
-                cache.reset(preserve_cache=keep)
-                return None
-
+        restore_slot = self.pinned_slot(sid) if op == "restore_issued" and sid in live else None
+        action = self.action(op, sid)
         self.r.checks += 1
         self.r.by_op[op] = self.r.by_op.get(op, 0) + 1
         try:
@@ -334,6 +265,7 @@ class _Run:
             self.r.rejections += 1
             return
         self.r.successes += 1
+        s = SEQ_IDS.index(sid)
         if op == "restore_issued" and restore_slot is not None:
             self.r.restores += 1
             if not self.c.restore_safe(before, restore_slot, s):
@@ -347,6 +279,44 @@ class _Run:
                 raise DriftError(f"admit({sid}) restored slot {slot}: not safe")
         self.check(f"{op}({sid})")
 
+    def action(self, op: str, sid: str) -> Callable[[], object]:
+        """The spec call of ``op`` on ``sid``, its random arguments drawn (some when it runs)."""
+        rng, cache = self.rng, self.cache
+        if op == "admit":
+            req = _request(rng, sid)
+            return lambda: cache.admit(req, rng.choice((None, 2, 4)))
+        if op == "commit":
+            return self.commit_action(sid)
+        if op == "append":
+            return lambda: cache.append(sid, rng.randint(1, 3))
+        if op == "rollback":
+            return lambda: cache.rollback(sid, rng.randint(1, 2))
+        if op == "restore_issued":
+            return lambda: cache.restore_issued(sid)
+        if op == "free":
+            return lambda: cache.free([sid])
+        if op == "evict":
+            return lambda: cache.evict(rng.randint(1, 3))
+        keep = rng.random() < 0.5
+        return lambda: cache.reset(preserve_cache=keep)
+
+    def commit_action(self, sid: str) -> Callable[[], object]:
+        """A commit of most of the reservation, with routed experts half of the time."""
+        rng, cache = self.rng, self.cache
+        seq = cache._s.seqs.get(sid)  # the driver reads the spec's state to pick counts
+        room = seq.num_reserved - seq.num_computed if seq else 0
+        delta = room if rng.random() < 0.7 else rng.randint(0, max(0, room))
+        need = (seq.num_computed + delta - len(seq.tokens)) if seq else 0
+        accepted = [rng.randrange(8) for _ in range(max(0, need))]
+        first = seq.num_computed // BS if seq else 0
+        stop = (seq.num_computed + delta) // BS if seq else 0
+        experts = (
+            [rng.choice((b"e1", b"e2")) for _ in range(stop - first)]
+            if rng.random() < 0.5
+            else None
+        )
+        return lambda: cache.commit(sid, delta, accepted, routed_experts=experts)
+
 
 def run_joint_drift(
     checks: int,
@@ -357,7 +327,7 @@ def run_joint_drift(
 ) -> JointDriftReport:
     """About ``checks`` steps of random hybrid runs, each state checked."""
     rep = report or JointDriftReport()
-    checker = _Checker(jt.JointModel(jt.JointBounds(nodes=BLOCKS, seqs=len(SEQ_IDS))))
+    checker = _Checker(JointModel(jt.JointBounds(nodes=BLOCKS, seqs=len(SEQ_IDS))))
 
     def start(rng: random.Random) -> _Run:
         cache = cache_type(
@@ -370,66 +340,6 @@ def run_joint_drift(
         return _Run(cache, checker, rng, rep)
 
     return drive(rep, checks, lambda r: r.checks, start, seed=seed, steps_per_run=steps_per_run)
-
-
-# -- seeded drifts: spec variants the check must catch ---------------------------------------
-
-
-class _EvictionKeepsCheckpoint(HybridSpecCache):
-    """``_on_evicted`` forgets the checkpoint: it stays Ready on a node that is gone."""
-
-    def _on_evicted(self, block: int) -> None:
-        self._h.experts.pop(block, None)
-
-
-class _PressureEvictsPinned(HybridSpecCache):
-    """Slot pressure takes the oldest checkpoint, Ready or Pinned."""
-
-    def _evict_checkpoint(self) -> bool:
-        held = [ck for ck in self._h.ckpts.values() if ck.status in ("ready", "pinned")]
-        if not held:
-            return False
-        self._drop(min(held, key=lambda ck: ck.order))
-        self._h.evicted += 1
-        return True
-
-
-class _ExpertsOnPrivateBlock(HybridSpecCache):
-    """Routed experts stay on a released block."""
-
-    def _on_evicted(self, block: int) -> None:
-        ck = self._ckpt_at(block)
-        if ck is not None:
-            self._drop(ck)
-            self._h.released_stale += 1
-
-
-SEEDED_JOINT_DRIFTS: tuple[tuple[str, str, type[HybridSpecCache]], ...] = (
-    (
-        "eviction-keeps-checkpoint",
-        "an evicted node's checkpoint stays Ready",
-        _EvictionKeepsCheckpoint,
-    ),
-    (
-        "pressure-evicts-pinned",
-        "slot pressure may release a pinned checkpoint",
-        _PressureEvictsPinned,
-    ),
-    ("experts-outlive-node", "routed experts stay on an evicted block", _ExpertsOnPrivateBlock),
-)
-
-
-def check_seeded_joint(
-    name: str, description: str, cache_type: type[HybridSpecCache], limit: int = 5000, seed: int = 0
-) -> SeededResult:
-    """The drifted spec must reach a state the joint model rules out within ``limit`` steps."""
-    return seeded(
-        name,
-        description,
-        JointDriftReport(),
-        lambda r: r.checks,
-        lambda r: run_joint_drift(limit, seed=seed, cache_type=cache_type, report=r),
-    )
 
 
 # -- EXPERTS in the spec: two runs that differ only in routed-expert data ---------------------
@@ -533,39 +443,3 @@ def run_experts_lockstep(
                 break
     rep.seconds = time.perf_counter() - t0
     return rep
-
-
-class _MatchPrefersExperts(HybridSpecCache):
-    """The hit is cut back to the blocks that carry routed experts."""
-
-    def match(self, req: Request) -> Match:
-        m = super().match(req)
-        c = 0
-        while c < m.num_blocks and m.block_ids[c] in self._h.experts:
-            c += 1
-        if c == m.num_blocks:
-            return m
-        return attrs.evolve(
-            m,
-            num_cached_tokens=c * BS,
-            block_ids=m.block_ids[:c],
-            restore_slot=None,
-        )
-
-
-SEEDED_EXPERT_DRIFTS: tuple[tuple[str, str, type[HybridSpecCache]], ...] = (
-    ("match-prefers-experts", "the hit is cut back to blocks with experts", _MatchPrefersExperts),
-)
-
-
-def check_seeded_experts(
-    name: str, description: str, cache_type: type[HybridSpecCache], limit: int = 3000, seed: int = 0
-) -> SeededResult:
-    """The drifted spec's match must depend on routed experts within ``limit`` steps."""
-    return seeded(
-        name,
-        description,
-        ExpertsReport(),
-        lambda r: r.steps,
-        lambda r: run_experts_lockstep(limit, seed=seed, cache_type=cache_type, report=r),
-    )

@@ -4,7 +4,7 @@ Each *drift check* takes one concrete pre-state and one operation and evaluates 
 
 * the spec: :class:`~prefixkv.spec.SpecCache` in that state runs the operation, and either
   raises a :class:`~prefixkv.spec.PrefixCacheError` or reaches a successor;
-* the model: the transition of :class:`~.encoding.Encoding` with the pre-state, the
+* the model: the transition of :class:`~.transitions.Encoding` with the pre-state, the
   arguments and the spec's successor substituted in. One formula per operation,
   ``enabled & bounded & choice & post == spec_post``, is built once in a concrete domain;
   a check is one ``substitute`` + ``simplify``, which must give ``True``. When the spec
@@ -21,7 +21,8 @@ The checks compare the abstracted components (:meth:`.concrete.AbsState.canonica
 refcounts, published flags, identities of published blocks, ages of evictable ones, the
 free queue in order, the index, sequences (tokens as block labels, counts, tables, cached
 prefix, recompute window, prompt length, ``kv_token_limit``), the clock and the counters.
-Events, block hashes, spans and the lost-reuse counters are not modelled.
+Events, block hashes, spans and the lost-reuse counters are not modelled. The drifted
+encodings this check must catch are in :mod:`.seeded`.
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ import z3
 from prefixkv.spec import (
     Namespace,
     PrefixCacheError,
-    Request,
     SpecCache,
     invariants,
 )
 from prefixkv.spec.request import SeqId
 
-from ..driver import DriftError, SeededResult, Substituter, seeded
+from ..driver import DriftError, SeededResult, Substituter
 from ..terms import Term
+from .calls import SpecCall, Trace, random_call, random_call_for, slots_for
 from .concrete import (
     DONT_CARE,
     AbsState,
@@ -57,7 +58,7 @@ from .concrete import (
     model_reader,
     read,
 )
-from .model import TXN_ERRORS, Bounds, ContinueArgs, Domain, OpArgs, SeqState, State
+from .model import TXN_ERRORS, Bounds, Domain, OpArgs, State
 from .transitions import Encoding
 
 __all__ = [
@@ -65,67 +66,10 @@ __all__ = [
     "DriftError",
     "DriftReport",
     "SeededResult",
-    "SpecCall",
     "run_reachable",
     "run_sampled",
     "sample_states",
 ]
-
-
-@dataclass(frozen=True)
-class SpecCall:
-    """One spec operation with its arguments, as a test would call it."""
-
-    op: str
-    seq_ids: tuple[SeqId, ...] = ()
-    request: Request | None = None
-    num_new: int | None = None
-    n: int = 0
-    accepted: tuple[int, ...] = ()
-
-    def run(self, cache: SpecCache) -> Any:
-        if self.op == "admit":
-            assert self.request is not None
-            return cache.admit(self.request, self.num_new)
-        if self.op == "append":
-            return cache.append(self.seq_ids[0], self.n)
-        if self.op == "continue_prefill":
-            return cache.continue_prefill(self.seq_ids[0], self.num_new)
-        if self.op == "commit":
-            return cache.commit(self.seq_ids[0], self.n, self.accepted)
-        if self.op == "rollback":
-            return cache.rollback(self.seq_ids[0], self.n)
-        if self.op == "free":
-            return cache.free(list(self.seq_ids))
-        if self.op == "evict":
-            return cache.evict(self.n)
-        if self.op == "reset_keep":
-            return cache.reset(preserve_cache=True)
-        if self.op == "reset_full":
-            return cache.reset(preserve_cache=False)
-        raise ValueError(self.op)
-
-    def __str__(self) -> str:
-        if self.op == "admit":
-            assert self.request is not None
-            rb, lim = self.request.recompute_blocks, self.request.kv_token_limit
-            return (
-                f"admit({self.request.seq_id!r}, tokens={list(self.request.token_ids)}, "
-                f"num_new_tokens={self.num_new}"
-                + (f", recompute_blocks={rb}" if rb else "")
-                + (f", kv_token_limit={lim})" if lim else ")")
-            )
-        if self.op == "continue_prefill":
-            return f"continue_prefill({self.seq_ids[0]!r}, {self.num_new})"
-        if self.op == "commit":
-            return f"commit({self.seq_ids[0]!r}, {self.n}, accepted={list(self.accepted)})"
-        if self.op in ("append", "rollback"):
-            return f"{self.op}({self.seq_ids[0]!r}, {self.n})"
-        if self.op == "free":
-            return f"free({list(self.seq_ids)!r})"
-        if self.op == "evict":
-            return f"evict({self.n})"
-        return "reset(preserve_cache=True)" if self.op == "reset_keep" else "reset(False)"
 
 
 @dataclass
@@ -504,115 +448,6 @@ def model_step(
 # -- reachable states --------------------------------------------------------------------------
 
 
-@dataclass
-class _Trace:
-    cache: SpecCache
-    labels: Labels
-    next_id: int = 0
-
-
-def _slots_for(cache: SpecCache, call: SpecCall, S: int, rng: random.Random) -> list[SeqId | None]:
-    """Place live sequences in slots. The model releases a batch in slot order, so a freed
-    batch takes the first slots in the order listed (``reset_keep`` frees every live
-    sequence in admission order). Otherwise the slots are rotated at random, so every slot
-    gets exercised."""
-    live = list(cache.seq_ids())
-    first: list[SeqId] = []
-    if call.op == "free":
-        first = [s for s in call.seq_ids if s in live]
-    elif call.seq_ids and call.seq_ids[0] in live:
-        first = [call.seq_ids[0]]
-    rest = [s for s in live if s not in first]
-    slots: list[SeqId | None] = [*first, *rest] + [None] * (S - len(live))
-    if call.op not in ("free", "reset_keep"):
-        r = rng.randrange(S)
-        slots = slots[r:] + slots[:r]
-    if call.op == "admit":
-        assert call.request is not None
-        sid = call.request.seq_id
-        if sid not in slots and None in slots:
-            slots[slots.index(None)] = sid  # the slot the new sequence will take
-    return slots
-
-
-def _random_call(
-    cache: SpecCache,
-    rng: random.Random,
-    M: int,
-    S: int,
-    trace: _Trace,
-    namespaces: Sequence[Namespace],
-) -> SpecCall:
-    bs = cache.block_size
-    live = list(cache.seq_ids())
-    s = cache._s
-    ops = ["admit"] * 6 + ["commit"] * 6 + ["append"] * 3 + ["rollback"] * 2 + ["free"] * 2
-    ops += ["evict"] * 2 + ["reset_keep", "reset_full"] + ["continue_prefill"] * 3
-    while True:
-        op = rng.choice(ops)
-        if op == "admit":
-            if len(live) >= S:
-                continue
-            ntok = rng.randint(1, M * bs)
-            base = rng.choice(
-                [(0, 1, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1), (0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 0)]
-            )
-            toks = list(base[:ntok])
-            if rng.random() < 0.3 and toks:
-                toks[rng.randrange(len(toks))] = 2
-            sid: SeqId = trace.next_id if rng.random() < 0.9 or not live else rng.choice(live)
-            trace.next_id += 1
-            req = Request(
-                sid,
-                toks,
-                rng.choice(namespaces),
-                recompute_blocks=rng.choice((0, 0, 1, 1, 2, 3)),
-                kv_token_limit=rng.choice((None, None, None, 1, 2, bs, 2 * bs)),
-            )
-            num_new = (
-                None if rng.random() < 0.6 else rng.randint(0 if rng.random() < 0.05 else 1, ntok)
-            )
-            return SpecCall("admit", request=req, num_new=num_new)
-        if op == "free":
-            k = rng.randint(0, len(live))
-            ids = rng.sample(live, k)
-            if rng.random() < 0.05 and len(live) < S:
-                ids.append(10_000 + rng.randrange(5))  # unknown
-            return SpecCall("free", seq_ids=tuple(ids))
-        if op == "evict":
-            return SpecCall("evict", n=rng.choice([0, 1, 1, 1, 2, 3]))
-        if op in ("reset_keep", "reset_full"):
-            return SpecCall(op)
-        if not live:
-            continue
-        sid = rng.choice(live)
-        sq = s.seqs[sid]
-        if op == "continue_prefill":
-            ready = [
-                x
-                for x in live
-                if s.seqs[x].num_computed == s.seqs[x].num_reserved < s.seqs[x].prompt_len
-            ]
-            if ready and rng.random() < 0.8:
-                sid = rng.choice(ready)
-            num_new = None if rng.random() < 0.5 else rng.randint(1, 2 * bs)
-            return SpecCall("continue_prefill", seq_ids=(sid,), num_new=num_new)
-        if op == "append":
-            room = M * bs - sq.num_reserved
-            if room < 1:
-                continue
-            return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, room))
-        if op == "rollback":
-            unwritten = sq.num_reserved - sq.num_computed
-            n = rng.randint(1, max(1, unwritten + (1 if rng.random() < 0.15 else 0)))
-            return SpecCall("rollback", seq_ids=(sid,), n=n)
-        # commit
-        unwritten = sq.num_reserved - sq.num_computed
-        n = rng.randint(0, unwritten + (1 if rng.random() < 0.1 else 0))
-        acc = tuple(rng.choice((0, 1, 2)) for _ in range(rng.choice((0, 1, 1, 2))))
-        return SpecCall("commit", seq_ids=(sid,), n=n, accepted=acc)
-
-
 def _run_call(
     checker: DriftChecker,
     cache: SpecCache,
@@ -702,10 +537,10 @@ def run_reachable(
     namespaces = (Namespace("model-a"), Namespace("model-a", adapter="lora-1"))
     while report.checks < checks:
         cache = SpecCache(n, rng.choice(block_sizes))
-        trace = _Trace(cache, Labels())
+        trace = Trace(cache, Labels())
         for _ in range(trace_len):
-            call = _random_call(cache, rng, M, S, trace, namespaces)
-            slots = _slots_for(cache, call, S, rng)
+            call = random_call(cache, rng, M, S, trace, namespaces)
+            slots = slots_for(cache, call, S, rng)
             if call.op == "admit":
                 assert call.request is not None
                 if call.request.seq_id not in slots:
@@ -713,7 +548,7 @@ def run_reachable(
             _run_call(checker, cache, call, slots, trace.labels, report)
             if report.checks % check_invariants_every == 0:
                 state = abstract(
-                    cache, _slots_for(cache, SpecCall("evict"), S, rng), trace.labels, M
+                    cache, slots_for(cache, SpecCall("evict"), S, rng), trace.labels, M
                 )
                 invariants.check(cache)
                 if not checker.invariants_hold(state):
@@ -814,78 +649,6 @@ def sample_states(
     return out
 
 
-def _random_call_for(
-    a: AbsState, slots: list[SeqId | None], labels: Labels, rng: random.Random, M: int, S: int
-) -> SpecCall:
-    """A random operation on a sampled state (shares prefixes with the state's sequences)."""
-    live = [sid for sid in slots if sid is not None]
-    bs = a.bs
-    ops = [
-        "commit",
-        "commit",
-        "append",
-        "continue_prefill",
-        "rollback",
-        "free",
-        "evict",
-        "reset_keep",
-        "reset_full",
-    ]
-    op = rng.choice(ops + (["admit", "admit"] if None in slots else []))
-    if op == "admit":
-        # reuse a live sequence's prefix (or a published chain) to make hits likely
-        toks: list[int] = []
-        ns = labels.namespace_of(rng.choice((0, 1)))
-        pub_blocks = [b for b in range(a.n) if a.pub[b]]
-        if pub_blocks and rng.random() < 0.7:
-            b = rng.choice(pub_blocks)
-            chain = []
-            while b != -1:
-                chain.append(b)
-                b = a.par[b]
-            for c in reversed(chain):
-                toks.extend(labels.tokens_of(a.btok[c], bs))
-            ns = labels.namespace_of(a.bns[chain[0]])
-        toks.extend(rng.choice((0, 1)) for _ in range(rng.randint(1 if not toks else 0, bs)))
-        toks = toks[: M * bs]
-        req = Request(
-            f"new{rng.randrange(99)}",
-            toks,
-            ns,
-            recompute_blocks=rng.choice((0, 0, 1, 1, 2)),
-            kv_token_limit=rng.choice((None, None, 1, bs)),
-        )
-        return SpecCall(
-            "admit", request=req, num_new=None if rng.random() < 0.6 else rng.randint(1, len(toks))
-        )
-    if op == "free":  # the model releases a batch in slot order
-        ids = sorted(rng.sample(live, rng.randint(0, len(live))), key=slots.index)
-        return SpecCall("free", seq_ids=tuple(ids))
-    if op == "evict":
-        return SpecCall("evict", n=rng.choice([1, 1, 2, 3]))
-    if op in ("reset_keep", "reset_full"):
-        return SpecCall(op)
-    if not live:
-        return SpecCall("evict", n=1)
-    slot = rng.choice([i for i, sid in enumerate(slots) if sid is not None])
-    sq = a.seqs[slot]
-    assert sq is not None
-    sid = slots[slot]
-    assert sid is not None
-    if op == "append":
-        return SpecCall("append", seq_ids=(sid,), n=rng.randint(1, max(1, M * bs - sq.nr)))
-    if op == "continue_prefill":
-        return SpecCall(
-            "continue_prefill",
-            seq_ids=(sid,),
-            num_new=None if rng.random() < 0.5 else rng.randint(1, 2 * bs),
-        )
-    if op == "rollback":
-        return SpecCall("rollback", seq_ids=(sid,), n=rng.randint(1, max(1, sq.nr - sq.nc + 1)))
-    acc = tuple(rng.choice((0, 1)) for _ in range(rng.choice((0, 1, 2))))
-    return SpecCall("commit", seq_ids=(sid,), n=rng.randint(0, max(0, sq.nr - sq.nc)), accepted=acc)
-
-
 def run_sampled(
     enc: Encoding,
     states: Sequence[AbsState],
@@ -919,164 +682,13 @@ def run_sampled(
         report.invariant_checks += 1
         for _ in range(ops_per_state):
             cache, slots = concretize(a, labels)
-            call = _random_call_for(a, slots, labels, rng, M, S)
+            call = random_call_for(a, slots, labels, rng, M, S)
             if call.op == "admit":
                 assert call.request is not None
                 slots[slots.index(None)] = call.request.seq_id
             _run_call(checker, cache, call, slots, labels, report)
     report.seconds = time.perf_counter() - t0
     return report
-
-
-# -- seeded drifts ---------------------------------------------------------------------------
-# Encodings that still satisfy every invariant but no longer describe the spec. The drift
-# check must catch each one; the invariant proofs cannot.
-
-
-class _LifoQueue(Encoding):
-    def allocate(self, st: State, need: Any) -> tuple[State, list[Any]]:
-        taken = [st.q[st.qt - 1 - i] for i in range(self.bounds.table)]
-        x = z3.Int("lam!x")
-        hit = z3.Or([z3.And(i < need, b == x) for i, b in enumerate(taken)])
-        return st.replace(rc=z3.Lambda([x], z3.If(hit, 1, st.rc[x])), qt=st.qt - need), taken
-
-    def grow(self, d: Domain, st: State, s: int, n: Any) -> Any:
-        step = super().grow(d, st, s, n)
-        sq, post = st.seqs[s], step.post
-        tab = tuple(
-            z3.If(
-                j < sq.len,
-                sq.tab[j],
-                z3.If(j < post.seqs[s].len, st.q[st.qt - 1 - (j - sq.len)], sq.tab[j]),
-            )
-            for j in range(self.bounds.table)
-        )
-        return type(step)(
-            step.op, step.enabled, step.bounded, step.choice, post.seq(s, tab=tab), step.args
-        )
-
-
-class _NewestFirstEviction(Encoding):
-    def evict_order_before(self, st: State, a: Any, b: Any) -> Any:
-        return z3.Or(st.lu[a] > st.lu[b], z3.And(st.lu[a] == st.lu[b], a <= b))
-
-
-class _FullPromptHit(Encoding):
-    def within_cap(self, BS: Any, j: int, ntok: Any) -> Any:
-        return (j + 1) * BS <= ntok
-
-
-class _HeadFirstRelease(Encoding):
-    def free_seqs(self, st: State, freed: Sequence[Any]) -> State:
-        post = self.release_all(
-            st.replace(clock=st.clock + 1),
-            [
-                (sq.tab[j], z3.And(f, j < sq.len))
-                for f, sq in zip(freed, st.seqs, strict=True)
-                for j in range(self.bounds.table)
-            ],
-        )
-        for s, f in enumerate(freed):
-            post = post.seq(s, live=z3.And(st.seqs[s].live, z3.Not(f)))
-        return post
-
-
-class _FreeKeepsClock(Encoding):
-    def free_seqs(self, st: State, freed: Sequence[Any]) -> State:
-        return super().free_seqs(st, freed).replace(clock=st.clock)
-
-
-class _PublishFirstOnly(Encoding):
-    def newly_committed(self, BS: Any, j: int, sq: Any, new_nc: Any, ntok: Any) -> Any:
-        first = z3.And((j + 1) * BS > sq.nc, j * BS <= sq.nc)
-        return z3.And(first, (j + 1) * BS <= new_nc)
-
-
-class _WindowIgnored(Encoding):
-    def window_size(self, rb: Any, m: Any) -> Any:
-        return z3.IntVal(0)
-
-
-class _WindowNotClamped(Encoding):
-    def window_size(self, rb: Any, m: Any) -> Any:
-        return rb
-
-
-class _ChunkIgnoresLimit(Encoding):
-    def chunk_size(self, remaining: Any, whole: Any, num_new: Any, limit: Any) -> Any:
-        return super().chunk_size(remaining, whole, num_new, z3.IntVal(0))
-
-
-class _ContinueBeforeCommit(Encoding):
-    def continue_guard(self, sq: SeqState, a: ContinueArgs) -> Term:
-        return z3.And(sq.live, z3.Or(a.whole, a.num_new >= 1), sq.nr < sq.np)
-
-
-class _ErrorClassSwapped(Encoding):
-    def refusals(self, d: Domain, st: State, op: str, a: OpArgs, s: int) -> list[tuple[str, Term]]:
-        out = super().refusals(d, st, op, a, s)
-        if op != "rollback":
-            return out
-        # DRIFT: an unwritten-slot shortfall is labelled a bad argument, not a bad operation
-        swap = {"InvalidOperation": "InvalidRequest", "InvalidRequest": "InvalidOperation"}
-        return [(swap.get(cls, cls), cond) for cls, cond in out]
-
-
-SEEDED_DRIFTS: tuple[tuple[str, str, type[Encoding]], ...] = (
-    ("lifo-free-queue", "allocation takes the most recently freed block (LIFO)", _LifoQueue),
-    ("newest-first-eviction", "eviction picks the most recently used leaf", _NewestFirstEviction),
-    ("full-prompt-hit", "the match is not capped: a whole cached prompt is a hit", _FullPromptHit),
-    (
-        "head-first-release",
-        "a freed table is released head first, not tail first",
-        _HeadFirstRelease,
-    ),
-    ("free-keeps-clock", "free() does not advance the eviction clock", _FreeKeepsClock),
-    ("publish-first-only", "commit publishes only the first block it completes", _PublishFirstOnly),
-    (
-        "window-ignored",
-        "admission ignores recompute_blocks: the whole match is attached",
-        _WindowIgnored,
-    ),
-    (
-        "window-not-clamped",
-        "the window is recompute_blocks even beyond the match",
-        _WindowNotClamped,
-    ),
-    ("chunk-ignores-limit", "a prefill chunk is not cut at kv_token_limit", _ChunkIgnoresLimit),
-    (
-        "continue-before-commit",
-        "continue_prefill does not wait for the chunk's commit",
-        _ContinueBeforeCommit,
-    ),
-    (
-        "error-class-swapped",
-        "rollback's refusals carry each other's error class (INV-TXN's classes drift)",
-        _ErrorClassSwapped,
-    ),
-)
-
-
-def check_seeded(
-    name: str,
-    description: str,
-    enc_type: type[Encoding],
-    *,
-    budget: int = 4_000,
-    seed: int = 0,
-    bounds: Bounds | None = None,
-) -> SeededResult:
-    """Run the reachable-state drift check on a mutated encoding until it fails."""
-    enc = enc_type(bounds or Bounds())
-    checker = DriftChecker(enc, 5)
-    return seeded(
-        name,
-        description,
-        DriftReport(),
-        lambda r: r.checks,
-        lambda r: run_reachable(enc, budget, seed=seed, checker=checker, report=r),
-        counts_the_catch=True,
-    )
 
 
 def default_run(

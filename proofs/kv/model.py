@@ -20,12 +20,13 @@ What is modelled, and how (see docs/proofs.md for the full list of abstractions)
   (``Step.bounded`` is false), never silently truncated.
 * **Recompute windows and chunked prefill** are per-sequence fields (``nca``: cached
   tokens, ``win``: window blocks, ``np``: prompt length, ``lim``: ``kv_token_limit`` or 0).
-  Multimodal spans appear only in :meth:`Encoding.lookup` (one span per prompt, INV-MATCH
-  after every step); admission's match and the sequences have none (there the clamp is the
-  identity).
-* **Refusals** (INV-TXN): :meth:`Encoding.refusals` lists the spec's raise sites of each
-  operation as conditions on the pre-state and arguments; :meth:`Encoding.outcome` is the
-  successor when enabled and :meth:`Encoding.refused` (the pre-state) otherwise.
+  Multimodal spans appear only in :meth:`~.transitions.Encoding.lookup` (one span per
+  prompt, INV-MATCH after every step); admission's match and the sequences have none (there
+  the clamp is the identity).
+* **Refusals** (INV-TXN): :meth:`~.transitions.Encoding.refusals` lists the spec's raise
+  sites of each operation as conditions on the pre-state and arguments;
+  :meth:`~.transitions.Encoding.outcome` is the successor when enabled and
+  :meth:`~.transitions.Encoding.refused` (the pre-state) otherwise.
 * Token arithmetic keeps the block size ``BS`` symbolic. Every product of a count with ``BS``
   is unrolled over the (bounded) table positions, so all arithmetic stays linear.
 
@@ -40,9 +41,9 @@ The same code builds formulas for two kinds of :class:`Domain`: a symbolic pool 
 variable; "for every block" is a ``ForAll``) for proofs, and a concrete pool of ``n`` blocks
 (quantifiers expand into finite conjunctions) for satisfiability checks, counterexamples,
 sampling states and the drift check. New invariants join by adding state fields, a method
-on :class:`Encoding` per formula and a transition per operation, as INV-WINDOW did (the
-per-sequence ``nca``/``win`` fields, :meth:`Encoding.inv_window`, and the window cut in
-:meth:`Encoding.attach`).
+on :class:`~.transitions.Encoding` per formula and a transition per operation, as INV-WINDOW
+did (the per-sequence ``nca``/``win`` fields, :meth:`~.transitions.Encoding.inv_window`,
+and the window cut in :meth:`~.transitions.Encoding.attach`).
 """
 
 from __future__ import annotations
@@ -616,7 +617,8 @@ class SpecDecisions(ModelBase):
         )
 
     def grow_room(self, sq: SeqState, nr: Term) -> Term:
-        """What :meth:`grow` requires of the new reservation (:meth:`chunk_room`)."""
+        """What :meth:`~.transitions.Encoding.grow` requires of the new reservation
+        (:meth:`chunk_room`)."""
         return self.chunk_room(sq, nr)
 
     def window_pending(self, BS: Term, sq: SeqState, j: int) -> Term:

@@ -3,7 +3,7 @@
 One obligation per (invariant, operation). An operation is proved through its *proof
 steps*: ``admit`` is ``attach ; evict* ; grow``, ``append`` and ``continue_prefill`` are
 ``evict* ; grow`` behind their own guards (that is literally how
-:class:`~.encoding.Encoding` builds them), every other operation is one step.
+:class:`~.transitions.Encoding` builds them), every other operation is one step.
 A step obligation says::
 
     shape(pre) & Inv(pre) & enabled & bounded  ==>  I(post)

@@ -11,9 +11,11 @@ import pytest
 pytest.importorskip("z3")
 
 from prefixkv.proofs import ckpt as ck
+from prefixkv.proofs import joint as jt
 from prefixkv.proofs import run as proofs_run
-from prefixkv.proofs.joint import model as jt
-from prefixkv.proofs.kv import broken, spans
+from prefixkv.proofs import spans
+from prefixkv.proofs.kv import broken
+from prefixkv.proofs.kv import suite as kv_suite
 from prefixkv.spec.invariant_ids import InvariantId
 
 from prefixkv import cli
@@ -90,7 +92,7 @@ def test_json_has_span_and_joint_rows(prove_json: ProveJson) -> None:
 def test_exits_non_zero_when_an_obligation_fails(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(proofs_run, "Encoding", broken.EvictKeepsIndexEntry)
+    monkeypatch.setattr(kv_suite, "Encoding", broken.EvictKeepsIndexEntry)
     code = cli.main(
         [
             "prove",

@@ -396,7 +396,7 @@ class Lineage:
 class Counters:
     """The token and event counters an adapter keeps for an engine without statistics.
 
-    Call :meth:`admitted` after each admission and :meth:`evicted` / :meth:`published` as
+    Call :meth:`admitted` after each admission and :meth:`evicted_among` / :attr:`published` as
     the engine reports them; :func:`stats_from` adds the occupancy.
     """
 

@@ -14,6 +14,7 @@ pytest.importorskip("z3")
 import z3
 from prefixkv.proofs import ckpt as ck
 from prefixkv.proofs.ckpt import drift as ckpt_drift
+from prefixkv.proofs.ckpt import seeded as ckpt_seeded
 from prefixkv.proofs.driver import DriftError
 from prefixkv.spec import HybridSpecCache, Namespace, Request
 from prefixkv.spec import hybrid as spec_hybrid
@@ -90,10 +91,10 @@ def test_no_drift_against_the_hybrid_spec() -> None:
     assert set(report.by_op) == set(ck.CKPT_OPERATIONS) - {"init"}
 
 
-@pytest.mark.parametrize("seeded", ckpt_drift.SEEDED_CKPT_DRIFTS, ids=lambda s: s[0])
+@pytest.mark.parametrize("seeded", ckpt_seeded.SEEDED_CKPT_DRIFTS, ids=lambda s: s[0])
 def test_seeded_checkpoint_drift_is_caught(seeded: tuple[str, str, type[ck.CkptModel]]) -> None:
     name, description, model = seeded
-    r = ckpt_drift.check_seeded_ckpt(name, description, model)
+    r = ckpt_seeded.check_seeded_ckpt(name, description, model)
     assert r.caught, f"seeded drift {name} missed after {r.checks} checks"
 
 

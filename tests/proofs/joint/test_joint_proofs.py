@@ -13,9 +13,10 @@ import pytest
 pytest.importorskip("z3")
 
 import z3
+from prefixkv.proofs import joint as jt
 from prefixkv.proofs import small
 from prefixkv.proofs.joint import drift as joint_drift
-from prefixkv.proofs.joint import model as jt
+from prefixkv.proofs.joint import seeded as joint_seeded
 from prefixkv.spec import HybridSpecCache, Namespace, Request
 
 DRIFT_STEPS = 1500
@@ -88,10 +89,10 @@ def test_reachable_hybrid_states_satisfy_the_joint_model() -> None:
     assert {"admit", "commit", "evict", "restore_issued", "free", "reset"} <= set(rep.by_op)
 
 
-@pytest.mark.parametrize("seeded", joint_drift.SEEDED_JOINT_DRIFTS, ids=lambda s: s[0])
+@pytest.mark.parametrize("seeded", joint_seeded.SEEDED_JOINT_DRIFTS, ids=lambda s: s[0])
 def test_a_drifted_hybrid_spec_is_caught(seeded: tuple[str, str, type[HybridSpecCache]]) -> None:
     name, description, cache_type = seeded
-    assert joint_drift.check_seeded_joint(name, description, cache_type).caught
+    assert joint_seeded.check_seeded_joint(name, description, cache_type).caught
 
 
 def test_routed_experts_never_change_the_spec() -> None:
@@ -99,12 +100,12 @@ def test_routed_experts_never_change_the_spec() -> None:
     assert rep.steps >= DRIFT_STEPS and rep.matches > 0 and rep.replays > 0
 
 
-@pytest.mark.parametrize("seeded", joint_drift.SEEDED_EXPERT_DRIFTS, ids=lambda s: s[0])
+@pytest.mark.parametrize("seeded", joint_seeded.SEEDED_EXPERT_DRIFTS, ids=lambda s: s[0])
 def test_a_spec_whose_match_reads_experts_is_caught(
     seeded: tuple[str, str, type[HybridSpecCache]],
 ) -> None:
     name, description, cache_type = seeded
-    assert joint_drift.check_seeded_experts(name, description, cache_type).caught
+    assert joint_seeded.check_seeded_experts(name, description, cache_type).caught
 
 
 def test_abstraction_ghosts_follow_a_reused_block() -> None:

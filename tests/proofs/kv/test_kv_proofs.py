@@ -24,6 +24,7 @@ pytest.importorskip("z3")
 import z3
 from prefixkv.proofs import kernel_index
 from prefixkv.proofs.kv import broken, drift, obligations
+from prefixkv.proofs.kv import seeded as kv_seeded
 from prefixkv.proofs.kv.concrete import AbsState, Labels, abstract, bind, concretize
 from prefixkv.proofs.kv.model import TXN_ERRORS, Bounds
 from prefixkv.proofs.kv.transitions import Encoding
@@ -235,10 +236,10 @@ def test_no_drift_on_ten_thousand_checks() -> None:
     }, report.by_error
 
 
-@pytest.mark.parametrize("seeded", drift.SEEDED_DRIFTS, ids=lambda s: s[0])
+@pytest.mark.parametrize("seeded", kv_seeded.SEEDED_DRIFTS, ids=lambda s: s[0])
 def test_seeded_drift_is_caught(seeded: tuple[str, str, type[Encoding]]) -> None:
     name, description, enc_type = seeded
-    result = drift.check_seeded(name, description, enc_type, budget=3_000)
+    result = kv_seeded.check_seeded(name, description, enc_type, budget=3_000)
     assert result.caught, f"seeded drift {name} ({description}) not caught"
 
 

@@ -1,6 +1,6 @@
 """Rule-coverage instrumentation for the differential machines.
 
-Every machine class built by :func:`~machines.differential.build_machine` owns one
+Every machine class built by :func:`~.differential.build_machine` owns one
 :class:`RuleCoverage`. Rules report each firing and whether any operation in it raised; the
 machine reports every cache operation it ran. A test then asserts that every rule fired, that
 invalid steps stay rare, and prints the rule executions per second.

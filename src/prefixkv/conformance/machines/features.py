@@ -1,6 +1,6 @@
 """Rules for multimodal spans, private recompute windows and chunked prefill.
 
-These rules live in a mixin of :class:`~machines.differential.DifferentialMachine`, so they
+These rules live in a mixin of :class:`~.differential.DifferentialMachine`, so they
 interleave with every text-only rule (shared prefixes, eviction pressure, preemption, bad
 inputs) in the same runs. They draw requests that carry spans, a ``recompute_blocks``
 window and a ``kv_token_limit``, and they add the checks of those features:
@@ -11,7 +11,7 @@ window and a ``kv_token_limit``, and they add the checks of those features:
 * ``CANCEL``: freeing a sequence mid-chunk leaves nothing matchable beyond what was
   matchable before it was admitted or what it committed (unwritten KV is never matchable).
 
-A prompt's items are runs of :data:`~machines.strategies.PLACEHOLDER` tokens, so equal
+A prompt's items are runs of :data:`~.strategies.PLACEHOLDER` tokens, so equal
 tokens with different content are the common case. ``ITEM_KINDS`` mixes content and
 modality so that every pair differs in exactly one of them.
 """

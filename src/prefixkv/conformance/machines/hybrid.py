@@ -1,6 +1,6 @@
 """The hybrid-model differential machine: checkpoints and routed experts (choices 7, 11).
 
-:class:`HybridMachine` is the whole :class:`~machines.differential.DifferentialMachine`
+:class:`HybridMachine` is the whole :class:`~.differential.DifferentialMachine`
 (every text, span, window, chunk, eviction, reset and bad-input rule) run on a pair of
 hybrid caches, :class:`~prefixkv.spec.HybridSpecCache` against
 :class:`~prefixkv.impl.HybridPrefixCacheManager`, with small state-slot pools so that slot

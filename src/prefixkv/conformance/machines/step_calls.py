@@ -1,7 +1,7 @@
 """Rules for the engine-shaped calls: ``advance`` (one fused call per sequence per decode
 step) and ``advance_batch`` (a whole scheduler step), bad inputs included.
 
-A mixin over :class:`~machines.differential.DifferentialMachine`, so the fused calls
+A mixin over :class:`~.differential.DifferentialMachine`, so the fused calls
 interleave with every per-call rule in the same runs and the usual checks apply after each
 of them: equal results and errors, equal snapshots, every invariant, and INV-TXN when a call
 raises (an ``advance`` whose reservation fails must also undo its commit and rollback).

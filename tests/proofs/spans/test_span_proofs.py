@@ -13,9 +13,10 @@ pytest.importorskip("z3")
 
 import z3
 from prefixkv.proofs import small
+from prefixkv.proofs import spans as sp
 from prefixkv.proofs.driver import DriftError
-from prefixkv.proofs.kv import span_drift
-from prefixkv.proofs.kv import spans as sp
+from prefixkv.proofs.spans import drift as span_drift
+from prefixkv.proofs.spans import seeded as span_seeded
 from prefixkv.spec import MultimodalSpan, Namespace, Request, SpecCache
 from prefixkv.spec import cache as spec_cache
 from prefixkv.spec import contract as spec_contract
@@ -95,10 +96,10 @@ def test_no_span_drift() -> None:
     assert rep.successes > 0 and rep.rejections > 0
 
 
-@pytest.mark.parametrize("seeded", span_drift.SEEDED_SPAN_DRIFTS, ids=lambda s: s[0])
+@pytest.mark.parametrize("seeded", span_seeded.SEEDED_SPAN_DRIFTS, ids=lambda s: s[0])
 def test_seeded_span_drift_is_caught(seeded: tuple[str, str, type[sp.SpanModel]]) -> None:
     name, description, model = seeded
-    assert span_drift.check_seeded_span(name, description, model).caught
+    assert span_seeded.check_seeded_span(name, description, model).caught
 
 
 def test_a_drifted_spec_chunk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

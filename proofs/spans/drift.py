@@ -1,4 +1,4 @@
-"""No drift between the span model (:mod:`.spans`) and :class:`SpecCache`.
+"""No drift between the span model (:mod:`.obligations`) and :class:`~prefixkv.spec.SpecCache`.
 
 Random runs of the executable spec with prompts of one or two multimodal spans, chunked
 under a ``kv_token_limit`` or not, with recompute windows, appends and rollbacks around the
@@ -29,17 +29,18 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.state import SeqView
 
-from ..driver import DriftError, SeededResult, Substituter, drive, seeded
-from . import spans as sp
+from ..driver import DriftError, Substituter, drive
+from .model import SPAN_OPERATIONS, AdmitArgs, CommitArgs, ContinueArgs, CountArgs, SpanState
+from .obligations import SpanModel
 
-__all__ = ["SEEDED_SPAN_DRIFTS", "SpanDriftReport", "check_seeded_span", "run_span_drift"]
+__all__ = ["SpanDriftReport", "run_span_drift"]
 
 NS = Namespace("span-proofs@1")
 BS = 2
 SEQ_IDS = ("s0", "s1", "s2")
 
 
-def _fields(x: sp.SpanState) -> list[z3.ExprRef]:
+def _fields(x: SpanState) -> list[z3.ExprRef]:
     return [x.live, x.P, x.L, *x.on, *x.st, *x.en, x.R, x.C, x.Ca, x.T]
 
 
@@ -87,22 +88,22 @@ class _Compiled:
     """One operation's transition, built once on fresh variables; each check substitutes
     the concrete pre-state and arguments (fast) instead of rebuilding the terms (slow)."""
 
-    def __init__(self, m: sp.SpanModel, op: str) -> None:
+    def __init__(self, m: SpanModel, op: str) -> None:
         self.pre = m.fresh("p.")
         self.args = m.fresh_args(op, "a.")
         stp = m.step(op, self.pre, self.args)
         self.pre_vars = _fields(self.pre)
         self.arg_vars: list[z3.ExprRef] = []
         a = self.args
-        if isinstance(a, sp.AdmitArgs):
+        if isinstance(a, AdmitArgs):
             self.arg_vars = [a.P, a.L, *a.on, *a.st, *a.en, a.m, a.rb, a.nn]
-        elif isinstance(a, sp.ContinueArgs):
+        elif isinstance(a, ContinueArgs):
             self.arg_vars = [a.nn]
-        elif isinstance(a, sp.CountArgs):
+        elif isinstance(a, CountArgs):
             self.arg_vars = [a.n]
-        elif isinstance(a, sp.CommitArgs):
+        elif isinstance(a, CommitArgs):
             self.arg_vars = [a.n, a.acc]
-        splits = m.splits(self.pre, op, a) if isinstance(a, sp.CountArgs) else z3.BoolVal(False)
+        splits = m.splits(self.pre, op, a) if isinstance(a, CountArgs) else z3.BoolVal(False)
         self.outputs = [stp.guard, splits, *_fields(stp.post)]
         self.sub = Substituter(self.pre_vars + self.arg_vars)
 
@@ -114,7 +115,7 @@ class _Compiled:
 
 
 class _InvCheck:
-    def __init__(self, m: sp.SpanModel) -> None:
+    def __init__(self, m: SpanModel) -> None:
         x = m.fresh("i.")
         self.invs = m.invariants(x)
         self.sub = Substituter(_fields(x))
@@ -186,7 +187,7 @@ def _request(rng: random.Random, seq_id: str, past: list[Request]) -> Request:
 class _Runner:
     def __init__(
         self,
-        model: sp.SpanModel,
+        model: SpanModel,
         rng: random.Random,
         report: SpanDriftReport,
         compiled: dict[str, _Compiled],
@@ -217,39 +218,46 @@ class _Runner:
     def step(self) -> None:
         if self.check_states:
             self.check_state()
-        rng, K = self.rng, self.m.K
-        seq_id = rng.choice(SEQ_IDS)
+        seq_id = self.rng.choice(SEQ_IDS)
         v = self.view(seq_id)
+        op, args, call = self.draw(seq_id, v)
+        guard, splits, post = self.compiled[op].run(_values(v, self.m.K), args)
+        self.r.checks += 1
+        self.r.by_op[op] = self.r.by_op.get(op, 0) + 1
+        try:
+            call()
+        except OutOfBlocks:
+            self.r.out_of_blocks += 1
+            return
+        except PrefixCacheError as e:
+            self.r.rejections += 1
+            if guard:
+                raise DriftError(
+                    f"the spec refused {op}{tuple(args)} on {v} ({type(e).__name__}: {e}) "
+                    "but the model's guard holds"
+                ) from None
+            self.r.split_refusals += splits
+            return
+        self.r.successes += 1
+        if not guard:
+            raise DriftError(f"the spec accepted {op}{tuple(args)} on {v}; the model's guard fails")
+        self.compare(seq_id, op, args, v, post)
+
+    def draw(
+        self, seq_id: str, v: SeqView | None
+    ) -> tuple[str, list[int | bool], Callable[[], object]]:
+        """A random operation on ``seq_id``: its name, the model's arguments, and the call
+        that runs it on the spec."""
+        rng = self.rng
         ops = ["admit"] if v is None else ["continue_prefill"] * 4 + ["append", "rollback"] * 2
         op = rng.choice([*ops, *["commit"] * 5 * (v is not None), "free", "admit"])
         if v is None and op == "free":
             op = "admit"
+        if op == "admit":
+            return (op, *self.draw_admit(seq_id))
         args: list[int | bool] = []
         call: Callable[[], object]
-        if op == "admit":
-            req = _request(rng, seq_id, self.past)
-            self.past.append(req)
-            nn = rng.choice((None, 1, 2, 3, 5))
-            match = self.cache.match(req)
-            raw = match.num_blocks + match.num_window_blocks + match.lost.span // BS
-            self.r.clamped += match.lost.span > 0
-            pad = [(0, 1)] * (K - len(req.spans))
-            bounds = [(s.start, s.end) for s in req.spans] + pad
-            args = [
-                req.num_tokens,
-                req.kv_token_limit or 0,
-                *[i < len(req.spans) for i in range(K)],
-                *[s for s, _ in bounds],
-                *[e for _, e in bounds],
-                raw,
-                req.recompute_blocks,
-                nn or 0,
-            ]
-
-            def call() -> object:
-                return self.cache.admit(req, nn)
-
-        elif op == "continue_prefill":
+        if op == "continue_prefill":
             nn = rng.choice((None, 1, 2, 3))
             args = [nn or 0]
 
@@ -282,26 +290,46 @@ class _Runner:
                 self.cache.free([seq_id])
                 return None
 
-        guard, splits, post = self.compiled[op].run(_values(v, K), args)
-        self.r.checks += 1
-        self.r.by_op[op] = self.r.by_op.get(op, 0) + 1
-        try:
-            call()
-        except OutOfBlocks:
-            self.r.out_of_blocks += 1
-            return
-        except PrefixCacheError as e:
-            self.r.rejections += 1
-            if guard:
-                raise DriftError(
-                    f"the spec refused {op}{tuple(args)} on {v} ({type(e).__name__}: {e}) "
-                    "but the model's guard holds"
-                ) from None
-            self.r.split_refusals += splits
-            return
-        self.r.successes += 1
-        if not guard:
-            raise DriftError(f"the spec accepted {op}{tuple(args)} on {v}; the model's guard fails")
+        return op, args, call
+
+    def draw_admit(self, seq_id: str) -> tuple[list[int | bool], Callable[[], object]]:
+        """A random request admitted as ``seq_id``; the model's arguments carry the raw match
+        read off the spec's own :meth:`~prefixkv.spec.SpecCache.match`."""
+        rng, K = self.rng, self.m.K
+        req = _request(rng, seq_id, self.past)
+        self.past.append(req)
+        nn = rng.choice((None, 1, 2, 3, 5))
+        match = self.cache.match(req)
+        raw = match.num_blocks + match.num_window_blocks + match.lost.span // BS
+        self.r.clamped += match.lost.span > 0
+        pad = [(0, 1)] * (K - len(req.spans))
+        bounds = [(s.start, s.end) for s in req.spans] + pad
+        args: list[int | bool] = [
+            req.num_tokens,
+            req.kv_token_limit or 0,
+            *[i < len(req.spans) for i in range(K)],
+            *[s for s, _ in bounds],
+            *[e for _, e in bounds],
+            raw,
+            req.recompute_blocks,
+            nn or 0,
+        ]
+
+        def call() -> object:
+            return self.cache.admit(req, nn)
+
+        return args, call
+
+    def compare(
+        self,
+        seq_id: str,
+        op: str,
+        args: list[int | bool],
+        v: SeqView | None,
+        post: list[int | bool],
+    ) -> None:
+        """The spec's successor of an accepted step must be the model's."""
+        K = self.m.K
         after = self.view(seq_id)
         want, got = _norm(_values(after, K), K), _norm(post, K)
         if want != got:
@@ -317,7 +345,7 @@ class _Runner:
 def run_span_drift(
     checks: int,
     seed: int = 0,
-    model: type[sp.SpanModel] = sp.SpanModel,
+    model: type[SpanModel] = SpanModel,
     report: SpanDriftReport | None = None,
     *,
     check_states: bool = True,
@@ -325,7 +353,7 @@ def run_span_drift(
     """``checks`` model-vs-spec steps over fresh caches of 10 blocks (``BS`` 2); with
     ``check_states``, every state before a step is also checked against the invariants."""
     m = model(None, BS)
-    compiled = {op: _Compiled(m, op) for op in sp.SPAN_OPERATIONS if op != "init"}
+    compiled = {op: _Compiled(m, op) for op in SPAN_OPERATIONS if op != "init"}
     inv = _InvCheck(m)
     rep = report or SpanDriftReport()
 
@@ -333,26 +361,3 @@ def run_span_drift(
         return _Runner(m, rng, rep, compiled, inv, check_states=check_states)
 
     return drive(rep, checks, lambda r: r.checks, start, seed=seed)
-
-
-SEEDED_SPAN_DRIFTS: tuple[tuple[str, str, type[sp.SpanModel]], ...] = (
-    ("chunk-ignores-spans", "chunk_end without the span cut", sp.ChunkSplitsSpan),
-    ("chunk-cut-forward", "a cut chunk always runs to the span's end", sp.CutForwardAlways),
-    ("clamp-once", "the match clamp moves back once", sp.ClampOnce),
-    ("window-not-reclamped", "the prefix after the window is not clamped", sp.WindowNotReclamped),
-    ("rollback-ignores-spans", "rollback may land inside a span", sp.RollbackIgnoresSpans),
-    ("append-ignores-spans", "check_growth without the span test", sp.AppendIgnoresSpans),
-)
-
-
-def check_seeded_span(
-    name: str, description: str, model: type[sp.SpanModel], limit: int = 20_000, seed: int = 0
-) -> SeededResult:
-    """The drifted model must disagree with the spec within ``limit`` checks."""
-    return seeded(
-        name,
-        description,
-        SpanDriftReport(),
-        lambda r: r.checks,
-        lambda r: run_span_drift(limit, seed, model, r, check_states=False),
-    )
