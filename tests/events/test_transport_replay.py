@@ -345,12 +345,13 @@ def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
     mirror = EventMirror()
     mirror.apply_all([stored(10, None, 1), stored(11, 10, 2), stored(12, 10, 3)])
     mirror.apply_all([stored(11, 10, 2), CheckpointStored((11,))])
-    mirror.apply_all([stored(11, 10, 2), BlockRemoved((11,))])  # 11 held twice, ambiguous
-    assert mirror.ambiguous == {11}
+    # Another identity under 11: a removal of 11 cannot say which left (unresolved).
+    mirror.apply_all([stored(11, 10, 5), BlockRemoved((11,))])
+    assert mirror.unresolved == {11: 1} and mirror.held(11) == 2
     before = (
         {h: list(e) for h, e in mirror.blocks.items()},
         dict(mirror.checkpoints),
-        set(mirror.ambiguous),
+        dict(mirror.unresolved),
         mirror.block_size,
         mirror.num_events,
     )
@@ -371,13 +372,15 @@ def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
         after = (
             mirror.blocks,
             mirror.checkpoints,
-            mirror.ambiguous,
+            mirror.unresolved,
             mirror.block_size,
             mirror.num_events,
         )
         assert after == before
     mirror.apply_all([BlockRemoved((11,))])  # and the mirror still works
-    assert 11 in mirror.ambiguous and len(mirror) == 3
+    assert mirror.unresolved == {11: 2} and mirror.held(11) == 1 and len(mirror) == 3
+    mirror.apply_all([BlockRemoved((11,))])  # the last block under 11 left: resolved
+    assert 11 not in mirror and not mirror.unresolved and len(mirror) == 2
 
 
 def test_clients_that_never_read_cannot_take_every_place() -> None:

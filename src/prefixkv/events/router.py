@@ -54,7 +54,7 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.contract import full_prompt_cap
 from prefixkv.spec.event_mirror import EventMirror
-from prefixkv.spec.identity import BlockHasher, fast_hash
+from prefixkv.spec.identity import BlockHasher, event_hash
 from prefixkv.spec.multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 
 __all__ = [
@@ -175,7 +175,8 @@ def _block_hashes(
     block_size: int,
     spans: Sequence[MultimodalSpan],
 ) -> list[int]:
-    """The replica's own hash of each of the request's first ``num_blocks`` blocks."""
+    """The hash the replica's events carry for each of the request's first ``num_blocks``
+    blocks (prefixkv's :func:`~prefixkv.spec.identity.event_hash`, whatever its index hash)."""
     ns = namespace.key()
     out: list[int] = []
     parent: int | None = None
@@ -187,11 +188,12 @@ def _block_hashes(
 
 
 class MirrorIndex:
-    """prefixkv's own consumer: an :class:`EventMirror` and the replicas' block hash."""
+    """prefixkv's own consumer: an :class:`EventMirror` and the hash the replicas' events
+    carry (:func:`~prefixkv.spec.identity.event_hash`)."""
 
     kind = "mirror"
 
-    def __init__(self, hasher: BlockHasher = fast_hash) -> None:
+    def __init__(self, hasher: BlockHasher = event_hash) -> None:
         self.mirror = EventMirror()
         self._hasher = hasher
 
@@ -238,7 +240,7 @@ class DynamoTreeIndex:
 
     kind = "dynamo"
 
-    def __init__(self, block_size: int, hasher: BlockHasher = fast_hash) -> None:
+    def __init__(self, block_size: int, hasher: BlockHasher = event_hash) -> None:
         from .dynamo import DynamoIndex
 
         self._index = DynamoIndex()
@@ -315,13 +317,13 @@ class DynamoZmqIndex(DynamoTreeIndex):
         indexer: the shared indexer.
         worker: the replica's worker id there.
         block_size: tokens per block.
-        hasher: the replicas' block hash (for the checkpoints' hashes).
+        hasher: the hash the replicas' events carry (for the checkpoints' hashes).
     """
 
     kind = "dynamo-zmq"
 
     def __init__(
-        self, indexer: Any, worker: int, block_size: int, hasher: BlockHasher = fast_hash
+        self, indexer: Any, worker: int, block_size: int, hasher: BlockHasher = event_hash
     ) -> None:
         self._indexer = indexer
         self._worker = worker
@@ -394,7 +396,7 @@ def default_index() -> str:
     return "dynamo" if _importable("dynamo.llm") else "mirror"
 
 
-def make_index(kind: str, block_size: int, hasher: BlockHasher = fast_hash) -> RouterIndex:
+def make_index(kind: str, block_size: int, hasher: BlockHasher = event_hash) -> RouterIndex:
     """A fresh index of ``kind`` (one of :data:`INDEXES`) for one replica."""
     if kind == "auto":
         kind = default_index()
