@@ -122,6 +122,34 @@ def test_a_hole_in_a_replay_is_never_applied() -> None:
         fake.close()
 
 
+def test_a_stale_subscriber_resyncs_at_a_clear_inside_a_batch() -> None:
+    """The clear need not open the batch: what comes before it is dropped with it (it may
+    name blocks the stale mirror lacks), and the batch applies from the clear on."""
+    fake = HoleyEndpoint([0, 1, 3])
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    seen: list[list[KVEvent]] = []
+    sub = EventSubscriber(
+        pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        fake.endpoint,
+        on_batch=lambda _, events: seen.append(events),
+    )
+    try:
+        with pytest.raises(ReplayGap):
+            sub.catch_up()
+        seen.clear()
+        # 12 was stored in the lost batch 2: the stale mirror never saw it.
+        batch = [BlockRemoved((12,)), AllBlocksCleared(), stored(20, None, 5), stored(21, 20, 6)]
+        sub.handle([TOPIC, _seq(5), encode_batch(batch)])
+        assert not sub.stale and sub.resyncs == 1 and sub.last_seq == 5
+        assert sorted(sub.mirror.blocks) == [20, 21]
+        assert seen == [batch[1:]]  # the router's index gets the clear and what follows
+    finally:
+        sub.close()
+        pub.close()
+        fake.close()
+
+
 def test_a_replay_that_closes_its_hole_when_asked_again() -> None:
     """A batch lost on the way (not from the buffer) is found by the second replay."""
     fake = HoleyEndpoint([0, 1, 3], [0, 1, 2, 3])
