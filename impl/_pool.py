@@ -124,7 +124,7 @@ class BlockPool:
         Args:
             num_blocks: the pool's blocks.
             block_size: tokens per block.
-            wire_hashes: whether the pool keeps each block's identity hash.
+            wire_hashes: whether the pool keeps each block's event hash.
 
         Returns:
             The bytes of every per-block array and list, the token store included.
@@ -152,8 +152,8 @@ class BlockPool:
         self.parent: array[int] = array("i", [NO_PARENT]) * n
         #: The index key a published block is filed under.
         self.key: array[int] = array("q", eight)
-        #: The identity hash (the events' ``block_hash``) of a published block; kept only
-        #: when ``wire_hashes`` (the manager records events or indexes by that hash).
+        #: The event hash (the events' ``block_hash``, see prefixkv.spec.identity.event_hash)
+        #: of a published block; kept only when ``wire_hashes`` (the manager records events).
         self.block_hash: array[int] = array("q", eight if wire_hashes else b"")
         self.wire_hashes = wire_hashes
         self.last_use: array[int] = array("q", eight)

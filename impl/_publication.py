@@ -10,7 +10,10 @@ remembers for it, so that its evicted children are still found under it.
 
 from __future__ import annotations
 
+import sys
+
 from prefixkv.spec.events import KVEvent, stored_event
+from prefixkv.spec.identity import event_hash_of, event_prefix, token_bytes
 from prefixkv.spec.multimodal import block_extra_keys
 
 from ._index import HashIndex
@@ -20,6 +23,9 @@ from ._record import EvictionRecord
 from ._sequence import SeqState
 
 __all__ = ["MISSING", "Publisher"]
+
+#: The pool keeps token ids as native uint32 bytes; the event hash digests little-endian.
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 #: What :meth:`Publisher.canonical` returns when a chain's identity is no longer published.
 MISSING = -2
@@ -99,9 +105,8 @@ class Publisher:
         get_one = index.get_one
         record = self.record
         keyed = keys.keyed
-        hasher = keys.hasher
         wire = seq.wire if pool.wire_hashes else None
-        nsd = seq.ns_digest
+        prefix = event_prefix(ns, bs) if wire is not None else b""
         pdepth = pool.depth
         published = 0
         spans = seq.spans
@@ -120,19 +125,12 @@ class Publisher:
                 tup = tuple(tokens[j * bs : (j + 1) * bs])
                 h = keys.chain_key(hashes[j - 1] if j else None, j, ns, tup, mine, extras)
             hashes.append(h)
-            # The identity hash (the events' block hash): the key itself unless keyed.
-            w = h
-            parent_w = hashes[j - 1] if j else None
+            # The event hash (prefixkv.spec.identity.event_hash) is kept per block of the
+            # sequence while events are recorded: a twin's is its published twin's, any
+            # other block's is computed here, once.
+            w, parent_w = 0, None
             if wire is not None:
-                tup = tuple(tokens[j * bs : (j + 1) * bs])
                 parent_w = wire[j - 1] if j else None
-                if extras:
-                    w = hasher(parent_w, ns, tup, extras)
-                elif j:
-                    w = hash((parent_w, nsd, tup, 0))  # fast_hash, inlined
-                else:
-                    w = hash((nsd, tup, 0))
-                wire.append(w)
             if j == 0:
                 p = NO_PARENT
             else:
@@ -140,12 +138,21 @@ class Publisher:
                 if not pdepth[p]:
                     p = self.canonical(seq, j - 1)
                     if p == MISSING:
+                        if wire is not None:  # an orphan: its children chain from it
+                            le = mine if _LITTLE_ENDIAN else self._le_tokens(seq, j)
+                            wire.append(event_hash_of(parent_w, prefix, le, extras))
                         continue
             if get_one(h) is not None:
                 twin = index.find(pool, h, p, mine, ns, extras)
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
+                    if wire is not None:
+                        wire.append(pool.block_hash[twin])
                     continue
+            if wire is not None:
+                le = mine if _LITTLE_ENDIAN else self._le_tokens(seq, j)
+                w = event_hash_of(parent_w, prefix, le, extras)
+                wire.append(w)
             b = blocks[j]
             index.insert(h, b)
             # A remembered identity keeps its name (see ._record).
@@ -157,6 +164,11 @@ class Publisher:
                     tup = tuple(tokens[j * bs : (j + 1) * bs])
                 events.append(stored_event(w, parent_w, tup, bs, ns, extras))
         return published
+
+    def _le_tokens(self, seq: SeqState, j: int) -> bytes:  # pragma: no cover - big-endian
+        """``seq``'s block ``j`` as the event hash digests it, on a big-endian machine."""
+        bs = self.block_size
+        return token_bytes(tuple(seq.tokens[j * bs : (j + 1) * bs]))
 
     def _publish_one(self, seq: SeqState, j: int) -> bool:
         """:meth:`publish` of the one block ``j`` in the plain case, if it is new and its

@@ -15,9 +15,9 @@ class SeqState:
 
     ``hashes[j]`` is the index key of block j's identity for every *settled* block
     (``j < num_computed // block_size``): each was either attached from the cache or
-    considered for publication when it filled up. ``wire[j]`` is the identity hash of the
-    same block when the manager keys its index separately and records events (the events
-    carry the identity hash); otherwise it stays empty. ``seed`` is the key a root block
+    considered for publication when it filled up. ``wire[j]`` is the event hash of the
+    same block (:func:`prefixkv.spec.identity.event_hash`) while the manager records events;
+    otherwise it stays empty. ``seed`` is the key a root block
     chains from. ``tokens`` are the sequence's token ids as a native uint32 array.
 
     ``prompt_keys`` holds the index keys of the prompt's full blocks, computed up front by the

@@ -198,10 +198,11 @@ class PrefixCacheManager(PrefixCache):
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         hasher, self._record_events = check_cache_options(hasher, record_events)
         # NOTE: with the default hasher the index files blocks under a *keyed* chain hash
-        # (see ._keys). The identity hash is still what events and snapshots carry: kept per
-        # block while events are recorded, otherwise derived on demand by :meth:`snapshot`.
+        # (see ._keys); snapshots carry the identity hash, derived on demand. Events carry
+        # the event hash (prefixkv.spec.identity.event_hash), whatever the hasher: kept per
+        # block while events are recorded, and computed only then.
         self._keys = ChainKeys(self._block_size, hasher)
-        wire_hashes = self._keys.keyed and self._record_events
+        wire_hashes = self._record_events
         self._pool = _allocate_pool(self._num_blocks, self._block_size, wire_hashes)
         self._index = HashIndex()
         #: The pool's eviction order (the machines tune its compaction slack).
@@ -327,7 +328,7 @@ class PrefixCacheManager(PrefixCache):
         self._record.remember(pool, victims)
         hook = self._evict_hook
         if self._record_events or hook is not None:
-            wire = pool.block_hash if pool.wire_hashes else pool.key
+            wire = pool.block_hash  # the event hashes (kept while events are recorded)
             events = self._events if self._record_events else None
             for b in victims:
                 if events is not None:
@@ -931,17 +932,14 @@ class PrefixCacheManager(PrefixCache):
     # -- inspection ------------------------------------------------------------------------
 
     def _wire_hash(self, block: int) -> int:
-        """The identity hash events carry for a published block. Only meaningful while the
-        manager records events: then the pool keeps it, or the index key is that hash."""
-        pool = self._pool
-        return pool.block_hash[block] if pool.wire_hashes else pool.key[block]
+        """The event hash events carry for a published block. Only meaningful while the
+        manager records events: then the pool keeps it."""
+        return self._pool.block_hash[block]
 
     def _identity_hashes(self) -> dict[int, int]:
         """The identity hash of every published block (what the spec indexes by)."""
         pool = self._pool
         published = self._index.blocks()
-        if pool.wire_hashes:
-            return {b: pool.block_hash[b] for b in published}
         hasher = self._keys.hasher
         if not self._keys.keyed:
             return {b: pool.key[b] for b in published}
@@ -975,6 +973,7 @@ class PrefixCacheManager(PrefixCache):
                     token_ids=pool.token_ids(b),
                     extra_keys=pool.extra.get(b, ()),
                     block_hash=identity_hash[b],
+                    event_hash=pool.block_hash[b] if pool.wire_hashes else None,
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )

@@ -41,7 +41,7 @@ import attrs
 from . import contract
 from .errors import DuplicateSequence, InvalidRequest, OutOfBlocks, PrefixCacheError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from .identity import BlockHasher, BlockIdentity, fast_hash
+from .identity import BlockHasher, BlockIdentity, event_hash, fast_hash
 from .multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 from .namespace import Namespace
 from .protocol import PrefixCache
@@ -96,6 +96,7 @@ class _Block:
     refcount: int = 0
     identity: BlockIdentity | None = None  # set iff published
     block_hash: int | None = None
+    event_hash: int | None = None  # set iff published while events are recorded
     depth: int = 0
     last_use: int = 0
 
@@ -277,6 +278,7 @@ class SpecCache(StepCalls, PrefixCache):
             "refcount": old.refcount,
             "identity": old.identity,
             "block_hash": old.block_hash,
+            "event_hash": old.event_hash,
             "depth": old.depth,
             "last_use": old.last_use,
         }
@@ -425,7 +427,9 @@ class SpecCache(StepCalls, PrefixCache):
         self._s.evicted[blk.identity] = None
         if len(self._s.evicted) > self._num_blocks:
             del self._s.evicted[next(iter(self._s.evicted))]
-        self._emit(BlockRemoved((blk.block_hash,)))
+        if self._record_events:
+            assert blk.event_hash is not None
+            self._s.events.append(BlockRemoved((blk.event_hash,)))
         self._s.blocks[victim] = _Block()
         self._s.free.append(victim)
         self._s.counters.evictions += 1
@@ -601,28 +605,38 @@ class SpecCache(StepCalls, PrefixCache):
             parent_block = None if ident.parent is None else self._s.index.get(ident.parent)
             if ident.parent is not None and parent_block is None:
                 continue
-            parent_hash = None if parent_block is None else self._s.blocks[parent_block].block_hash
+            parent = None if parent_block is None else self._s.blocks[parent_block]
             b = seq.blocks[j]
             block_hash = self._hasher(
-                parent_hash, ident.namespace, ident.token_ids, ident.extra_keys
+                None if parent is None else parent.block_hash,
+                ident.namespace,
+                ident.token_ids,
+                ident.extra_keys,
             )
-            self._set(b, identity=ident, block_hash=block_hash, depth=j + 1)
+            # The events carry the event hash, whatever the index hash (see .identity);
+            # it is computed only while they are recorded.
+            parent_event = None if parent is None else parent.event_hash
+            h = None
+            if self._record_events:
+                h = event_hash(parent_event, ident.namespace, ident.token_ids, ident.extra_keys)
+            self._set(b, identity=ident, block_hash=block_hash, event_hash=h, depth=j + 1)
             if parent_block is not None:
                 self._s.children[parent_block] += 1
             self._s.index[ident] = b
             self._s.counters.blocks_published += 1
-            self._emit(
-                BlockStored(
-                    block_hashes=(block_hash,),
-                    parent_block_hash=parent_hash,
-                    token_ids=ident.token_ids,
-                    block_size=bs,
-                    model=seq.namespace.model,
-                    adapter=seq.namespace.adapter,
-                    salt=seq.namespace.salt,
-                    extra_keys=(ident.extra_keys,),
+            if h is not None:
+                self._s.events.append(
+                    BlockStored(
+                        block_hashes=(h,),
+                        parent_block_hash=parent_event,
+                        token_ids=ident.token_ids,
+                        block_size=bs,
+                        model=seq.namespace.model,
+                        adapter=seq.namespace.adapter,
+                        salt=seq.namespace.salt,
+                        extra_keys=(ident.extra_keys,),
+                    )
                 )
-            )
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         with self._transaction():
@@ -681,6 +695,7 @@ class SpecCache(StepCalls, PrefixCache):
                     token_ids=ident.token_ids,
                     extra_keys=ident.extra_keys,
                     block_hash=blk.block_hash,
+                    event_hash=blk.event_hash,
                     depth=blk.depth,
                     # Only an evictable block's age is observable (it orders eviction).
                     last_use=blk.last_use if blk.refcount == 0 else 0,

@@ -22,14 +22,20 @@ hold, or on more blocks than it holds under the hash, and a removal of a checkpo
 not hold, are :class:`EventStreamError`. A checkpoint's removal may follow its block's
 (a stale checkpoint goes with its evicted block), so it is counted apart from the blocks.
 
-NOTE: hashes are an index, not an identity. Under a deliberately colliding test hash
-(:func:`~prefixkv.spec.hashing.weak_hash`) two published blocks may share one, and a
-``BlockRemoved`` of that hash cannot say which one left. The mirror then drops the most
-recently stored block under the hash and marks the hash *ambiguous*: for it, INV-EVENTS
-compares the number of blocks only, not their identities. The default ``fast_hash`` is no
-defence: it can be inverted, and a client that picks its token ids can build many blocks
-under one hash on purpose (the cache stays correct; its events become ambiguous). With
-``sha256`` a collision takes a birthday search of about 2^32 hashes. See docs/events.md.
+NOTE: hashes name blocks; they are not identities. prefixkv's own caches put the event hash
+on their events (:func:`~prefixkv.spec.identity.event_hash`, a 64-bit BLAKE2b of the
+identity chain), whatever hash indexes them: two identities share one only by a BLAKE2b
+collision (a birthday search of about 2^32 digests for one pair). Crafted collisions of
+the index hash (``fast_hash`` can be inverted) do not reach the events. Another engine's
+stream may still put two live blocks under one hash. A ``BlockRemoved`` of such a hash
+cannot say which one left, so the mirror does not guess: it keeps every identity stored
+under the hash and counts the removal as *unresolved* (:attr:`EventMirror.unresolved`).
+What it knows stays exact: the blocks held under the hash are all but that many of those
+identities. INV-EVENTS checks exactly that (the published identities are among them, and
+as many as that), and compares identities, not counts, on every other hash; a removal that
+leaves one identity under a hash, or identities that are all equal, is resolved at once.
+:meth:`EventMirror.overlap` counts a block under such a hash only when it is held whichever
+identities left. See docs/events.md.
 """
 
 from __future__ import annotations
@@ -88,27 +94,47 @@ class EventMirror:
 
     def __init__(self) -> None:
         self.blocks: dict[int, list[MirroredBlock]] = {}
+        """Hash -> the identities stored under it and not known to have left."""
+        self.unresolved: dict[int, int] = {}
+        """Hash -> removals under it whose identity the mirror cannot tell (several
+        different identities were stored under the hash): the mirror holds all but this
+        many of ``blocks[h]``."""
         self.checkpoints: dict[int, int] = {}
         """Hash -> how many blocks under it carry a Ready (or pinned) checkpoint."""
-        self.ambiguous: set[int] = set()
         self.block_size: int | None = None
         self.num_events = 0
         self._undo: list[_Undo] | None = None
 
+    @property
+    def ambiguous(self) -> set[int]:
+        """The hashes with an unresolved removal (see :attr:`unresolved`)."""
+        return set(self.unresolved)
+
     def copy(self) -> EventMirror:
         out = EventMirror()
         out.blocks = {h: list(entries) for h, entries in self.blocks.items()}
+        out.unresolved = dict(self.unresolved)
         out.checkpoints = dict(self.checkpoints)
-        out.ambiguous = set(self.ambiguous)
         out.block_size = self.block_size
         out.num_events = self.num_events
         return out
 
     def __len__(self) -> int:
-        return sum(len(entries) for entries in self.blocks.values())
+        return sum(len(entries) for entries in self.blocks.values()) - sum(self.unresolved.values())
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
+
+    def held(self, block_hash: int) -> int:
+        """How many blocks the mirror holds under ``block_hash``.
+
+        Args:
+            block_hash: a hash the events carry.
+
+        Returns:
+            The identities stored under it less its unresolved removals.
+        """
+        return len(self.blocks.get(block_hash, ())) - self.unresolved.get(block_hash, 0)
 
     def apply_all(self, events: Iterable[KVEvent]) -> None:
         """Apply ``events`` in order; all or nothing.
@@ -146,8 +172,8 @@ class EventMirror:
         elif isinstance(event, BlockRemoved):
             self._remove(event)
         elif isinstance(event, AllBlocksCleared):
-            old = (self.blocks, self.checkpoints, self.ambiguous)
-            self.blocks, self.checkpoints, self.ambiguous = {}, {}, set()
+            old = (self.blocks, self.checkpoints, self.unresolved)
+            self.blocks, self.checkpoints, self.unresolved = {}, {}, {}
             self._log(partial(self._restore, *old))
         elif isinstance(event, CheckpointStored):
             self._store_checkpoints(event.block_hashes)
@@ -170,9 +196,9 @@ class EventMirror:
         self,
         blocks: dict[int, list[MirroredBlock]],
         checkpoints: dict[int, int],
-        ambiguous: set[int],
+        unresolved: dict[int, int],
     ) -> None:
-        self.blocks, self.checkpoints, self.ambiguous = blocks, checkpoints, ambiguous
+        self.blocks, self.checkpoints, self.unresolved = blocks, checkpoints, unresolved
 
     def _store(self, ev: BlockStored) -> None:
         n = len(ev.block_hashes)
@@ -193,7 +219,7 @@ class EventMirror:
         except PrefixCacheError as exc:
             raise EventStreamError(f"BlockStored with a bad namespace: {exc}") from None
         parent = ev.parent_block_hash
-        if parent is not None and parent not in self.blocks:
+        if parent is not None and self.held(parent) < 1:
             raise EventStreamError(f"BlockStored under parent hash {parent}, never stored")
         new: list[MirroredBlock] = []
         for i, h in enumerate(ev.block_hashes):
@@ -221,26 +247,30 @@ class EventMirror:
         counts: dict[int, int] = {}
         for h in ev.block_hashes:
             counts[h] = counts.get(h, 0) + 1
-            if counts[h] > len(self.blocks.get(h, ())):
+            if counts[h] > self.held(h):
                 raise EventStreamError(f"BlockRemoved of hash {h}, which the mirror does not hold")
         for h in ev.block_hashes:
             entries = self.blocks[h]
-            was_ambiguous = h in self.ambiguous
-            if len(entries) > 1:
-                self.ambiguous.add(h)
-            left = entries.pop()
-            if not entries:
-                del self.blocks[h]
-                self.ambiguous.discard(h)
+            k = self.unresolved.get(h, 0)
             if self._undo is not None:
-                self._undo.append(partial(self._unremove, h, left, was_ambiguous))
+                self._undo.append(partial(self._unremove, h, list(entries), k))
+            if len(entries) - k == 1:
+                # The last block under the hash left: whichever it was, none is held.
+                del self.blocks[h]
+                self.unresolved.pop(h, None)
+            elif entries.count(entries[-1]) == len(entries):
+                entries.pop()  # all one identity: the one that left is known
+            else:
+                # NOTE: not guessed. Popping the identity stored last mispredicted a
+                # router on crafted collisions, and hid a wrong removal from INV-EVENTS.
+                self.unresolved[h] = k + 1
 
-    def _unremove(self, h: int, block: MirroredBlock, ambiguous: bool) -> None:
-        self.blocks.setdefault(h, []).append(block)
-        if ambiguous:
-            self.ambiguous.add(h)
+    def _unremove(self, h: int, entries: list[MirroredBlock], k: int) -> None:
+        self.blocks[h] = entries
+        if k:
+            self.unresolved[h] = k
         else:
-            self.ambiguous.discard(h)
+            self.unresolved.pop(h, None)
 
     def has_checkpoint(self, block_hash: int) -> bool:
         """Whether a block under ``block_hash`` carries a restorable checkpoint."""
@@ -251,7 +281,7 @@ class EventMirror:
         for h in hashes:
             counts[h] = counts.get(h, 0) + 1
             # Each published block carries at most one checkpoint (INV-CKPT).
-            if self.checkpoints.get(h, 0) + counts[h] > len(self.blocks.get(h, ())):
+            if self.checkpoints.get(h, 0) + counts[h] > self.held(h):
                 raise EventStreamError(
                     f"CheckpointStored on hash {h}: more checkpoints than blocks the mirror holds"
                 )
@@ -297,6 +327,16 @@ class EventMirror:
         """How many leading full blocks of a request the mirror holds, identity verified.
 
         This is what a router that speaks prefixkv's own events predicts for a replica.
+
+        Args:
+            hasher: the hash the events carry (``event_hash`` for prefixkv's caches).
+            namespace: the request's namespace.
+            token_ids: its tokens.
+            spans: its multimodal spans.
+
+        Returns:
+            The leading blocks held for sure: a block under a hash with unresolved
+            removals counts only if it is held whichever identities left.
         """
         bs = self.block_size
         if bs is None:
@@ -307,8 +347,13 @@ class EventMirror:
             tokens = tuple(token_ids[j * bs : (j + 1) * bs])
             extras = block_extra_keys(spans, j * bs, bs)
             h = hasher(parent, ns, tokens, extras)
-            if MirroredBlock(h, parent, ns, tokens, extras) not in self.blocks.get(h, ()):
+            entries = self.blocks.get(h, ())
+            block = MirroredBlock(h, parent, ns, tokens, extras)
+            if block not in entries:
                 return j
+            k = self.unresolved.get(h, 0)
+            if k and entries.count(block) <= k:
+                return j  # held unless the unresolved removals took it: not counted
             parent = h
         return len(token_ids) // bs
 
@@ -319,14 +364,11 @@ def published_blocks(state: CacheState) -> list[tuple[int, MirroredBlock]]:
     for view in state.blocks:
         if not view.published or view.block_hash is None or view.token_ids is None:
             continue
-        parent = None if view.parent is None else state.blocks[view.parent].block_hash
+        parent = None if view.parent is None else state.blocks[view.parent].wire_hash
         ns = view.namespace if view.namespace is not None else b""
-        out.append(
-            (
-                view.block_id,
-                MirroredBlock(view.block_hash, parent, ns, view.token_ids, view.extra_keys),
-            )
-        )
+        h = view.wire_hash
+        assert h is not None
+        out.append((view.block_id, MirroredBlock(h, parent, ns, view.token_ids, view.extra_keys)))
     return out
 
 
@@ -340,7 +382,7 @@ def published_checkpoints(state: CacheState) -> dict[int, int]:
     for ck in slots.checkpoints:
         if ck.status == "reserved" or ck.node is None:
             continue
-        h = state.blocks[ck.node].block_hash
+        h = state.blocks[ck.node].wire_hash
         if h is not None:
             out[h] = out.get(h, 0) + 1
     return out

@@ -2,9 +2,10 @@
 
 Events are queued as the cache changes and drained by ``take_events()``. A consumer that
 applies them in order mirrors exactly the published blocks (INV-EVENTS, checked by
-:mod:`prefixkv.spec.event_mirror`). Hashes are the cache's configured block hash; with
-:func:`~prefixkv.spec.hashing.weak_hash` two blocks may share one, so routers across
-processes should run with ``sha256``.
+:mod:`prefixkv.spec.event_mirror`). The hashes events carry are event hashes
+(:func:`~prefixkv.spec.identity.event_hash`, a 64-bit BLAKE2b of the block's identity
+chain), whatever hash indexes the cache: blocks crafted to collide under the index hash
+still carry distinct hashes on the wire.
 
 ``BlockStored`` carries the whole identity of its blocks: the namespace parts (model, adapter,
 salt) and each block's extra keys (multimodal content hashes with their offsets), next to the

@@ -391,10 +391,11 @@ class HybridSpecCache(SpecCache, HybridPrefixCache):
                     self._h.discarded += 1
                 else:
                     ck.status, ck.owner, ck.node, ck.order = READY, None, node, self._h.order
-                    h = self._s.blocks[node].block_hash
-                    assert h is not None, "a checkpoint's node is published"
-                    ck.block_hash = h
-                    self._emit(CheckpointStored((h,)))
+                    if self._record_events:
+                        h = self._s.blocks[node].event_hash
+                        assert h is not None, "a checkpoint's node is published"
+                        ck.block_hash = h
+                        self._emit(CheckpointStored((h,)))
                     self._h.order += 1
                     self._h.saved += 1
             self._retarget(seq_id)

@@ -16,7 +16,13 @@ import attrs
 from prefixkv.errors import InvalidConfig, PrefixKVError
 
 from .contract import save_point
-from .event_mirror import EventMirror, EventStreamError, published_blocks, published_checkpoints
+from .event_mirror import (
+    EventMirror,
+    EventStreamError,
+    MirroredBlock,
+    published_blocks,
+    published_checkpoints,
+)
 from .invariant_ids import InvariantId
 from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
@@ -644,9 +650,12 @@ def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
     """The mirror holds exactly the published blocks, and exactly their checkpoints.
 
     Per hash, the blocks the mirror holds and the published blocks must be equal as
-    multisets of identities (their counts only, where a colliding removal made the hash
-    ambiguous, see :mod:`prefixkv.spec.event_mirror`). Each kind of stream bug shows up as
-    one kind of difference:
+    multisets of identities. Where a removal under a hash shared by different identities
+    left the mirror unable to tell which one went (its unresolved removals, see
+    :mod:`prefixkv.spec.event_mirror`), the published identities must be among those the
+    mirror keeps under the hash, and as many as it holds: identities are compared there
+    too, as far as the stream tells them. Each kind of stream bug shows up as one kind of
+    difference:
 
     * a published block the mirror lacks: a removal sent while a copy is still served, or
       a store never sent;
@@ -663,19 +672,29 @@ def _inv_events(drained: EventMirror, s: CacheState) -> Iterator[str]:
         return
     if mirror.block_size is not None and mirror.block_size != s.block_size:
         yield f"events carry block size {mirror.block_size}, the cache has {s.block_size}"
-    published: dict[int, Counter[object]] = {}
+    published: dict[int, Counter[MirroredBlock]] = {}
     where: dict[int, int] = {}
+    block_of: dict[MirroredBlock, int] = {}
     for b, block in published_blocks(s):
         published.setdefault(block.block_hash, Counter())[block] += 1
-        where[block.block_hash] = b
+        where[block.block_hash] = block_of[block] = b
     for h in sorted(set(published) | set(mirror.blocks)):
         want = published.get(h, Counter())
         have = Counter(mirror.blocks.get(h, ()))
-        if h in mirror.ambiguous:
-            if want.total() != have.total():
+        unresolved = mirror.unresolved.get(h, 0)
+        if unresolved:
+            held = have.total() - unresolved
+            if not want <= have:
+                stray = block_of[next(iter(want - have))]
                 yield (
-                    f"hash {h} (ambiguous after a colliding removal): {want.total()} published, "
-                    f"{have.total()} in the mirror"
+                    f"hash {h}: published block {stray} has an identity the mirror does not "
+                    f"hold under it ({unresolved} removal(s) of an unknown identity of "
+                    f"{have.total()})"
+                )
+            elif want.total() != held:
+                yield (
+                    f"hash {h}: {want.total()} published, the mirror holds {held} "
+                    f"({unresolved} removal(s) of an unknown identity of {have.total()})"
                 )
             continue
         if want == have:

@@ -51,6 +51,15 @@ class BlockView:
     last_use: int = 0
     routed_experts: bytes | None = None
     """Routed-expert data riding on a published block (never part of its identity)."""
+    event_hash: int | None = None
+    """The hash the block's KV events carry, when it differs from ``block_hash`` (prefixkv's
+    own caches: :func:`~prefixkv.spec.identity.event_hash`, kept while they record events);
+    None where the events carry ``block_hash`` (:attr:`wire_hash` reads either)."""
+
+    @property
+    def wire_hash(self) -> int | None:
+        """The hash this block's KV events carry: ``event_hash``, else ``block_hash``."""
+        return self.block_hash if self.event_hash is None else self.event_hash
 
 
 @attrs.frozen

@@ -52,3 +52,15 @@ def test_the_measured_process_reports_the_trace_it_replays() -> None:
     assert run_inner("fused", 64, 32, 1, do_replay=False) == (
         trace_from_config(ChatConfig()).blocks_touched
     )
+
+
+def test_the_events_flag_builds_a_recording_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefixkv.benchmarks import instructions
+
+    built = []
+    real = instructions.make_cache
+    monkeypatch.setattr(
+        instructions, "make_cache", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1]
+    )
+    run_inner("fused", 64, 32, 1, do_replay=False, events=True)
+    assert built[-1].record_events

@@ -98,8 +98,8 @@ def _twins_of(state: CacheState, ids: list[Any]) -> list[int]:
             twin = by_identity.get(key)
             if twin is None:
                 break
-            if twin.block_id != seq.block_ids[j] and twin.block_hash is not None:
-                hashes.append(twin.block_hash)
+            if twin.block_id != seq.block_ids[j] and twin.wire_hash is not None:
+                hashes.append(twin.wire_hash)
             parent = twin.block_id
     return hashes
 

@@ -28,7 +28,7 @@ from prefixkv.spec import (
     SpecCache,
 )
 from prefixkv.spec.event_mirror import served_prefix_blocks
-from prefixkv.spec.identity import fast_hash
+from prefixkv.spec.identity import event_hash
 
 from prefixkv.events.dynamo import DynamoIndex
 
@@ -117,7 +117,7 @@ def run_cluster(
                 served = served_prefix_blocks(cache.snapshot(), ns, tokens, spans)
                 wrong += predicted.get(v, 0) != served
                 if identity and not drop(AllBlocksCleared()) and not drop(BlockRemoved((0,))):
-                    assert mirrors[v].overlap(fast_hash, ns, tokens, spans) == served
+                    assert mirrors[v].overlap(event_hash, ns, tokens, spans) == served
     return probes, wrong, index
 
 

@@ -234,3 +234,59 @@ def test_bad_fleet_arguments_are_typed_errors() -> None:
     for call in bad:
         with pytest.raises(ValueError, match=r"stall timeout|max_attempts"):
             call()
+
+
+def test_a_stale_replica_serves_by_turn_and_is_never_scored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replica 0's subscriber loses batch 2 for good (the replay never holds it): it is
+    stale, not dropped. It keeps serving its round-robin share, placed by turn with no
+    prediction, and its index is never consulted again."""
+    from prefixkv.events import transport
+
+    made: list[transport.EventSubscriber] = []
+
+    class LosesBatch2(transport.EventSubscriber):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.loses = not made
+            if self.loses:
+                kwargs["drop"] = lambda frames: transport._seq(frames[1]) == 2
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def _replay_from(self, start: int) -> tuple[int, int] | None:
+            if self.loses and start == 2:  # gone from the publisher's buffer
+                self.replays += 1
+                return (2, 2)
+            return super()._replay_from(start)
+
+    monkeypatch.setattr(transport, "EventSubscriber", LosesBatch2)
+    indexes: list[MirrorIndex] = []
+    asked_when_stale: list[int] = []
+
+    class Watched(MirrorIndex):
+        def overlap(self, *args: Any, **kwargs: Any) -> int:
+            if self is indexes[0] and made[0].stale:
+                asked_when_stale.append(1)
+            return super().overlap(*args, **kwargs)
+
+    def index(_: int) -> MirrorIndex:
+        indexes.append(Watched())
+        return indexes[-1]
+
+    result = run_cluster(
+        TURNS,
+        CONFIG,
+        replicas=2,
+        router="kv",
+        index=index,
+        stall_timeout_s=STALL_S,
+        max_ticks=MAX_TICKS,
+    )
+    _check_accounting(result)
+    assert result.served_exactly_once and not result.replica_failures
+    assert made[0].stale and made[0].holes == 3
+    by_turn = [r for r in result.requests.values() if r.by_turn]
+    assert by_turn and all(r.replica == 0 and r.predicted_tokens == 0 for r in by_turn)
+    assert not asked_when_stale
+    assert cluster.report(result)["requests_by_turn"] == len(by_turn)

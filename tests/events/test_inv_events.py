@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from event_bugs import BUGS, BuggyEvents, make_buggy
 from prefixkv.impl import PrefixCacheManager
@@ -20,7 +21,8 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.checked import CheckedCache
 from prefixkv.spec.event_mirror import served_prefix_blocks
-from prefixkv.spec.identity import fast_hash
+from prefixkv.spec.identity import event_hash
+from prefixkv.spec.invariants import event_violations
 from prefixkv.spec.multimodal import block_extra_keys
 
 from prefixkv.conformance import Capabilities, ConformanceFailure, run_conformance
@@ -59,8 +61,8 @@ def test_stored_events_carry_the_whole_identity(cls: type) -> None:
     mirror = EventMirror()
     mirror.apply_all(ev)
     assert len(mirror) == 4
-    assert mirror.overlap(fast_hash, TENANT, (5, 6, 7, 8, 9)) == 2
-    assert mirror.overlap(fast_hash, NS, (5, 6, 7, 8, 9)) == 0
+    assert mirror.overlap(event_hash, TENANT, (5, 6, 7, 8, 9)) == 2
+    assert mirror.overlap(event_hash, NS, (5, 6, 7, 8, 9)) == 0
 
 
 def test_mirror_is_strict_and_transactional() -> None:
@@ -88,6 +90,54 @@ def test_colliding_removal_makes_a_hash_ambiguous() -> None:
     assert len(m) == 1 and m.ambiguous == {7}
     m.apply(BlockRemoved((7,)))
     assert len(m) == 0 and not m.ambiguous
+
+
+def test_an_unresolved_removal_still_compares_identities() -> None:
+    """Another engine's stream with three identities under hash 7 and one removal of it:
+    the mirror does not guess which left. INV-EVENTS still compares identities: the
+    published ones must be among the three, and as many as the mirror holds."""
+    cache = SpecCache(8, 2, record_events=True)
+    run(cache, "a", (1, 2, 3))
+    run(cache, "b", (5, 6, 7))
+    cache.take_events()
+    state = cache.snapshot()
+    collided = attrs.evolve(
+        state,
+        blocks=tuple(attrs.evolve(v, event_hash=7) if v.published else v for v in state.blocks),
+    )
+    m = EventMirror()
+    m.apply_all(
+        [
+            stored(7, None, (1, 2)),
+            stored(7, None, (3, 4)),
+            stored(7, None, (5, 6)),
+            BlockRemoved((7,)),
+        ]
+    )
+    assert m.unresolved == {7: 1} and m.held(7) == 2 and len(m) == 2
+    assert event_violations(m, collided) == []
+    # Held whichever left? Not (1, 2): the removal may have taken it.
+    assert m.overlap(lambda *_: 7, NS, (1, 2, 0)) == 0
+    stranger = attrs.evolve(
+        collided,
+        blocks=tuple(
+            attrs.evolve(v, token_ids=(8, 8)) if v.token_ids == (5, 6) else v
+            for v in collided.blocks
+        ),
+    )
+    (found,) = event_violations(m, stranger)
+    assert "has an identity the mirror does not hold" in str(found)
+    m.apply(BlockRemoved((7,)))
+    (found,) = event_violations(m, collided)
+    assert "2 published, the mirror holds 1" in str(found)
+    m.apply(BlockRemoved((7,)))  # the last one under 7 left: resolved, nothing held
+    assert 7 not in m and not m.unresolved and len(m) == 0
+
+
+def test_a_removal_among_equal_identities_is_resolved() -> None:
+    m = EventMirror()
+    m.apply_all([stored(7, None, (1, 2)), stored(7, None, (1, 2)), BlockRemoved((7,))])
+    assert not m.unresolved and m.held(7) == 1
 
 
 @pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])

@@ -258,6 +258,49 @@ def test_routers_skip_a_dropped_replica() -> None:
         router.place(NS, PROMPT, [0, 0, 0], live=[False, False, False])
 
 
+class _Counted(_Fixed):
+    """An index that counts how often a router consulted it."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.asked = 0
+
+    def overlap(
+        self, namespace: Namespace, token_ids: Sequence[int], spans: Sequence[MultimodalSpan] = ()
+    ) -> int:
+        self.asked += 1
+        return self.n
+
+
+def test_a_stale_replica_takes_its_turn_and_is_never_scored() -> None:
+    """Replica 0's index claims the longest prefix, but its subscriber is stale: it gets
+    every third request (its round-robin turn), by turn and with no prediction; the others
+    go by the predictions of the replicas in sync; back in sync, it is scored again."""
+    indexes = [_Counted(9), _Counted(2), _Counted(4)]
+    router = KVRouter(list(indexes), ONE)
+    stale = [True, False, False]
+    got = [router.place(NS, PROMPT, [0, 0, 0], stale=stale) for _ in range(6)]
+    assert [p.replica for p in got] == [0, 2, 2, 0, 2, 2]
+    assert [p.by_turn for p in got] == [True, False, False, True, False, False]
+    assert indexes[0].asked == 0  # a stale index is never consulted
+    assert all(p.overlaps[0] == 0 and p.hits[0] == 0 for p in got)
+    assert (got[0].predicted_blocks, got[0].predicted_tokens) == (0, 0)
+    assert got[1].predicted_blocks == 4
+    # Dropped replicas take no turn; a stale one alone among the live still takes its own.
+    alone = router.place(NS, PROMPT, [0, 0, 0], live=[True, False, False], stale=stale)
+    assert alone.replica == 0 and alone.by_turn
+    back = router.place(NS, PROMPT, [0, 0, 0], stale=[False, False, False])
+    assert back.replica == 0 and not back.by_turn and indexes[0].asked == 1
+
+
+def test_round_robin_never_scores_a_stale_replica() -> None:
+    indexes = [_Counted(5), _Counted(0), _Counted(1)]
+    router = RoundRobinRouter(list(indexes), ONE)
+    got = [router.place(NS, PROMPT, [0, 0, 0], stale=[False, True, False]) for _ in range(3)]
+    assert [(p.replica, p.by_turn) for p in got] == [(0, False), (1, True), (2, False)]
+    assert indexes[1].asked == 0 and got[1].predicted_blocks == 0
+
+
 def test_round_robin_cycles_and_records_the_prediction() -> None:
     router = RoundRobinRouter(_fixed(5, 0, 1), ONE)
     got = [router.place(NS, PROMPT, [0, 0, 0]) for _ in range(4)]

@@ -122,6 +122,34 @@ def test_a_hole_in_a_replay_is_never_applied() -> None:
         fake.close()
 
 
+def test_a_stale_subscriber_resyncs_at_a_clear_inside_a_batch() -> None:
+    """The clear need not open the batch: what comes before it is dropped with it (it may
+    name blocks the stale mirror lacks), and the batch applies from the clear on."""
+    fake = HoleyEndpoint([0, 1, 3])
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    seen: list[list[KVEvent]] = []
+    sub = EventSubscriber(
+        pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        fake.endpoint,
+        on_batch=lambda _, events: seen.append(events),
+    )
+    try:
+        with pytest.raises(ReplayGap):
+            sub.catch_up()
+        seen.clear()
+        # 12 was stored in the lost batch 2: the stale mirror never saw it.
+        batch = [BlockRemoved((12,)), AllBlocksCleared(), stored(20, None, 5), stored(21, 20, 6)]
+        sub.handle([TOPIC, _seq(5), encode_batch(batch)])
+        assert not sub.stale and sub.resyncs == 1 and sub.last_seq == 5
+        assert sorted(sub.mirror.blocks) == [20, 21]
+        assert seen == [batch[1:]]  # the router's index gets the clear and what follows
+    finally:
+        sub.close()
+        pub.close()
+        fake.close()
+
+
 def test_a_replay_that_closes_its_hole_when_asked_again() -> None:
     """A batch lost on the way (not from the buffer) is found by the second replay."""
     fake = HoleyEndpoint([0, 1, 3], [0, 1, 2, 3])
@@ -345,12 +373,13 @@ def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
     mirror = EventMirror()
     mirror.apply_all([stored(10, None, 1), stored(11, 10, 2), stored(12, 10, 3)])
     mirror.apply_all([stored(11, 10, 2), CheckpointStored((11,))])
-    mirror.apply_all([stored(11, 10, 2), BlockRemoved((11,))])  # 11 held twice, ambiguous
-    assert mirror.ambiguous == {11}
+    # Another identity under 11: a removal of 11 cannot say which left (unresolved).
+    mirror.apply_all([stored(11, 10, 5), BlockRemoved((11,))])
+    assert mirror.unresolved == {11: 1} and mirror.held(11) == 2
     before = (
         {h: list(e) for h, e in mirror.blocks.items()},
         dict(mirror.checkpoints),
-        set(mirror.ambiguous),
+        dict(mirror.unresolved),
         mirror.block_size,
         mirror.num_events,
     )
@@ -371,13 +400,15 @@ def test_a_bad_batch_changes_nothing_in_the_mirror() -> None:
         after = (
             mirror.blocks,
             mirror.checkpoints,
-            mirror.ambiguous,
+            mirror.unresolved,
             mirror.block_size,
             mirror.num_events,
         )
         assert after == before
     mirror.apply_all([BlockRemoved((11,))])  # and the mirror still works
-    assert 11 in mirror.ambiguous and len(mirror) == 3
+    assert mirror.unresolved == {11: 2} and mirror.held(11) == 1 and len(mirror) == 3
+    mirror.apply_all([BlockRemoved((11,))])  # the last block under 11 left: resolved
+    assert 11 not in mirror and not mirror.unresolved and len(mirror) == 2
 
 
 def test_clients_that_never_read_cannot_take_every_place() -> None:

@@ -52,3 +52,24 @@ def test_unknown_format_is_a_typed_error() -> None:
     assert as_format("vllm-0.20").value == "vllm-0.20"
     with pytest.raises(WireError, match=r"vllm-0\.33, vllm-0\.20"):
         as_format("vllm-0.19")
+
+
+@pytest.mark.parametrize("fmt", ["vllm-0.33", "vllm-0.20"])
+def test_an_image_is_hashed_once_per_event_on_each_side(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image spanning two blocks: its identifier (a SHA-256) is computed once when the
+    event is encoded and once when it is decoded, not per block and per field."""
+    from prefixkv.events import wire
+
+    img = MultimodalSpan(2, 7, "image", b"\x07" * 8).key()
+    event = BlockStored(
+        (1, 2), None, tuple(range(8)), 4, "m", "lora-a", b"t", (((2, img),), ((-2, img),))
+    )
+    calls: list[bytes] = []
+    real = wire.mm_identifier
+    monkeypatch.setattr(wire, "mm_identifier", lambda c: calls.append(c) or real(c))
+    payload = wire.encode_batch([event], wire_format=fmt)
+    assert calls == [img]
+    assert wire.decode_batch(payload, wire_format=fmt) == [event]
+    assert calls == [img, img]

@@ -423,6 +423,8 @@ BUGS: tuple[Bug, ...] = (
                 "_publication.py",
                 """                if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
+                    if wire is not None:
+                        wire.append(pool.block_hash[twin])
                     continue""",
                 """                if twin >= 0:
                     index.remove(h, twin)""",

@@ -110,10 +110,10 @@ def test_eviction_order_under_pressure(make: Factory) -> None:
     removed = [e.block_hashes for e in cache.take_events() if isinstance(e, BlockRemoved)]
     assert len(removed) == 4
     # the two "old" blocks go first, the deeper one before its parent
-    assert {b.block_id for b in snap.blocks if b.block_hash in removed[0] + removed[1]} == set(
+    assert {b.block_id for b in snap.blocks if b.wire_hash in removed[0] + removed[1]} == set(
         old_blocks
     )
-    assert snap.blocks[old_blocks[1]].block_hash == removed[0][0]
+    assert snap.blocks[old_blocks[1]].wire_hash == removed[0][0]
 
 
 def test_two_requests_sharing_a_prefix_in_one_step(make: Factory) -> None:

@@ -11,6 +11,7 @@ line that runs them lives in :mod:`prefixkv.commands` (``prefixkv bench``,
 * :mod:`.memory`: host memory per cached block (a process of its own per probe);
 * :mod:`.collisions`: lookups against prompts crafted to share one bucket of the index;
 * :mod:`.worker`: the pyperf script that times one case per process;
+* :mod:`.soak`: a long run of the hybrid manager, its resident set size sampled;
 * :mod:`.engine`: prefill time against the cached fraction of the prompt;
 * :mod:`.kernels`: the report of the kernel benchmark (:mod:`prefixkv.kernels.bench`).
 """

@@ -9,10 +9,12 @@ imported); the difference, divided by the trace's blocks touched, is the figure.
 
 ::
 
-    python -m prefixkv.benchmarks.instructions --variant fused --num-blocks 4096
+    python -m prefixkv.benchmarks.instructions --variant fused --num-blocks 4096 [--events]
 
 prints one JSON object (:class:`InstructionCount`). About a minute per replay of the full
-trace under callgrind; ``--inner`` is the process callgrind runs.
+trace under callgrind; ``--inner`` is the process callgrind runs. ``--events`` builds the
+cache with ``record_events=True`` (both runs), so the figure includes the KV events the
+replay queues (never drained: their construction is the cost).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class InstructionCount:
     #: The whole process with the replay, and without it.
     with_replay: int
     without_replay: int
+    events: bool = False
 
     @property
     def per_block(self) -> float:
@@ -65,11 +68,13 @@ def collected(stderr: str) -> int:
     return int(found[0])
 
 
-def run_inner(variant: str, num_blocks: int, live: int, running: int, do_replay: bool) -> int:
+def run_inner(
+    variant: str, num_blocks: int, live: int, running: int, do_replay: bool, events: bool = False
+) -> int:
     """The process callgrind measures: build the trace and the cache, replay if asked;
     returns the blocks touched."""
     trace = trace_from_config(ChatConfig())
-    cache = make_cache("impl", num_blocks, trace.block_size)
+    cache = make_cache("impl", num_blocks, trace.block_size, record_events=events)
     import prefixkv.spec.steps  # noqa: F401  (the replay imports it; so does the baseline)
 
     if do_replay:
@@ -77,9 +82,11 @@ def run_inner(variant: str, num_blocks: int, live: int, running: int, do_replay:
     return trace.blocks_touched
 
 
-def _callgrind(args: list[str], valgrind: str) -> tuple[int, int]:
+def _callgrind(args: list[str], valgrind: str, events: bool) -> tuple[int, int]:
     cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
     cmd += ["-m", "prefixkv.benchmarks.instructions", "--inner", *args]
+    if events:
+        cmd.append("--events")
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
@@ -88,17 +95,37 @@ def _callgrind(args: list[str], valgrind: str) -> tuple[int, int]:
 
 
 def count_instructions(
-    variant: str, num_blocks: int, *, live: int = 32, running: int = 1, valgrind: str = "valgrind"
+    variant: str,
+    num_blocks: int,
+    *,
+    live: int = 32,
+    running: int = 1,
+    valgrind: str = "valgrind",
+    events: bool = False,
 ) -> InstructionCount:
-    """Run the replay and the baseline under callgrind (two fresh processes)."""
+    """Run the replay and the baseline under callgrind (two fresh processes).
+
+    Args:
+        variant: the call shape (one of ``VARIANTS``).
+        num_blocks: the pool's size.
+        live: conversations in flight.
+        running: sequences per decode step.
+        valgrind: the valgrind executable.
+        events: record KV events.
+
+    Returns:
+        The two counts and the blocks touched.
+    """
     if variant not in VARIANTS:
         raise BenchmarkFailed(f"unknown call shape {variant!r}: expected one of {VARIANTS}")
     if shutil.which(valgrind) is None:
         raise BenchmarkFailed(f"{valgrind!r} not found: instruction counts need valgrind")
     args = [variant, str(num_blocks), str(live), str(running)]
-    with_replay, blocks = _callgrind([*args, "1"], valgrind)
-    without_replay, _ = _callgrind([*args, "0"], valgrind)
-    return InstructionCount(variant, num_blocks, live, running, blocks, with_replay, without_replay)
+    with_replay, blocks = _callgrind([*args, "1"], valgrind, events)
+    without_replay, _ = _callgrind([*args, "0"], valgrind, events)
+    return InstructionCount(
+        variant, num_blocks, live, running, blocks, with_replay, without_replay, events
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,12 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--live", type=int, default=32)
     parser.add_argument("--running", type=int, default=1)
+    parser.add_argument("--events", action="store_true", help="record KV events")
     args = parser.parse_args(argv)
     if args.inner:
         variant, n, live, running, do_replay = args.inner
-        print(run_inner(variant, int(n), int(live), int(running), do_replay == "1"))
+        print(run_inner(variant, int(n), int(live), int(running), do_replay == "1", args.events))
         return
-    result = count_instructions(args.variant, args.num_blocks, live=args.live, running=args.running)
+    result = count_instructions(
+        args.variant, args.num_blocks, live=args.live, running=args.running, events=args.events
+    )
     out: dict[str, Any] = {**attrs.asdict(result), "per_block": round(result.per_block)}
     print(json.dumps(out))
 

@@ -27,10 +27,15 @@ out of sync (an *index mismatch*); when the hit on arrival differs from the hit 
 admission, the cache changed while the request waited in the replica's queue. After every
 tick the router waits (with a timeout) until it has applied every batch each replica
 reported published, so in lock step nothing is in flight at routing time.
+
+A replica whose subscriber is stale (batches lost beyond the replay buffer) stays in the
+fleet: the router places on it by round-robin turn, never on its index
+(:mod:`prefixkv.events.router`), until its events are back in sync.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +62,8 @@ from .router import (
     make_index,
     make_router,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ClusterResult",
@@ -97,6 +104,9 @@ class RoutedRequest:
     overlaps: tuple[int, ...]
     attempts: tuple[int, ...] = ()
     """Every replica it was placed on, in order; the last one served it."""
+    by_turn: bool = False
+    """Placed by round-robin turn on a replica whose subscriber was stale: the router
+    predicted nothing for it (0 tokens), so any cache hit there is an under-prediction."""
 
     @property
     def mispredicted(self) -> bool:
@@ -211,15 +221,30 @@ class ClusterResult:
         return self.accounted_exactly_once and not self.failed
 
 
-def _sync(subs: Sequence[Any], published: dict[int, int], timeout_s: float) -> dict[int, str]:
+def _sync(
+    subs: Sequence[Any], published: dict[int, int], timeout_s: float, stale: list[bool]
+) -> dict[int, str]:
     """Apply every batch each replica reported published; returns the replicas that could
-    not be brought in sync within ``timeout_s``, and why."""
+    not be brought in sync within ``timeout_s``, and why.
+
+    A replica whose subscriber is stale (a hole replay could not fill) is not one of them:
+    it is marked in ``stale``, its batches are read until one brings it back in sync (an
+    ``AllBlocksCleared``), and the router places on it by turn meanwhile (see
+    :mod:`prefixkv.events.router`).
+    """
     from .transport import ReplayGap
 
     deadline = time.monotonic() + timeout_s
     out: dict[int, str] = {}
     for i, target in published.items():
         sub = subs[i]
+        if sub.stale:
+            _drain_stale(sub)
+            if not sub.stale:
+                log.info("replica %d: its events are back in sync", i)
+            stale[i] = sub.stale
+            if sub.stale:
+                continue
         try:
             while sub.last_seq + 1 < target:
                 if not sub.poll(20):
@@ -233,10 +258,29 @@ def _sync(subs: Sequence[Any], published: dict[int, int], timeout_s: float) -> d
                     )
                     break
         except ReplayGap as exc:
-            # NOTE: only a hole replay could not fill drops the replica; an event that breaks
-            # the stream's contract (EventStreamError, WireError) is a bug, and stops the run.
-            out[i] = f"replica {i}: {exc}"
+            # NOTE: a hole replay could not fill makes the replica stale: it is healthy, and
+            # serves by turn until its events are back in sync. A replay endpoint that does
+            # not answer drops it. An event that breaks the stream's contract
+            # (EventStreamError, WireError) is a bug, and stops the run.
+            if sub.stale:
+                log.warning("replica %d: %s; placing on it by turn until it resyncs", i, exc)
+                stale[i] = True
+            else:
+                out[i] = f"replica {i}: {exc}"
     return out
+
+
+def _drain_stale(sub: Any) -> None:
+    """Read every batch a stale subscriber has received: each is refused (ReplayGap) until
+    one brings it back in sync, and those after it are applied."""
+    from .transport import ReplayGap
+
+    while True:
+        try:
+            if not sub.poll(0):
+                return
+        except ReplayGap:
+            continue  # that batch was read and refused: the next one may resync
 
 
 def _dynamo_zmq(infos: Sequence[Any], policy: Any) -> tuple[Any, list[RouterIndex]]:
@@ -351,6 +395,7 @@ def run_cluster(
             )
         policy = make_router(router, indexes, match_policy)
         live = [True] * replicas
+        stale = [False] * replicas  # subscribers that lost batches for good (see _sync)
         prompts: dict[str, tuple[int, ...]] = {}
         finished: dict[str, Finished] = {}
         served: dict[str, int] = {}
@@ -395,7 +440,7 @@ def run_cluster(
             failures.append(ReplicaFailure(i, tick, reason, blocks, tuple(again), tuple(lost)))
 
         def place(rid: str, assignments: list[list[ReplicaRequest]], max_new: int) -> None:
-            p = policy.place(namespace, prompts[rid], loads, live=live)
+            p = policy.place(namespace, prompts[rid], loads, live=live, stale=stale)
             placed[rid] = (p.replica, p, subs[p.replica].last_seq + 1)
             attempts.setdefault(rid, []).append(p.replica)
             loads[p.replica] += 1
@@ -452,7 +497,8 @@ def run_cluster(
                     loads[rep.replica] -= 1
             for i, reason in dead.items():
                 drop(i, reason)
-            behind = _sync(subs, {rep.replica: rep.next_seq for rep in reports}, stall_timeout_s)
+            published = {rep.replica: rep.next_seq for rep in reports}
+            behind = _sync(subs, published, stall_timeout_s, stale)
             for i, reason in behind.items():
                 drop(i, f"events: {reason}")
             if indexer is not None:
@@ -460,7 +506,7 @@ def run_cluster(
                 # route only once its tree holds what each replica published (or, after the
                 # stall timeout, on what it holds, its mispredictions counted).
                 for i, ix in enumerate(indexes):
-                    if live[i] and isinstance(ix, DynamoZmqIndex):
+                    if live[i] and not stale[i] and isinstance(ix, DynamoZmqIndex):
                         settle_timeouts += not ix.settle(subs[i].mirror.blocks, stall_timeout_s)
             # Every request placed and not yet finished is on a live replica, or waits to be
             # placed again: a dropped replica never takes a request with it silently.
@@ -504,6 +550,7 @@ def run_cluster(
             f.ttft_steps,
             p.overlaps,
             tuple(attempts[rid]),
+            p.by_turn,
         )
     return ClusterResult(
         router=router,
@@ -558,6 +605,7 @@ def report(result: ClusterResult) -> dict[str, Any]:
         "ttft_ms_p90": _percentile(ttft, 0.9),
         "ttft_steps_p50": statistics.median(r.ttft_steps for r in reqs) if reqs else 0,
         "routed_in_flight": result.in_flight,
+        "requests_by_turn": sum(r.by_turn for r in reqs),
         "predicted_tokens": result.predicted_tokens,
         "cached_tokens": result.cached_tokens,
         "mispredictions": result.mispredictions,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefixkv.spec import (
@@ -63,12 +63,17 @@ def tokens_hashes(
     extra_keys: Sequence[tuple[ExtraKey, ...]],
     *,
     identity: bool = True,
+    mm_hash: Callable[[ExtraKey], int] | None = None,
 ) -> list[int]:
     """Dynamo's tokens hash of each full block, from the block's whole identity.
 
     ``identity=False`` hashes the tokens and the adapter only, as a consumer of events
     without the namespace and the extra keys must: kept to show what that costs.
+    ``mm_hash`` turns an extra key into its multimodal object's ``mm_hash``: by default a
+    digest of its offset and content; Dynamo's ZMQ consumer reads the one the wire sends
+    (:func:`prefixkv.events.wire.mm_hash`, of the content alone).
     """
+    to_mm = _mm_hash if mm_hash is None else mm_hash
     from dynamo.llm import compute_block_hash_for_seq
 
     n = len(token_ids) // block_size
@@ -77,9 +82,7 @@ def tokens_hashes(
     mm: list[dict[str, Any] | None] | None = None
     if identity and any(extra_keys):
         mm = [
-            {"mm_objects": [{"mm_hash": _mm_hash(k), "offsets": []} for k in keys]}
-            if keys
-            else None
+            {"mm_objects": [{"mm_hash": to_mm(k), "offsets": []} for k in keys]} if keys else None
             for keys in extra_keys
         ]
     hashes: list[int] = compute_block_hash_for_seq(

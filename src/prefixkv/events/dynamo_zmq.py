@@ -33,11 +33,18 @@ from types import TracebackType
 from typing import Any, BinaryIO
 
 from prefixkv.spec import Namespace, PrefixCacheError
+from prefixkv.spec.identity import ExtraKey
 from prefixkv.spec.multimodal import MultimodalSpan, block_extra_keys
 
+from .dynamo import tokens_hashes
 from .wire import DEFAULT_FORMAT, WireFormat, as_format, mm_hash, namespace_tag
 
 __all__ = ["DynamoIndexer", "DynamoIndexerError"]
+
+
+def _wire_mm_hash(key: ExtraKey) -> int:
+    """The ``mm_hash`` the wire sends for an extra key (:func:`~.wire.mm_hash`)."""
+    return mm_hash(key[1])
 
 
 class DynamoIndexerError(PrefixCacheError, RuntimeError):
@@ -166,23 +173,11 @@ class DynamoIndexer:
         Returns:
             One hash per full block, from Dynamo's own ``compute_block_hash_for_seq``.
         """
-        from dynamo.llm import compute_block_hash_for_seq
-
         bs = self.block_size
-        n = len(token_ids) // bs
-        mm: list[dict[str, Any] | None] = []
-        for j in range(n):
-            keys = block_extra_keys(spans, j * bs, bs)
-            objects = [{"mm_hash": mm_hash(c), "offsets": []} for _, c in keys]
-            mm.append({"mm_objects": objects} if keys else None)
-        hashes: list[int] = compute_block_hash_for_seq(
-            list(token_ids[: n * bs]),
-            bs,
-            block_mm_infos=mm if any(mm) else None,
-            lora_name=namespace.adapter,
-            cache_namespace=namespace_tag(namespace),
-        )
-        return hashes
+        keys = [block_extra_keys(spans, j * bs, bs) for j in range(len(token_ids) // bs)]
+        # NOTE: the router's own function, with the mm_hash this consumer reads off the wire
+        # (block_mm_infos: the content's, without its offset).
+        return tokens_hashes(namespace, token_ids, bs, keys, mm_hash=_wire_mm_hash)
 
     def overlaps(
         self,

@@ -33,6 +33,15 @@ Two policies place a request:
 
 Both place a request only on a live replica (``live``): a fleet drops a replica that died
 or stalled (:mod:`prefixkv.events.cluster`), and :meth:`RouterIndex.drop` forgets its blocks.
+
+A replica whose subscriber is ``stale`` (batches were lost beyond the publisher's replay
+buffer, :class:`~prefixkv.events.transport.ReplayGap`) is healthy, but its index may be
+wrong, and a router never routes on it. Both policies then place by turn: requests go
+round the live replicas in order, and when a stale replica's turn comes, it takes the
+request whatever the request's prefix (:attr:`Placement.by_turn`), its index not consulted;
+on the other turns ``kv`` places by its predictions among the replicas in sync. So a stale
+replica keeps its round-robin share of the load, and no prediction rests on its index, until
+its subscriber is back in sync (an ``AllBlocksCleared`` from the replica).
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.contract import full_prompt_cap
 from prefixkv.spec.event_mirror import EventMirror
-from prefixkv.spec.identity import BlockHasher, fast_hash
+from prefixkv.spec.identity import BlockHasher, event_hash
 from prefixkv.spec.multimodal import MultimodalSpan, block_extra_keys, clamp_out_of_spans
 
 __all__ = [
@@ -175,7 +184,8 @@ def _block_hashes(
     block_size: int,
     spans: Sequence[MultimodalSpan],
 ) -> list[int]:
-    """The replica's own hash of each of the request's first ``num_blocks`` blocks."""
+    """The hash the replica's events carry for each of the request's first ``num_blocks``
+    blocks (prefixkv's :func:`~prefixkv.spec.identity.event_hash`, whatever its index hash)."""
     ns = namespace.key()
     out: list[int] = []
     parent: int | None = None
@@ -187,11 +197,12 @@ def _block_hashes(
 
 
 class MirrorIndex:
-    """prefixkv's own consumer: an :class:`EventMirror` and the replicas' block hash."""
+    """prefixkv's own consumer: an :class:`EventMirror` and the hash the replicas' events
+    carry (:func:`~prefixkv.spec.identity.event_hash`)."""
 
     kind = "mirror"
 
-    def __init__(self, hasher: BlockHasher = fast_hash) -> None:
+    def __init__(self, hasher: BlockHasher = event_hash) -> None:
         self.mirror = EventMirror()
         self._hasher = hasher
 
@@ -238,7 +249,7 @@ class DynamoTreeIndex:
 
     kind = "dynamo"
 
-    def __init__(self, block_size: int, hasher: BlockHasher = fast_hash) -> None:
+    def __init__(self, block_size: int, hasher: BlockHasher = event_hash) -> None:
         from .dynamo import DynamoIndex
 
         self._index = DynamoIndex()
@@ -315,13 +326,13 @@ class DynamoZmqIndex(DynamoTreeIndex):
         indexer: the shared indexer.
         worker: the replica's worker id there.
         block_size: tokens per block.
-        hasher: the replicas' block hash (for the checkpoints' hashes).
+        hasher: the hash the replicas' events carry (for the checkpoints' hashes).
     """
 
     kind = "dynamo-zmq"
 
     def __init__(
-        self, indexer: Any, worker: int, block_size: int, hasher: BlockHasher = fast_hash
+        self, indexer: Any, worker: int, block_size: int, hasher: BlockHasher = event_hash
     ) -> None:
         self._indexer = indexer
         self._worker = worker
@@ -394,7 +405,7 @@ def default_index() -> str:
     return "dynamo" if _importable("dynamo.llm") else "mirror"
 
 
-def make_index(kind: str, block_size: int, hasher: BlockHasher = fast_hash) -> RouterIndex:
+def make_index(kind: str, block_size: int, hasher: BlockHasher = event_hash) -> RouterIndex:
     """A fresh index of ``kind`` (one of :data:`INDEXES`) for one replica."""
     if kind == "auto":
         kind = default_index()
@@ -426,6 +437,9 @@ class Placement:
     """Every replica's published prefix, in blocks (0 for a dropped replica)."""
     hits: tuple[int, ...]
     """Every replica's predicted hit, in tokens (0 for a dropped replica)."""
+    by_turn: bool = False
+    """Placed on a stale replica by round-robin turn: no prediction was made (its index
+    was not consulted, and ``predicted_*`` are 0)."""
 
 
 class Router(Protocol):
@@ -439,6 +453,7 @@ class Router(Protocol):
         spans: Sequence[MultimodalSpan] = (),
         *,
         live: Sequence[bool] | None = None,
+        stale: Sequence[bool] | None = None,
     ) -> Placement: ...
 
 
@@ -451,12 +466,25 @@ class _Predicting:
             raise RouterConfigError("a router needs at least one replica")
         self.indexes = list(indexes)
         self.policy = policy
+        self._next = 0
 
     def _live(self, live: Sequence[bool] | None) -> list[int]:
         alive = [r for r in range(len(self.indexes)) if live is None or live[r]]
         if not alive:
             raise RouterConfigError("no live replica to route to")
         return alive
+
+    def _turn(self, alive: Sequence[int]) -> int:
+        """The next live replica in round-robin order (and the turn moves past it)."""
+        n = len(self.indexes)
+        chosen = next(r % n for r in range(self._next, self._next + n) if r % n in alive)
+        self._next = chosen + 1
+        return chosen
+
+    @staticmethod
+    def _in_sync(alive: Sequence[int], stale: Sequence[bool] | None) -> list[int]:
+        """The live replicas whose index may be routed on."""
+        return [r for r in alive if stale is None or not stale[r]]
 
     def _predict(
         self,
@@ -494,6 +522,7 @@ class KVRouter(_Predicting):
         spans: Sequence[MultimodalSpan] = (),
         *,
         live: Sequence[bool] | None = None,
+        stale: Sequence[bool] | None = None,
     ) -> Placement:
         """Place one request.
 
@@ -503,13 +532,23 @@ class KVRouter(_Predicting):
             loads: unfinished requests per replica.
             spans: its multimodal spans.
             live: which replicas may take it (default: all).
+            stale: which replicas' indexes must not be routed on (default: none).
 
         Returns:
-            The chosen replica and every live replica's predictions.
+            The chosen replica and every predicted replica's predictions (0 for a stale
+            one).
         """
         alive = self._live(live)
-        overlaps, hits = self._predict(namespace, token_ids, spans, alive)
-        best = min(alive, key=lambda r: (-hits[r], -overlaps[r], loads[r], r))
+        fresh = self._in_sync(alive, stale)
+        if len(fresh) < len(alive):
+            # NOTE: a stale replica is placed on by turn, never by its index: its turn
+            # comes once in len(alive) placements, as under round-robin.
+            turn = self._turn(alive)
+            if turn not in fresh:
+                overlaps, hits = self._predict(namespace, token_ids, spans, fresh)
+                return Placement(turn, 0, 0, overlaps, hits, by_turn=True)
+        overlaps, hits = self._predict(namespace, token_ids, spans, fresh)
+        best = min(fresh, key=lambda r: (-hits[r], -overlaps[r], loads[r], r))
         return Placement(best, overlaps[best], hits[best], overlaps, hits)
 
 
@@ -517,10 +556,6 @@ class RoundRobinRouter(_Predicting):
     """The i-th request goes to the next live replica in turn, whatever the replicas hold."""
 
     name = "round-robin"
-
-    def __init__(self, indexes: Sequence[RouterIndex], policy: MatchPolicy) -> None:
-        super().__init__(indexes, policy)
-        self._next = 0
 
     def place(
         self,
@@ -530,13 +565,15 @@ class RoundRobinRouter(_Predicting):
         spans: Sequence[MultimodalSpan] = (),
         *,
         live: Sequence[bool] | None = None,
+        stale: Sequence[bool] | None = None,
     ) -> Placement:
         """Place one request (the arguments and the result are :meth:`KVRouter.place`'s)."""
         alive = self._live(live)
-        overlaps, hits = self._predict(namespace, token_ids, spans, alive)
-        n = len(self.indexes)
-        chosen = next(r % n for r in range(self._next, self._next + n) if r % n in alive)
-        self._next = chosen + 1
+        fresh = self._in_sync(alive, stale)
+        overlaps, hits = self._predict(namespace, token_ids, spans, fresh)
+        chosen = self._turn(alive)
+        if chosen not in fresh:
+            return Placement(chosen, 0, 0, overlaps, hits, by_turn=True)
         return Placement(chosen, overlaps[chosen], hits[chosen], overlaps, hits)
 
 

@@ -42,8 +42,8 @@ contiguity:
 
 When replay cannot close a gap (the batch left the publisher's buffer), the subscriber
 raises :class:`ReplayGap` and marks itself ``stale``: it applies nothing more, and a
-router must not route on its mirror, until a batch that starts with ``AllBlocksCleared``
-brings it back in sync. A batch the mirror cannot apply raises
+router must not route on its mirror, until a batch that holds an ``AllBlocksCleared``
+brings it back in sync (applied from the clear on). A batch the mirror cannot apply raises
 :class:`~prefixkv.spec.event_mirror.EventStreamError`, and the mirror stays as it was.
 """
 
@@ -398,7 +398,7 @@ class EventSubscriber:
         self.last_seq = -1
         self.stale = False
         """Batches were lost for good: the mirror must not be routed on until a batch that
-        starts with ``AllBlocksCleared`` brings it back in sync."""
+        holds an ``AllBlocksCleared`` brings it back in sync."""
         self.replays = 0
         """Replay requests sent."""
         self.holes = 0
@@ -441,8 +441,8 @@ class EventSubscriber:
             frames: the message's frames.
 
         Raises:
-            ReplayGap: the mirror is stale (see :meth:`catch_up`), and this batch does not
-                start with an ``AllBlocksCleared`` that brings it back in sync.
+            ReplayGap: the mirror is stale (see :meth:`catch_up`), and this batch holds no
+                ``AllBlocksCleared`` that brings it back in sync.
             EventStreamError: the batch does not apply to the mirror (it stays as it was).
         """
         try:
@@ -471,13 +471,16 @@ class EventSubscriber:
         self._apply(seq, events)
 
     def _resync(self, seq: int, events: list[KVEvent]) -> None:
-        """A stale mirror comes back in sync at a batch that clears the whole cache."""
-        if not events or not isinstance(events[0], AllBlocksCleared):
+        """A stale mirror comes back in sync at a batch that clears the whole cache: the
+        batch is applied from its first ``AllBlocksCleared`` on (the events before it
+        changed blocks the clear drops, and may name blocks the stale mirror lacks)."""
+        clear = next((k for k, e in enumerate(events) if isinstance(e, AllBlocksCleared)), None)
+        if clear is None:
             raise ReplayGap(
                 "the mirror is stale: batches were lost beyond the replay buffer; it stays "
                 "stale until the publisher's cache is cleared (AllBlocksCleared)"
             )
-        self._apply(seq, events)  # the clear comes first: nothing stale survives it
+        self._apply(seq, events[clear:])  # the clear comes first: nothing stale survives it
         self.stale = False
         self.resyncs += 1
         log.info("back in sync at batch %d (AllBlocksCleared)", seq)

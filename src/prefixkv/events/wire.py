@@ -64,7 +64,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -94,6 +94,7 @@ __all__ = [
     "is_checkpoint_event",
     "mm_hash",
     "mm_identifier",
+    "mm_identifiers",
     "namespace_tag",
     "salt_key",
     "vllm_extra_keys",
@@ -173,22 +174,44 @@ def namespace_tag(namespace: Namespace) -> str:
     return namespace.key().hex()
 
 
-def vllm_extra_keys(event: BlockStored) -> list[tuple[Any, ...] | None]:
-    """``BlockStored.extra_keys`` in the layout vLLM's block pool publishes.
+def mm_identifiers(event: BlockStored) -> dict[bytes, str]:
+    """The :func:`mm_identifier` of every distinct extra-key content of ``event``.
 
     Args:
         event: a prefixkv ``BlockStored``.
 
     Returns:
+        content -> identifier, each content hashed once (an image that spans several
+        blocks is one content).
+    """
+    out: dict[bytes, str] = {}
+    for keys in event.extra_keys:
+        for _, content in keys:
+            if content not in out:
+                out[content] = mm_identifier(content)
+    return out
+
+
+def vllm_extra_keys(
+    event: BlockStored, identifiers: Mapping[bytes, str] | None = None
+) -> list[tuple[Any, ...] | None]:
+    """``BlockStored.extra_keys`` in the layout vLLM's block pool publishes.
+
+    Args:
+        event: a prefixkv ``BlockStored``.
+        identifiers: :func:`mm_identifiers` of ``event``, when the caller has them.
+
+    Returns:
         One entry per block: adapter name, ``(mm_identifier, offset)`` pairs, then the cache
         salt in a sequence's first block; ``None`` for a block with none of them.
     """
+    ids = mm_identifiers(event) if identifiers is None else identifiers
     out: list[tuple[Any, ...] | None] = []
     for i, keys in enumerate(event.extra_keys):
         entry: list[Any] = []
         if event.adapter is not None:
             entry.append(event.adapter)
-        entry.extend((mm_identifier(content), offset) for offset, content in keys)
+        entry.extend((ids[content], offset) for offset, content in keys)
         # NOTE: vLLM adds the salt only where start_token_idx == 0: its block hash chains
         # through the parent, so the first block carries it for the whole sequence.
         if event.salt is not None and i == 0 and event.parent_block_hash is None:
@@ -209,11 +232,14 @@ def mm_hash(content: bytes) -> int:
     return int(mm_identifier(content)[:16], 16)
 
 
-def block_mm_infos(event: BlockStored) -> list[MmInfo | None] | None:
+def block_mm_infos(
+    event: BlockStored, identifiers: Mapping[bytes, str] | None = None
+) -> list[MmInfo | None] | None:
     """The top-level ``block_mm_infos`` of a 0.33-format ``BlockStored`` (Dynamo's field).
 
     Args:
         event: a prefixkv ``BlockStored``.
+        identifiers: :func:`mm_identifiers` of ``event``, when the caller has them.
 
     Returns:
         Per block, ``{"mm_objects": [{"mm_hash": ..., "offsets": []}, ...]}`` or ``None``;
@@ -223,8 +249,11 @@ def block_mm_infos(event: BlockStored) -> list[MmInfo | None] | None:
     # field (its own); it reads no identifier out of vLLM's extra_keys.
     if not any(event.extra_keys):
         return None
+    ids = mm_identifiers(event) if identifiers is None else identifiers
     return [
-        {"mm_objects": [{"mm_hash": mm_hash(c), "offsets": []} for _, c in keys]} if keys else None
+        {"mm_objects": [{"mm_hash": int(ids[c][:16], 16), "offsets": []} for _, c in keys]}
+        if keys
+        else None
         for keys in event.extra_keys
     ]
 
@@ -379,6 +408,9 @@ def as_format(wire_format: WireFormat | str) -> WireFormat:
 def _to_wire(event: KVEvent, fmt: WireFormat) -> Any:
     structs = _STRUCTS[fmt]
     if isinstance(event, BlockStored):
+        # NOTE: each image's identifier (a SHA-256) is computed once per event, for
+        # extra_keys and block_mm_infos both.
+        ids = mm_identifiers(event)
         fields: dict[str, Any] = {
             "block_hashes": list(event.block_hashes),
             "parent_block_hash": event.parent_block_hash,
@@ -387,7 +419,7 @@ def _to_wire(event: KVEvent, fmt: WireFormat) -> Any:
             "lora_id": None,
             "medium": MEDIUM,
             "lora_name": event.adapter,
-            "extra_keys": vllm_extra_keys(event),
+            "extra_keys": vllm_extra_keys(event, ids),
             "group_idx": GROUP,
             "prefixkv": (
                 event.model,
@@ -398,7 +430,7 @@ def _to_wire(event: KVEvent, fmt: WireFormat) -> Any:
         if fmt is WireFormat.VLLM_0_33:
             ns = Namespace(event.model, event.adapter, event.salt)
             fields["cache_salt"] = namespace_tag(ns)
-            fields["block_mm_infos"] = block_mm_infos(event)
+            fields["block_mm_infos"] = block_mm_infos(event, ids)
         return structs["BlockStored"](**fields)
     if isinstance(event, BlockRemoved):
         return structs["BlockRemoved"](
@@ -466,12 +498,13 @@ def _from_stored(event: Any) -> BlockStored:
     # The vLLM-facing fields must say what the prefixkv field says: a consumer reading only
     # them must never see another block than prefixkv's decoder does.
     # Compared as msgpack, where a tuple and a list are one array and str and bytes differ.
-    if _ENCODER.encode(event.extra_keys) != _ENCODER.encode(vllm_extra_keys(stored)):
+    ids = mm_identifiers(stored)
+    if _ENCODER.encode(event.extra_keys) != _ENCODER.encode(vllm_extra_keys(stored, ids)):
         raise WireError(f"extra_keys {event.extra_keys!r} disagree with the block identity")
     if isinstance(event, _MapBlockStored):
         if event.cache_salt != namespace_tag(ns):
             raise WireError(f"cache_salt {event.cache_salt!r} is not the namespace {ns!r}")
-        if _ENCODER.encode(event.block_mm_infos) != _ENCODER.encode(block_mm_infos(stored)):
+        if _ENCODER.encode(event.block_mm_infos) != _ENCODER.encode(block_mm_infos(stored, ids)):
             raise WireError(f"block_mm_infos {event.block_mm_infos!r} disagree with extra keys")
     return stored
 
