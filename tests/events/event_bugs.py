@@ -75,7 +75,7 @@ class BuggyEvents:
         self._cache.free(ids)
         # The bug: freeing a private duplicate of a published block announces the identity
         # as gone, though the published twin still serves it.
-        self._injected.extend(BlockRemoved((h,)) for h in _twins_of(before, ids))
+        self._injected.extend(BlockRemoved((h,)) for h in _twins_of(before, list(ids)))
         return None
 
 

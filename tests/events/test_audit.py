@@ -134,10 +134,10 @@ def test_duplicate_store_is_single_store_repeated() -> None:
 
 def test_a_declared_refcount_model_counts_stores_and_removals() -> None:
     block = BlockStored((7,), None, (1, 2), 2, "m@1", None, None, ((),))
-    twice = [[block], [block], [BlockRemoved((7,))], [BlockRemoved((7,))]]
+    twice: list[list[KVEvent]] = [[block], [block], [BlockRemoved((7,))], [BlockRemoved((7,))]]
     assert audit_batches(stream(twice), refcount=True).ok
     assert broken(audit_batches(stream(twice))) == {"single-store", "known-removal"}
-    thrice = [*twice, [BlockRemoved((7,))]]
+    thrice: list[list[KVEvent]] = [*twice, [BlockRemoved((7,))]]
     assert broken(audit_batches(stream(thrice), refcount=True)) == {"known-removal"}
     # Stores sent twice but removed once leave a reference behind: the stream then
     # outgrows the pool, so a refcount model does not hide the bug.
@@ -186,7 +186,7 @@ def test_child_before_parent_is_parent_before_child() -> None:
 
 
 def test_unknown_removal_is_known_removal() -> None:
-    batches = [[AllBlocksCleared()], [BlockRemoved((12345,))]]
+    batches: list[list[KVEvent]] = [[AllBlocksCleared()], [BlockRemoved((12345,))]]
     audit = audit_batches(stream(batches))
     assert broken(audit) == {"known-removal"}
 
@@ -196,7 +196,12 @@ def test_a_clear_that_keeps_blocks_is_clear_empties() -> None:
     child = BlockStored((8,), 7, (3, 4), 2, "m@1", None, None, ((),))
     # The engine says it cleared, then removes a block from before the clear, and stores
     # a child under one: both were in an index that AllBlocksCleared emptied.
-    batches = [[stored, child], [AllBlocksCleared()], [BlockRemoved((8,))], [child]]
+    batches: list[list[KVEvent]] = [
+        [stored, child],
+        [AllBlocksCleared()],
+        [BlockRemoved((8,))],
+        [child],
+    ]
     audit = audit_batches(stream(batches))
     assert broken(audit) == {"clear-empties"}
     assert audit.counts["clear-empties"] == 2

@@ -80,7 +80,7 @@ def test_unregister_empties_the_worker_in_dynamo_own_tree() -> None:
             cache.commit("r", adm.num_scheduled_tokens, [1])
             pub.publish(cache.take_events())
             blocks = cache.snapshot().blocks
-            published = {b.wire_hash & ((1 << 64) - 1) for b in blocks if b.published}
+            published = {(b.wire_hash or 0) & ((1 << 64) - 1) for b in blocks if b.published}
             deadline = time.monotonic() + 10
             while indexer.held_blocks(5) != published and time.monotonic() < deadline:
                 time.sleep(0.02)

@@ -12,6 +12,7 @@ pytest.importorskip("zmq")
 
 from prefixkv.impl import PrefixCacheManager  # noqa: E402
 from prefixkv.spec import (  # noqa: E402
+    BlockStored,
     EventMirror,
     EventStreamError,
     KVEvent,
@@ -46,7 +47,7 @@ def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
         if roll < 0.6:
             ns = rng.choice(NAMESPACES)
             tokens = tuple(rng.choice((1, 2)) for _ in range(rng.randrange(3, 12)))
-            spans = ()
+            spans: tuple[MultimodalSpan, ...] = ()
             if rng.random() < 0.3 and len(tokens) >= 6:
                 spans = (MultimodalSpan(2, 6, "image", bytes([rng.randrange(2)]) * 4),)
             try:
@@ -86,7 +87,7 @@ def test_bad_wire_input_is_a_typed_error(fmt: WireFormat) -> None:
     cache = SpecCache(8, 2, record_events=True)
     events = [e for batch in workload(cache, random.Random(2), 30) for e in batch]
     payload = encode_batch(events, wire_format=fmt)
-    first = next(e for e in events if type(e).__name__ == "BlockStored")
+    first = next(e for e in events if isinstance(e, BlockStored))
     stored = encode_batch([first], wire_format=fmt)
     salted = encode_batch([first._replace(salt=b"t-9", parent_block_hash=None)], wire_format=fmt)
     for bad in (

@@ -139,7 +139,12 @@ def test_a_stale_subscriber_resyncs_at_a_clear_inside_a_batch() -> None:
             sub.catch_up()
         seen.clear()
         # 12 was stored in the lost batch 2: the stale mirror never saw it.
-        batch = [BlockRemoved((12,)), AllBlocksCleared(), stored(20, None, 5), stored(21, 20, 6)]
+        batch: list[KVEvent] = [
+            BlockRemoved((12,)),
+            AllBlocksCleared(),
+            stored(20, None, 5),
+            stored(21, 20, 6),
+        ]
         sub.handle([TOPIC, _seq(5), encode_batch(batch)])
         assert not sub.stale and sub.resyncs == 1 and sub.last_seq == 5
         assert sorted(sub.mirror.blocks) == [20, 21]
@@ -327,7 +332,10 @@ def test_the_buffer_is_bounded_in_bytes() -> None:
     """A huge batch: the buffer keeps at most buffer_bytes, and a batch over the bound
     is sent live but not kept, so a subscriber that lost it is told (ReplayGap)."""
     tokens = tuple(range(2 * 1024))
-    big = [AllBlocksCleared(), BlockStored((1,), None, tokens, 2048, "m@1", None, None, ((),))]
+    big: list[KVEvent] = [
+        AllBlocksCleared(),
+        BlockStored((1,), None, tokens, 2048, "m@1", None, None, ((),)),
+    ]
     size = len(encode_batch(big))
     pub = EventPublisher(buffer_bytes=3 * size)
     try:

@@ -80,7 +80,7 @@ class Derived:
         fields: list[Any] = []
         for f in batch["fields"]:
             if f["name"] == "events":
-                fields.append(("events", list[self.events[0] | self.events[1] | self.events[2]]))  # type: ignore[index]
+                fields.append(("events", list[self.events[0] | self.events[1] | self.events[2]]))  # type: ignore[index, name-defined]
             else:
                 fields.append(self._field(f))
         self.batch = msgspec.defstruct("EventBatch", fields, **self._config(batch))
@@ -204,7 +204,7 @@ def test_pub_and_replay_frames_match_vllm(fmt: WireFormat) -> None:
         time.sleep(0.2)
         for step in steps:
             pub.publish([from_json(e) for e in step["prefixkv"]])
-        frames = []
+        frames: list[list[bytes]] = []
         while len(frames) < len(steps) and sub.poll(2000):
             frames.append(sub.recv_multipart())
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])

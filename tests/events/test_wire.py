@@ -68,7 +68,12 @@ def test_an_image_is_hashed_once_per_event_on_each_side(
     )
     calls: list[bytes] = []
     real = wire.mm_identifier
-    monkeypatch.setattr(wire, "mm_identifier", lambda c: calls.append(c) or real(c))
+
+    def counted(content: bytes) -> str:
+        calls.append(content)
+        return real(content)
+
+    monkeypatch.setattr(wire, "mm_identifier", counted)
     payload = wire.encode_batch([event], wire_format=fmt)
     assert calls == [img]
     assert wire.decode_batch(payload, wire_format=fmt) == [event]
