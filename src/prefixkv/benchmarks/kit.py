@@ -8,10 +8,13 @@ Two measurements, one run::
    of ``examples/`` and :mod:`prefixkv.conformance.reference_adapters`). A *checked
    operation* is one the oracle ran on the candidate (and, in the exact mode, on the spec)
    and then checked: every invariant, the transaction and purity checks, the snapshots
-   compared. Each value is one derandomized ``run_conformance`` under the ``ci`` profile
-   (``--examples`` runs of up to ``--steps`` rule steps) in a fresh pyperf worker process,
-   divided by the operations that run issued; the report gives the median and the spread of
-   ``--processes`` values (:mod:`.worker`'s ``kit`` case).
+   compared. Each value is the CPU time of one derandomized ``run_conformance`` under the
+   ``ci`` profile (``--examples`` runs of up to ``--steps`` rule steps) in a fresh pyperf
+   worker process, after a warm-up run, divided by the operations that run issued; the
+   report gives the median and the spread of ``--processes`` values (:mod:`.worker`'s
+   ``kit`` case). The values are taken in rounds: each round runs every manager on every
+   side once, in a fresh process each, so the two sides of a ratio share the machine's load
+   as it drifts.
 2. **Time to the first failure** of every seeded bug of the example managers
    (:data:`BUG_MODULES`), each in a fresh process: the seconds until the kit's first failed
    check, then the seconds its shrink took (to the end, with Hypothesis' own cap), the check
@@ -94,7 +97,7 @@ class Throughput:
 
     label: str
     side: str
-    #: The values, µs per checked operation (one per worker process).
+    #: The values, CPU µs per checked operation (one per worker process).
     timing: TimingSummary
 
     @property
@@ -215,12 +218,12 @@ def run_throughput(
         return [sys.executable, "-c", runner], _env(Path(case["tree"]))
 
     def options(case: dict[str, Any]) -> list[str]:
-        return ["-p", str(processes), "-n", "1", "-w", str(warmups), "-l", "1"]
+        return ["-p", "1", "-n", "1", "-w", str(warmups), "-l", "1"]
 
     cwd = Path.cwd()
     os.chdir(workdir)  # the workers' ``-c`` puts the working directory first on sys.path
     try:
-        timings = run_pyperf(cases, 1, options, workdir, log, launch=launch)
+        timings = run_pyperf(cases, processes, options, workdir, log, launch=launch)
     finally:
         os.chdir(cwd)
     from .worker import case_name
@@ -352,7 +355,7 @@ def render_markdown(result: KitBenchResult) -> str:
     lines: list[str] = []
     if result.throughput:
         lines += [
-            "| manager | side | checked ops/s (median) | slowest - fastest | ratio |",
+            "| manager | side | checked ops per CPU second (median) | slowest - fastest | ratio |",
             "|---|---|---:|---:|---:|",
         ]
         for t in result.throughput:
