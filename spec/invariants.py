@@ -332,6 +332,9 @@ def identity_classes(s: CacheState) -> dict[int, int]:
     A parent outside the pool, unpublished or on a cycle makes its child's identity unique:
     nothing can be the same as a chain that cannot be followed.
     """
+    last = _LAST_CLASSES.get("state")
+    if last is not None and last[0] is s:  # one snapshot is checked by several invariants
+        return last[1]
     classes: dict[int, int] = {}
     interned: dict[tuple[object, ...], int] = {}
     for start in s.blocks:
@@ -354,7 +357,13 @@ def identity_classes(s: CacheState) -> dict[int, int]:
             if base is not None and base < 0:
                 key = ("unique", c)
             base = classes[c] = interned.setdefault(key, len(interned))
+    _LAST_CLASSES["state"] = (s, classes)
     return classes
+
+
+#: The last snapshot :func:`identity_classes` ran on, and its answer (held, so that the
+#: snapshot's id is not reused while it is cached).
+_LAST_CLASSES: dict[str, tuple[CacheState, dict[int, int]]] = {}
 
 
 def _same_parent(classes: dict[int, int] | None, parent: int | None, expected: int | None) -> bool:

@@ -68,6 +68,7 @@ __all__ = [
     "format_us",
     "render_markdown",
     "run_bench",
+    "run_pyperf",
     "write_markdown",
     "write_outputs",
 ]
@@ -251,6 +252,29 @@ def run_cases(
     log: Callable[[str], None],
 ) -> dict[str, Timing]:
     """Run every case ``config.rounds`` times, interleaved; returns each case's values."""
+    return run_pyperf(cases, config.rounds, lambda c: _case_options(c, config), workdir, log)
+
+
+#: How a case's worker is started: ``case -> (command line before its options, environment;
+#: None: this process's)``.
+Launch = Callable[[dict[str, Any]], tuple[list[str], dict[str, str] | None]]
+
+
+def _this_tree(case: dict[str, Any]) -> tuple[list[str], dict[str, str] | None]:
+    return [sys.executable, "-m", "prefixkv.benchmarks.worker"], None
+
+
+def run_pyperf(
+    cases: list[dict[str, Any]],
+    rounds: int,
+    options: Callable[[dict[str, Any]], list[str]],
+    workdir: Path,
+    log: Callable[[str], None],
+    launch: Launch = _this_tree,
+) -> dict[str, Timing]:
+    """Run every case ``rounds`` times, interleaved, each time with pyperf's ``options``
+    (processes, values, warm-ups) and started by ``launch`` (default: this tree's
+    :mod:`.worker`); returns each case's values, in µs per unit."""
     import pyperf
 
     from .worker import case_name
@@ -258,13 +282,14 @@ def run_cases(
     paths = {case_name(c): workdir / f"{case_name(c)}.json" for c in cases}
     if len(paths) != len(cases):
         raise InvalidConfig("two cases share a name")
-    for r in range(config.rounds):
+    for r in range(rounds):
         for case in cases:
             name = case_name(case)
-            log(f"round {r + 1}/{config.rounds}: {name}")
-            cmd = [sys.executable, "-m", "prefixkv.benchmarks.worker", "--case", json.dumps(case)]
-            cmd += [*_case_options(case, config), "--quiet", "--append", str(paths[name])]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            log(f"round {r + 1}/{rounds}: {name}")
+            start, env = launch(case)
+            cmd = [*start, "--case", json.dumps(case), *options(case)]
+            cmd += ["--quiet", "--append", str(paths[name])]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
                 raise BenchmarkFailed(f"benchmark {name} failed: " + " | ".join(tail))

@@ -21,6 +21,14 @@ Cases (the ``--case`` JSON):
 * ``{"kind": "lookup", "crafted": true|false, "prompts": 4000, "num_blocks": N,
   "hasher": name|null}``: ``match`` of every probe against a cache holding the prompts
   (:mod:`prefixkv.benchmarks.collisions`); per lookup.
+* ``{"kind": "kit", "side": str, "label": str, "target": "module:factory", "examples": N,
+  "steps": S}``: one derandomized conformance run (``run_conformance`` under the ``ci``
+  profile) of the adapter factory ``target``; CPU seconds per checked operation
+  (:mod:`prefixkv.benchmarks.kit`). ``side`` only names the case.
+
+The kit case imports nothing of :mod:`prefixkv.benchmarks`, only the conformance kit's public
+API, and this file runs as a script as well as a module (``runpy.run_path``), so that the
+same timing can measure the kit of another source tree put first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ __all__ = ["case_name", "main", "prepare"]
 
 def case_name(case: dict[str, Any]) -> str:
     """The benchmark's name in pyperf's results (unique per case in a run)."""
+    if case["kind"] == "kit":
+        return f"kit-{case['label']}-{case['side']}"
     if case["kind"] == "lifecycle":
         return (
             f"lifecycle-{case['tag']}-{case['manager']}-{case['variant']}-{case['num_blocks']}"
@@ -96,7 +106,44 @@ def prepare(case: dict[str, Any]) -> tuple[Callable[[int], float], int]:
 
         return lookups, len(probes)
 
+    if case["kind"] == "kit":
+        return kit_run(case), 1
+
     raise InvalidConfig(f"unknown case kind {case['kind']!r}")
+
+
+def kit_run(case: dict[str, Any]) -> Callable[[int], float]:
+    """The kit case's time function: each call runs the conformance kit on a fresh
+    adapter per example and returns the seconds per checked operation (an operation the
+    oracle ran on the candidate and then checked), so that values of runs of any length
+    compare.
+
+    NOTE: the time divides by the run's own operation count rather than a count fixed in
+    advance: the ``ci`` profile is derandomized, so every run of one tree issues the same
+    operations, but two trees may draw differently, and the figure must stay per checked
+    operation on each side. The clock is the process's CPU time: the kit is one thread
+    that computes and never waits, and on a machine shared with other jobs wall time
+    mostly measures them (it moved by 2x from one value to the next).
+    """
+    import time
+
+    from prefixkv.conformance import run_conformance
+    from prefixkv.conformance.runner import load_factory
+
+    factory = load_factory(str(case["target"]))
+    clock = time.process_time
+
+    def kit(loops: int) -> float:
+        total = 0.0
+        for _ in range(loops):
+            start = clock()
+            report = run_conformance(
+                factory, max_examples=int(case["examples"]), steps=int(case["steps"]), profile="ci"
+            )
+            total += float(clock() - start) / max(1, report.operations)
+        return total
+
+    return kit
 
 
 def main() -> None:
@@ -105,10 +152,14 @@ def main() -> None:
     def pass_case(cmd: list[str], args: Any) -> None:
         cmd.extend(("--case", args.case))
 
-    runner = pyperf.Runner(
-        add_cmdline_args=pass_case,
-        program_args=("-m", "prefixkv.benchmarks.worker"),
+    # Run as a module, or as a script by path (another tree's kit first on PYTHONPATH).
+    as_script = not __package__
+    program = (
+        ("-c", f"import runpy; runpy.run_path({__file__!r}, run_name='__main__')")
+        if as_script
+        else ("-m", "prefixkv.benchmarks.worker")
     )
+    runner = pyperf.Runner(add_cmdline_args=pass_case, program_args=program)
     runner.argparser.add_argument("--case", required=True, help="the case, as JSON")
     args = runner.parse_args()
     case = json.loads(args.case)

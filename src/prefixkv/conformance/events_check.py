@@ -19,6 +19,7 @@ from prefixkv.spec.event_mirror import EventMirror, EventStreamError
 from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.spec.state import CacheState
 
+from .compare import same_state
 from .failures import CheckFailed
 
 __all__ = ["EventStreams"]
@@ -30,6 +31,8 @@ class EventStreams:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.mirrors = {"candidate": EventMirror(), "reference": EventMirror()}
+        #: who -> the last state INV-EVENTS held on, with the mirror unchanged since.
+        self._clean: dict[str, CacheState] = {}
 
     def after(self, name: str, who: str, value: Any, raised: bool, snap: CacheState | None) -> None:
         """Check INV-EVENTS on ``who``'s cache after operation ``name`` returned ``value``."""
@@ -38,13 +41,22 @@ class EventStreams:
         prefix = "" if who == "candidate" else "SPEC:"
         mirror = self.mirrors[who]
         if name == "take_events" and not raised:
+            self._clean.pop(who, None)
             try:
                 mirror.apply_all(value)
             except (EventStreamError, TypeError) as exc:
                 raise CheckFailed(
                     prefix + InvariantId.EVENTS, f"{who}: take_events returned a bad stream: {exc}"
                 ) from None
+        # NOTE: INV-EVENTS reads the mirror and the state alone: on the state it last held on,
+        # with nothing drained since, it holds again (the lockstep's unchanged-state rule).
+        if same_state(self._clean.get(who), snap):
+            return
         found = inv.event_violations(mirror, snap)
+        if not found:
+            self._clean[who] = snap
+        else:
+            self._clean.pop(who, None)
         if found:
             raise CheckFailed(
                 prefix + InvariantId.EVENTS,

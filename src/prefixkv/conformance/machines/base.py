@@ -11,6 +11,7 @@ puts them together.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -126,6 +127,12 @@ class MachineBase(RuleBasedStateMachine):
                         f"asked for {getattr(cfg, attr)}, candidate has {getattr(cand, attr)}",
                     )
         self.oracle.start()
+
+    def teardown(self) -> None:
+        """The end of a run: every invariant on the last states, in full (unless the run is
+        ending on an error already)."""
+        if sys.exc_info()[0] is None:
+            self.oracle.final_check()
 
     # -- the names rule modules used before the oracle had a public surface -----------------
     # Kept so that rule modules written against them keep working; new rules call
