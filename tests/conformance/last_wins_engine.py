@@ -7,14 +7,15 @@ sequence's first block), a bug the kit must catch under every duplicates mode;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from prefixkv.spec import Admission, CacheState, InvalidRequest, Match, OutOfBlocks, SeqView
+from prefixkv.spec import Admission, CacheState, InvalidRequest, Match, OutOfBlocks, SeqId, SeqView
 from prefixkv.spec import Request as PkvRequest
 
 from examples.plain_engine import NoFreeBlocks, PlainEngine
 from prefixkv.conformance import Capabilities
 from prefixkv.conformance import toolkit as tk
+from prefixkv.conformance.capabilities import Duplicates
 
 __all__ = ["LastWinsAdapter", "LastWinsEngine", "PublishesAhead", "WrongParentHash", "make"]
 
@@ -139,14 +140,14 @@ class LastWinsAdapter(tk.AdapterBase[Any]):
         blocks = [tk.Block(b.block_id, b.ref_cnt, b.block_hash, b.parent_hash, b.tokens,
                            b.namespace) for b in e.blocks]  # fmt: skip
         index = [(h, b) for h, b in e.cached.items()]
-        seqs = [SeqView(i, r.namespace, tuple(r.tokens), tuple(r.blocks), r.num_computed,
-                        r.num_slots, r.num_prompt_tokens, r.num_hit_tokens)
+        seqs = [SeqView(cast(SeqId, i), r.namespace, tuple(r.tokens), tuple(r.blocks),
+                        r.num_computed, r.num_slots, r.num_prompt_tokens, r.num_hit_tokens)
                 for i, r in e.requests.items()]  # fmt: skip
         return tk.build_snapshot(blocks, seqs, e.free_list, self.counters,
                                  block_size=e.block_size, index=index)  # fmt: skip
 
 
-def make(engine: type[PlainEngine] = LastWinsEngine, duplicates: str = "last-wins") -> Any:
+def make(engine: type[PlainEngine] = LastWinsEngine, duplicates: Duplicates = "last-wins") -> Any:
     """An adapter factory for ``engine`` declaring ``duplicates``."""
 
     def factory(num_blocks: int, block_size: int, *, record_events: bool) -> LastWinsAdapter:

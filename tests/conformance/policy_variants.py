@@ -51,7 +51,7 @@ class SchedulePublish(EngineStyleManager):
             b = seq.blocks[j]
             blk = self.blocks[b]
             mine = j >= seq.cached // bs and blk.hash is not None and blk.children == 0
-            if mine and self.hash_to_block.get(blk.hash) == b:
+            if mine and blk.hash is not None and self.hash_to_block.get(blk.hash) == b:
                 self._evict_block(b)
                 self.counters["evictions"] -= 1  # withdrawn, not evicted
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import pytest
@@ -213,7 +213,7 @@ def test_a_server_that_cannot_be_used_is_database_unavailable(kind: str) -> None
     builtin, and never a hang."""
     url = _bad_server_url(kind)
     database = parse_database(url)  # no connection yet
-    kwargs = database.redis.connection_pool.connection_kwargs
+    kwargs = cast(Any, database).redis.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 1.0
     with pytest.raises(DatabaseUnavailable) as info:
         parse_database(url, connect=True)
@@ -221,7 +221,7 @@ def test_a_server_that_cannot_be_used_is_database_unavailable(kind: str) -> None
 
 
 def test_the_default_timeout() -> None:
-    kwargs = parse_database("redis://host/0").redis.connection_pool.connection_kwargs
+    kwargs = cast(Any, parse_database("redis://host/0")).redis.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == DEFAULT_TIMEOUT <= 10
 
 
@@ -254,7 +254,7 @@ def test_a_server_that_fails_later_raises_or_warns_once() -> None:
     server.shutdown()
     server.server_close()  # the server goes away: no new connection is accepted
     for db in (strict, lenient):
-        db.redis.connection_pool.disconnect()
+        cast(Any, db).redis.connection_pool.disconnect()
     for call in (
         lambda: list(strict.fetch(b"k")),
         lambda: strict.save(b"k", b"w"),

@@ -16,6 +16,7 @@ from prefixkv.spec import invariants as inv
 from examples.minimal_engine_adapter import make_manager
 from prefixkv.conformance import Capabilities, Lockstep, run_conformance
 from prefixkv.conformance import toolkit as tk
+from prefixkv.conformance.capabilities import Duplicates
 from prefixkv.conformance.failures import CheckFailed
 from prefixkv.conformance.safety import safety_violations
 
@@ -48,7 +49,7 @@ def test_two_identical_prompts_computed_concurrently_pass_under_last_wins() -> N
 
 
 @pytest.mark.parametrize("duplicates", _MODES)
-def test_a_parent_chained_to_another_block_is_caught_in_every_mode(duplicates: str) -> None:
+def test_a_parent_chained_to_another_block_is_caught_in_every_mode(duplicates: Duplicates) -> None:
     """A block hashed under the wrong parent (the sequence's first block, of another
     identity) is INV-PUBLISH whatever the duplicates mode."""
     oracle = _oracle(make(WrongParentHash, duplicates))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prefixkv.spec import Namespace, Request
+from prefixkv.spec import Namespace, Request, SeqId
 
 from examples.vllm_style import BUGS, KVCacheManager
 from examples.vllm_style_adapter import CAPABILITIES, VllmStyleAdapter
@@ -29,7 +29,7 @@ def _oracle(cls: type[KVCacheManager] = KVCacheManager) -> Lockstep:
     return oracle
 
 
-def _admit(oracle: Lockstep, seq_id: int, tokens: tuple[int, ...]) -> Any:
+def _admit(oracle: Lockstep, seq_id: SeqId, tokens: tuple[int, ...]) -> Any:
     out = oracle.op("admit", lambda c: c.admit(Request(seq_id, tokens, NS)))
     assert not out.raised, out.describe()
     return out.value
