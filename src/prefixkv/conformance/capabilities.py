@@ -162,11 +162,6 @@ class Capabilities:
         """``rollback`` is called: drafts (``speculative``) and a rollback operation."""
         return self.speculative and self.rollback
 
-    @property
-    def batch_namespaces(self) -> int:
-        """How many namespaces the workload may draw."""
-        return 3 if self.namespaces else 1
-
     # -- the one parser --------------------------------------------------------------------
 
     @classmethod

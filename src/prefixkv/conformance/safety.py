@@ -60,7 +60,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from prefixkv.spec import CacheState, SeqId, SeqView
+from prefixkv.spec import CacheState, SeqId
 from prefixkv.spec import invariants as inv
 from prefixkv.spec.invariant_ids import InvariantId
 from prefixkv.spec.invariants import Violation
@@ -359,8 +359,3 @@ def _index(s: CacheState, caps: Capabilities) -> Iterator[str]:
             yield f"published block {view.block_id} is missing from the index"
         if view.token_ids is None or len(view.token_ids) != s.block_size:
             yield f"published block {view.block_id} is not a full block"
-
-
-def seq_of(state: CacheState, seq_id: SeqId) -> SeqView | None:
-    """The live sequence ``seq_id`` of ``state``."""
-    return next((v for v in state.sequences if v.seq_id == seq_id), None)

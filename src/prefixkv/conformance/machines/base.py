@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
-from prefixkv.spec import CacheState, Match, MultimodalSpan, Namespace, Request, SeqId, SeqView
+from prefixkv.spec import MultimodalSpan, Namespace, Request, SeqId, SeqView
 
 from ..capabilities import Capabilities
 from ..failures import CheckFailed
@@ -148,23 +148,12 @@ class MachineBase(RuleBasedStateMachine):
     ) -> Outcome:
         return self.oracle.op(name, fn, pure=pure, must_raise=must_raise)
 
-    def _check_match(self, req: Request, match: Match, what: str) -> None:
-        self.oracle.check_match(req, match, what)
-
     def _view(self, seq_id: SeqId) -> SeqView | None:
         return self.oracle.view(seq_id)
 
     @property
     def _views(self) -> dict[SeqId, SeqView]:
         return self.oracle.views
-
-    @property
-    def _snap_c(self) -> CacheState | None:
-        return self.oracle.snap_c
-
-    @property
-    def _snap_r(self) -> CacheState | None:
-        return self.oracle.snap_r
 
     @property
     def _rule_raised(self) -> bool:
