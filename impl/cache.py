@@ -681,7 +681,9 @@ class PrefixCacheManager(PrefixCache):
             pool = self._pool
             supply = pool.supply
             first, stop = seq.num_computed // bs, now // bs
-            if stop > first:
+            # NOTE: ``_anchorable`` is at most ``stop - 1``: a supply that covers the need
+            # past that bound needs no closer look (a pool with room, the common case).
+            if stop > first and need > supply - (stop - 1):
                 supply -= self._anchorable(seq, first, stop)
             if need > supply:
                 return None
@@ -749,7 +751,11 @@ class PrefixCacheManager(PrefixCache):
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
-                if stop > first and need > supply - self._anchorable(seq, first, stop):
+                if (
+                    stop > first
+                    and need > supply - (stop - 1)
+                    and need > supply - self._anchorable(seq, first, stop)
+                ):
                     return self._advance_saved(
                         seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
                     )
