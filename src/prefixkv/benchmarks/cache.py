@@ -762,6 +762,7 @@ VARIANT_LABEL = {
     "percall": "per call (append + commit)",
     "fused": "fused (advance)",
     "batched": "batched (advance_batch)",
+    "columns": "batched columns (advance_columns)",
 }
 
 
@@ -950,7 +951,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def _draw(plt: Any, result: dict[str, Any]) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
     life = result["lifecycle"]
-    markers = {"percall": "o", "fused": "s", "batched": "^"}
+    markers = {"percall": "o", "fused": "s", "batched": "^", "columns": "D"}
     for v in life["variants"]:
         rows = sorted((r for r in life["rows"] if r["variant"] == v), key=lambda r: r["num_blocks"])
         xs = [r["num_blocks"] for r in rows]
