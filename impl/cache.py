@@ -115,6 +115,9 @@ __all__ = ["PrefixCacheManager"]
 #: Builds a NamedTuple result from its fields without a Python frame.
 _new_outcome = tuple.__new__
 
+#: The outcome of a one-step batch that applied and allocated nothing (immutable, shared).
+_ONE_STEP = BatchOutcome(((),))
+
 #: The id types a batch's fast check accepts as they are (any other goes to the contract).
 _PLAIN_IDS = frozenset((int, str))
 
@@ -899,8 +902,21 @@ class PrefixCacheManager(PrefixCache):
             if n == 1 and type(num_rejected) is int and type(num_reserve) is int:
                 seq_id = seq_ids[0]
                 if type(seq_id) is int or type(seq_id) is str:
-                    return self._apply_steps(
-                        ((seq_id, num_computed[0], accepted_tokens[0], num_rejected, num_reserve),)
+                    # One step is one advance, each atomic: its outcome, without the loop.
+                    try:
+                        new = self.advance(
+                            seq_id,
+                            num_computed[0],
+                            accepted_tokens[0],
+                            num_rejected=num_rejected,
+                            num_reserve=num_reserve,
+                        )
+                    except PrefixCacheError as exc:
+                        return _new_outcome(BatchOutcome, ((), exc, seq_id))
+                    return (
+                        _new_outcome(BatchOutcome, ((tuple(new),), None, None))
+                        if new
+                        else _ONE_STEP
                     )
             elif set(map(type, seq_ids)) <= _PLAIN_IDS and len(set(seq_ids)) == n:
                 rejected = _column_of(num_rejected, n)

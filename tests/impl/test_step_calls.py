@@ -273,3 +273,22 @@ def test_malformed_columns_apply_nothing(cls: type[Any], cols: tuple[Any, ...]) 
     with pytest.raises(type(caught.value)):
         check_columns(*cols)
     assert cache.snapshot() == before.snapshot()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager, HybridPrefixCacheManager])
+def test_one_step_columns_are_the_batch(cls: type[Any]) -> None:
+    """A one-step batch of columns (the impl's shortcut): the same outcomes as
+    ``advance_batch``, through steps that allocate a block and one that fails."""
+    kwargs = {"max_num_seqs": 2, "state_budget": 2} if cls is HybridPrefixCacheManager else {}
+    by_steps, by_cols = _two_decoding(cls, **kwargs), _two_decoding(cls, **kwargs)
+    allocated = 0
+    for tok in range(8):
+        out = by_steps.advance_batch([DecodeStep("a", 1, [tok], 0, 1)])
+        assert by_cols.advance_columns(("a",), (1,), ((tok,),), 0, 1) == out and out.ok
+        allocated += len(out.new_blocks[0])
+    bad = by_steps.advance_batch([DecodeStep("a", 2, [1, 2], 0, 1)])
+    failed = by_cols.advance_columns(["a"], [2], [[1, 2]], 0, 1)
+    assert failed.new_blocks == bad.new_blocks == () and failed.failed_seq_id == "a"
+    assert type(failed.error) is type(bad.error) and str(failed.error) == str(bad.error)
+    assert allocated and bad.failed_seq_id == "a" and not bad.ok
+    assert by_cols.snapshot() == by_steps.snapshot()
