@@ -91,7 +91,13 @@ from prefixkv.spec.protocol import PrefixCache
 from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, seq_view
-from prefixkv.spec.steps import BatchOutcome, DecodeStep, check_batch, check_step_counts
+from prefixkv.spec.steps import (
+    BatchOutcome,
+    DecodeStep,
+    check_batch,
+    check_columns,
+    check_step_counts,
+)
 
 from prefixkv.errors import InvalidConfig
 
@@ -108,6 +114,22 @@ __all__ = ["PrefixCacheManager"]
 
 #: Builds a NamedTuple result from its fields without a Python frame.
 _new_outcome = tuple.__new__
+
+#: The outcome of a one-step batch that applied and allocated nothing (immutable, shared).
+_ONE_STEP = BatchOutcome(((),))
+
+#: The id types a batch's fast check accepts as they are (any other goes to the contract).
+_PLAIN_IDS = frozenset((int, str))
+
+
+def _column_of(counts: object, n: int) -> Iterable[int] | None:
+    """``advance_columns``' ``num_rejected`` or ``num_reserve`` as a column of ``n``: an
+    int repeated, a list or tuple of ``n`` as it is, or None (the definition checks it)."""
+    if type(counts) is int:
+        return repeat(counts, n)
+    if (type(counts) is list or type(counts) is tuple) and len(counts) == n:
+        return counts
+    return None
 
 
 def _applied(n: int, allocated: list[tuple[int, tuple[int, ...]]]) -> tuple[tuple[int, ...], ...]:
@@ -682,7 +704,9 @@ class PrefixCacheManager(PrefixCache):
             pool = self._pool
             supply = pool.supply
             first, stop = seq.num_computed // bs, now // bs
-            if stop > first:
+            # NOTE: ``_anchorable`` is at most ``stop - 1``: a supply that covers the need
+            # past that bound needs no closer look (a pool with room, the common case).
+            if stop > first and need > supply - (stop - 1):
                 supply -= self._anchorable(seq, first, stop)
             if need > supply:
                 return None
@@ -750,7 +774,11 @@ class PrefixCacheManager(PrefixCache):
                 if need > supply:
                     raise self._out_of_blocks(need, supply)
                 first, stop = seq.num_computed // bs, new_computed // bs
-                if stop > first and need > supply - self._anchorable(seq, first, stop):
+                if (
+                    stop > first
+                    and need > supply - (stop - 1)
+                    and need > supply - self._anchorable(seq, first, stop)
+                ):
                     return self._advance_saved(
                         seq_id, num_computed, accepted_tokens, num_rejected, num_reserve
                     )
@@ -833,7 +861,79 @@ class PrefixCacheManager(PrefixCache):
         of a batch costs less than a call of ``advance``. The differential machines hold
         the two to the same outcomes.
         """
-        batch = check_batch(steps)
+        return self._apply_steps(check_batch(steps))
+
+    def advance_columns(
+        self,
+        seq_ids: Sequence[SeqId],
+        num_computed: Sequence[int],
+        accepted_tokens: Sequence[Sequence[int]],
+        num_rejected: int | Sequence[int] = 0,
+        num_reserve: int | Sequence[int] = 1,
+    ) -> BatchOutcome:
+        """``advance_batch`` of the steps given as parallel columns, without a record per
+        step (:meth:`prefixkv.spec.steps.StepCalls.advance_columns` is the definition).
+
+        The columns are checked once per batch: lists or tuples of one length, every id a
+        plain int or str and none twice. Anything else goes through the definition's
+        :func:`~prefixkv.spec.steps.check_columns`, which raises what the spec raises or
+        returns the steps.
+
+        Args:
+            seq_ids: each step's sequence (no sequence twice).
+            num_computed: each step's tokens computed by the last forward.
+            accepted_tokens: each step's accepted tokens.
+            num_rejected: each step's rejected drafts, or one int for every step.
+            num_reserve: each step's slots to reserve, or one int for every step.
+
+        Returns:
+            What ``advance_batch`` of those steps returns.
+        """
+        # NOTE: the common shapes are checked here in a few predicates, the same verdicts
+        # as the definition's check_columns (which anything else goes through): the steps
+        # themselves are checked as they are applied, as in advance_batch.
+        n = len(seq_ids) if type(seq_ids) is list or type(seq_ids) is tuple else -1
+        if (
+            n >= 0
+            and (type(num_computed) is list or type(num_computed) is tuple)
+            and (type(accepted_tokens) is list or type(accepted_tokens) is tuple)
+            and len(num_computed) == n
+            and len(accepted_tokens) == n
+        ):
+            if n == 1 and type(num_rejected) is int and type(num_reserve) is int:
+                seq_id = seq_ids[0]
+                if type(seq_id) is int or type(seq_id) is str:
+                    # One step is one advance, each atomic: its outcome, without the loop.
+                    try:
+                        new = self.advance(
+                            seq_id,
+                            num_computed[0],
+                            accepted_tokens[0],
+                            num_rejected=num_rejected,
+                            num_reserve=num_reserve,
+                        )
+                    except PrefixCacheError as exc:
+                        return _new_outcome(BatchOutcome, ((), exc, seq_id))
+                    return (
+                        _new_outcome(BatchOutcome, ((tuple(new),), None, None))
+                        if new
+                        else _ONE_STEP
+                    )
+            elif set(map(type, seq_ids)) <= _PLAIN_IDS and len(set(seq_ids)) == n:
+                rejected = _column_of(num_rejected, n)
+                reserve = _column_of(num_reserve, n)
+                if rejected is not None and reserve is not None:
+                    return self._apply_steps(
+                        zip(seq_ids, num_computed, accepted_tokens, rejected, reserve, strict=True)
+                    )
+        batch = check_columns(seq_ids, num_computed, accepted_tokens, num_rejected, num_reserve)
+        return self._apply_steps(batch)
+
+    def _apply_steps(
+        self, steps: Iterable[tuple[SeqId, int, Sequence[int], int, int]]
+    ) -> BatchOutcome:
+        """The checked steps of a batch (each ``advance``'s positional arguments, every id a
+        plain int or str, none twice), applied in order up to the first that raises."""
         seqs, bs = self._seqs, self._block_size
         if not self._fused_inline:
             seqs = {}  # every step takes the general path
@@ -841,7 +941,7 @@ class PrefixCacheManager(PrefixCache):
         # by position, and the outcome is built once at the end.
         allocated: list[tuple[int, tuple[int, ...]]] = []
         i = 0
-        for seq_id, num_computed, accepted_tokens, num_rejected, num_reserve in batch:
+        for seq_id, num_computed, accepted_tokens, num_rejected, num_reserve in steps:
             # advance's paths (see there), per step.
             seq = seqs.get(seq_id)  # check_batch: the id is a plain int or str
             if (

@@ -67,7 +67,8 @@ _QUERIES = frozenset(
 #: Calls that may change the snapshot when they succeed.
 _UPDATES = frozenset(
     {"admit", "continue_prefill", "append", "commit", "rollback", "free", "evict", "reset",
-     "take_events", "restore_issued", "keep_state", "advance", "advance_batch"}
+     "take_events", "restore_issued", "keep_state", "advance", "advance_batch",
+     "advance_columns"}
 )  # fmt: skip
 
 

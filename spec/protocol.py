@@ -117,7 +117,8 @@ class PrefixCache(Protocol):
 @runtime_checkable
 class EngineSteps(Protocol):
     """The engine-shaped calls (see :mod:`prefixkv.spec.steps`): one fused call per
-    sequence per decode step, and a whole scheduler step in one call.
+    sequence per decode step, and a whole scheduler step in one call (as step records or as
+    parallel columns).
 
     A separate protocol, so that a conformance adapter need not offer them: both are defined
     by the per-call API of :class:`PrefixCache`, and both prefixkv managers and the spec
@@ -139,6 +140,18 @@ class EngineSteps(Protocol):
 
     def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
         """``advance`` per step, in order, each atomic, up to the first that raises."""
+        ...
+
+    def advance_columns(
+        self,
+        seq_ids: Sequence[SeqId],
+        num_computed: Sequence[int],
+        accepted_tokens: Sequence[Sequence[int]],
+        num_rejected: int | Sequence[int] = 0,
+        num_reserve: int | Sequence[int] = 1,
+    ) -> BatchOutcome:
+        """``advance_batch`` of the steps given as parallel columns (an int count stands
+        for every step); malformed columns raise before anything is applied."""
         ...
 
 

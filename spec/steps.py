@@ -16,17 +16,27 @@ Speculative decoding with ``k`` drafts: the forward wrote the pending token and 
 drafts (``k + 1`` reserved slots); ``a`` drafts were accepted plus one bonus token, so the
 engine calls ``advance(s, a + 1, accepted_and_bonus, num_rejected=k - a, num_reserve=k + 1)``.
 
+:meth:`StepCalls.advance_columns` is ``advance_batch`` with the steps given as parallel
+columns (sequence ids, counts, token lists), as an engine's scheduler holds them, so that
+a step costs the engine no record::
+
+    advance_columns(ids, computed, tokens, num_rejected=r, num_reserve=n)
+        ==  advance_batch([DecodeStep(ids[i], computed[i], tokens[i], r_i, n_i) ...])
+        where r_i is r[i] for a column and r itself for an int (n_i likewise)
+
 NOTE: ``advance_batch`` is *not* all-or-nothing across sequences. It applies the steps in
 order, each one atomically, and stops at the first that raises: the result says exactly
 which applied (a prefix of the batch), and the failing step and every step after it changed
 nothing. An engine preempts the failing sequence and carries on, which an all-or-nothing
 batch would force it to redo from scratch. A malformed batch (not an iterable of
-:class:`DecodeStep`, or a sequence listed twice) raises before anything is applied.
+:class:`DecodeStep`, or a sequence listed twice) raises before anything is applied, and so
+do malformed columns (:func:`check_columns`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefixkv.errors import require_int
@@ -43,6 +53,7 @@ __all__ = [
     "StepCalls",
     "apply_batch",
     "check_batch",
+    "check_columns",
     "check_step_counts",
 ]
 
@@ -144,6 +155,48 @@ def check_batch(steps: object) -> Sequence[DecodeStep]:
     return batch
 
 
+def _column(value: object, what: str) -> Sequence[Any]:
+    if type(value) is list or type(value) is tuple:
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidRequest(
+            f"advance_columns() takes {what} as a list, tuple or array, got {value!r}"
+        )
+    return value
+
+
+def check_columns(
+    seq_ids: object,
+    num_computed: object,
+    accepted_tokens: object,
+    num_rejected: object = 0,
+    num_reserve: object = 1,
+) -> Sequence[DecodeStep]:
+    """The batch that ``advance_columns`` stands for (step ``i`` is ``DecodeStep(seq_ids[i],
+    num_computed[i], accepted_tokens[i], r_i, n_i)``), or ``InvalidRequest`` /
+    ``DuplicateSequence`` with nothing applied.
+
+    ``seq_ids``, ``num_computed`` and ``accepted_tokens`` are sequences (a list, a tuple or
+    an ``array``; not a string) of one length; ``num_rejected`` and ``num_reserve`` are each
+    such a column or an int for every step. The values themselves are each step's
+    arguments, checked when the step is applied, exactly as in ``advance_batch``.
+    """
+    columns = [
+        _column(seq_ids, "seq_ids"),
+        _column(num_computed, "num_computed"),
+        _column(accepted_tokens, "accepted_tokens"),
+    ]
+    n = len(columns[0])
+    for value, what in ((num_rejected, "num_rejected"), (num_reserve, "num_reserve")):
+        columns.append(repeat(value, n) if type(value) is int else _column(value, what))  # type: ignore[arg-type]
+    lengths = {len(c) for c in columns if not isinstance(c, repeat)}
+    if len(lengths) != 1:
+        raise InvalidRequest(
+            f"advance_columns() takes columns of one length, got lengths {sorted(lengths)}"
+        )
+    return check_batch([DecodeStep(*row) for row in zip(*columns, strict=True)])
+
+
 #: ``step(seq_id, num_computed, accepted_tokens, num_rejected, num_reserve)``: ``advance``
 #: with every argument positional (a :class:`DecodeStep` unpacked), returning the new blocks.
 StepFn = Callable[[SeqId, int, Sequence[int], int, int], Sequence[int]]
@@ -218,3 +271,27 @@ class StepCalls:
     def advance_batch(self, steps: Iterable[DecodeStep]) -> BatchOutcome:
         """``advance`` for each step in order, up to the first that raises (module doc)."""
         return apply_batch(self._step, steps)
+
+    def advance_columns(
+        self,
+        seq_ids: Sequence[SeqId],
+        num_computed: Sequence[int],
+        accepted_tokens: Sequence[Sequence[int]],
+        num_rejected: int | Sequence[int] = 0,
+        num_reserve: int | Sequence[int] = 1,
+    ) -> BatchOutcome:
+        """``advance_batch`` of the steps given as parallel columns (module doc).
+
+        Args:
+            seq_ids: each step's sequence (no sequence twice).
+            num_computed: each step's tokens computed by the last forward.
+            accepted_tokens: each step's accepted tokens.
+            num_rejected: each step's rejected drafts, or one int for every step.
+            num_reserve: each step's slots to reserve, or one int for every step.
+
+        Returns:
+            What ``advance_batch`` of those steps returns: the applied prefix, and the
+            first failing step's error and sequence.
+        """
+        batch = check_columns(seq_ids, num_computed, accepted_tokens, num_rejected, num_reserve)
+        return apply_batch(self._step, batch)

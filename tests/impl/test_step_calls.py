@@ -1,4 +1,5 @@
-"""The engine-shaped calls (``advance``, ``advance_batch``) against the spec.
+"""The engine-shaped calls (``advance``, ``advance_batch``, ``advance_columns``) against the
+spec.
 
 The machines mix the fused and batched rules into the whole differential rule set, so they
 run against every per-call rule, eviction pressure, preemption and bad inputs.
@@ -7,6 +8,7 @@ run against every per-call rule, eviction pressure, preemption and bad inputs.
 from __future__ import annotations
 
 import time
+from array import array
 from typing import Any
 
 import pytest
@@ -26,7 +28,11 @@ from prefixkv.spec import (
 )
 
 from prefixkv.conformance.machines import all_rule_names, spec_vs_impl
-from prefixkv.conformance.machines.step_calls import BAD_STEP_KINDS, build_step_machine
+from prefixkv.conformance.machines.step_calls import (
+    BAD_COLUMN_KINDS,
+    BAD_STEP_KINDS,
+    build_step_machine,
+)
 
 
 def _examples(fraction: float, minimum: int = 5) -> int:
@@ -60,7 +66,7 @@ def test_step_rules_fire() -> None:
     report = machine.coverage.report()
     print(f"\n{report.format()}\nwall {time.perf_counter() - start:.1f} s")
     assert not report.never_fired(all_rule_names(machine)), report.format()
-    for op in ("advance", "advance_batch"):
+    for op in ("advance", "advance_batch", "advance_columns"):
         assert report.ops.get(op, 0) > report.op_errors.get(op, 0), f"{op} never succeeded"
 
 
@@ -77,6 +83,12 @@ def test_every_bad_step_kind() -> None:
             state._since_bad = 3
             state.bad_step_call(kind=kind, seq=seq, n=n)
     state.batched_step(plan=[(1, 1)], sampled=(2,), fail_at=0)
+    for kind in sorted(BAD_COLUMN_KINDS):
+        state._since_bad = 3
+        state.bad_columns_call(kind=kind, seq=seq)
+    for form in ("lists", "tuples", "int_counts", "arrays"):
+        state.columnar_step(plan=[(1, 1)], sampled=(2,), fail_at=0, form=form)
+        state.columnar_step(plan=[(0, 0)], sampled=(2,), fail_at=None, form=form)
     state.teardown()
 
 
@@ -192,3 +204,91 @@ def test_hybrid_advance_copies_no_state(monkeypatch: pytest.MonkeyPatch) -> None
     cache.advance("s", 1, [7], num_rejected=2, num_reserve=3)
     assert cache.advance_batch([DecodeStep("s", 1, [8], 0, 1)]).ok
     assert cache.num_computed_tokens("s") == 12
+
+
+def _two_decoding(cls: type[Any], **kwargs: Any) -> Any:
+    """A cache with sequences "a" and "b" past their prompts, one slot reserved each."""
+    cache = cls(32, 4, **kwargs)
+    ns = Namespace("m")
+    for sid, prompt in (("a", list(range(10))), ("b", list(range(20, 27)))):
+        adm = cache.admit(Request(sid, prompt, ns))
+        cache.advance(sid, adm.num_scheduled_tokens, [42], num_reserve=1)
+    return cache
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager, HybridPrefixCacheManager])
+def test_columns_are_the_batch(cls: type[Any]) -> None:
+    """``advance_columns`` gives what ``advance_batch`` of the same steps gives, whatever
+    the columns' form (lists, tuples, arrays, an int for every step's counts)."""
+    kwargs = {"max_num_seqs": 2, "state_budget": 2} if cls is HybridPrefixCacheManager else {}
+    forms: list[tuple[Any, ...]] = [
+        (["a", "b"], [1, 1], [[5], [6]], 0, 1),
+        (("a", "b"), (1, 1), ((5,), (6,)), (0, 0), (1, 1)),
+        (["a", "b"], array("q", [1, 1]), [(5,), (6,)], array("q", [0, 0]), array("q", [1, 1])),
+    ]
+    for cols in forms:
+        by_steps = _two_decoding(cls, **kwargs)
+        by_cols = _two_decoding(cls, **kwargs)
+        steps = [DecodeStep("a", 1, [5], 0, 1), DecodeStep("b", 1, [6], 0, 1)]
+        out = by_steps.advance_batch(steps)
+        assert by_cols.advance_columns(*cols) == out and out.ok
+        assert by_cols.snapshot() == by_steps.snapshot()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+def test_columns_bad_step_changes_nothing(cls: type[Any]) -> None:
+    """A bad step of a columnar batch: the steps before it apply, it changes nothing, the
+    outcome names it, and the steps after it are not attempted."""
+    cache, before = _two_decoding(cls), _two_decoding(cls)
+    before.advance("a", 1, [5], num_reserve=1)  # what the one good step does
+    # b commits 3 tokens with one slot reserved: InvalidOperation, b untouched.
+    out = cache.advance_columns(["a", "b", "c"], [1, 3, 1], [[5], [6, 7, 8], [9]], 0, 1)
+    assert out.num_applied == 1 and out.failed_seq_id == "b"
+    assert isinstance(out.error, InvalidOperation)
+    assert cache.snapshot() == before.snapshot()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager])
+@pytest.mark.parametrize(
+    "cols",
+    [
+        ("ab", [1, 1], [[5], [6]]),  # ids as a string
+        (["a", "b"], [1], [[5], [6]]),  # ragged
+        (["a", "b"], [1, 1], [[5], [6]], 0, [1]),  # a ragged count column
+        (["a", "b"], [1, 1], [[5], [6]], 0, True),  # a bool for every step
+        (["a", "b"], 1, [[5], [6]]),  # a count where a column goes
+        (["a", "a"], [1, 1], [[5], [6]]),  # a sequence twice
+        (["a", True], [1, 1], [[5], [6]]),  # a bad id after a good step
+        ([True], [1], [[5]]),  # a bad id, alone
+    ],
+)
+def test_malformed_columns_apply_nothing(cls: type[Any], cols: tuple[Any, ...]) -> None:
+    """Malformed columns raise the definition's typed error before any step applies."""
+    from prefixkv.spec import PrefixCacheError
+    from prefixkv.spec.steps import check_columns
+
+    cache, before = _two_decoding(cls), _two_decoding(cls)
+    with pytest.raises(PrefixCacheError) as caught:
+        cache.advance_columns(*cols)
+    with pytest.raises(type(caught.value)):
+        check_columns(*cols)
+    assert cache.snapshot() == before.snapshot()
+
+
+@pytest.mark.parametrize("cls", [SpecCache, PrefixCacheManager, HybridPrefixCacheManager])
+def test_one_step_columns_are_the_batch(cls: type[Any]) -> None:
+    """A one-step batch of columns (the impl's shortcut): the same outcomes as
+    ``advance_batch``, through steps that allocate a block and one that fails."""
+    kwargs = {"max_num_seqs": 2, "state_budget": 2} if cls is HybridPrefixCacheManager else {}
+    by_steps, by_cols = _two_decoding(cls, **kwargs), _two_decoding(cls, **kwargs)
+    allocated = 0
+    for tok in range(8):
+        out = by_steps.advance_batch([DecodeStep("a", 1, [tok], 0, 1)])
+        assert by_cols.advance_columns(("a",), (1,), ((tok,),), 0, 1) == out and out.ok
+        allocated += len(out.new_blocks[0])
+    bad = by_steps.advance_batch([DecodeStep("a", 2, [1, 2], 0, 1)])
+    failed = by_cols.advance_columns(["a"], [2], [[1, 2]], 0, 1)
+    assert failed.new_blocks == bad.new_blocks == () and failed.failed_seq_id == "a"
+    assert type(failed.error) is type(bad.error) and str(failed.error) == str(bad.error)
+    assert allocated and bad.failed_seq_id == "a" and not bad.ok
+    assert by_cols.snapshot() == by_steps.snapshot()

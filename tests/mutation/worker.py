@@ -146,6 +146,9 @@ STEP_STAGES: tuple[Stage, ...] = tuple(
     stage for r in range(4) for stage in (Stage("steps_fast", r, 15), Stage("steps_weak", r, 15))
 )
 
+#: The ``advance_columns`` rules, which the step stages skip (see ``build_stage_machine``).
+COLUMN_RULES = ("columnar_step", "bad_columns_call")
+
 #: ``--machine`` -> the stages a worker runs.
 MACHINES: dict[str, tuple[Stage, ...]] = {
     "text": STAGES,
@@ -241,6 +244,11 @@ def build_stage_machine(config: str) -> tuple[Any, int]:
     if config in FOCUS:
         keep = {"init", *FOCUS[config]}
         skip(machine, [r for r in all_rule_names(machine) if r not in keep])
+    elif config in STEP_CONFIGS:
+        # NOTE: the columnar call's rules came after these stages' seeds were chosen; a rule
+        # more changes every draw after it, so these stages run without them (each seeded
+        # bug is caught as before) and the columnar call's own machines are in tests/impl.
+        skip(machine, list(COLUMN_RULES))
     return machine, steps
 
 

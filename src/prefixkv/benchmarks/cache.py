@@ -44,6 +44,7 @@ from prefixkv.errors import InvalidConfig
 from prefixkv.outputs import GeneratedSection, Machine, figure, machine_info, to_json, write_json
 from prefixkv.workloads import ChatConfig
 
+from .checkout import baseline_env, check_root, import_root
 from .errors import BenchmarkFailed
 from .lifecycle import VARIANTS, make_cache, replay, trace_from_config, variants_of
 
@@ -55,6 +56,8 @@ __all__ = [
     "TARGETS",
     "VARIANT_LABEL",
     "Acceptance",
+    "Baseline",
+    "BaselineRow",
     "BenchConfig",
     "CacheBenchResult",
     "Lifecycle",
@@ -250,9 +253,26 @@ def run_cases(
     config: BenchConfig,
     workdir: Path,
     log: Callable[[str], None],
+    baseline_root: Path | None = None,
 ) -> dict[str, Timing]:
-    """Run every case ``config.rounds`` times, interleaved; returns each case's values."""
-    return run_pyperf(cases, config.rounds, lambda c: _case_options(c, config), workdir, log)
+    """Run every case ``config.rounds`` times, interleaved; returns each case's values.
+
+    A case tagged ``"base"`` runs the code of the checkout that ``baseline_root`` (from
+    :func:`~prefixkv.benchmarks.checkout.import_root`) makes importable: its pyperf master
+    and workers import that checkout's ``prefixkv``.
+    """
+
+    def launch(case: dict[str, Any]) -> tuple[list[str], dict[str, str] | None]:
+        if case.get("tag") != "base":
+            return _this_tree(case)
+        if baseline_root is None:
+            raise InvalidConfig("a baseline case without a baseline checkout")
+        return _this_tree(case)[0], baseline_env(baseline_root)
+
+    def options(case: dict[str, Any]) -> list[str]:
+        return _case_options(case, config)
+
+    return run_pyperf(cases, config.rounds, options, workdir, log, launch=launch)
 
 
 #: How a case's worker is started: ``case -> (command line before its options, environment;
@@ -274,7 +294,12 @@ def run_pyperf(
 ) -> dict[str, Timing]:
     """Run every case ``rounds`` times, interleaved, each time with pyperf's ``options``
     (processes, values, warm-ups) and started by ``launch`` (default: this tree's
-    :mod:`.worker`); returns each case's values, in µs per unit."""
+    :mod:`.worker`); returns each case's values, in µs per unit.
+
+    NOTE: every worker runs in ``workdir``: a worker started with ``-m`` or ``-c`` has its
+    working directory first on ``sys.path``, and a source checkout's root there would shadow
+    what the environment's ``PYTHONPATH`` says to import.
+    """
     import pyperf
 
     from .worker import case_name
@@ -289,7 +314,9 @@ def run_pyperf(
             start, env = launch(case)
             cmd = [*start, "--case", json.dumps(case), *options(case)]
             cmd += ["--quiet", "--append", str(paths[name])]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, check=False, env=env, cwd=workdir
+            )
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
                 raise BenchmarkFailed(f"benchmark {name} failed: " + " | ".join(tail))
@@ -448,6 +475,29 @@ class LoadAverage:
 
 
 @attrs.frozen
+class BaselineRow:
+    """One call shape at one pool size, timed with the baseline's code and with this
+    checkout's in the same rounds."""
+
+    num_blocks: int
+    variant: str
+    baseline: TimingSummary
+    this_median_us: float
+    #: The baseline's median over this checkout's: above 1, this checkout is faster.
+    baseline_over_this: float
+
+
+@attrs.frozen
+class Baseline:
+    """The life cycle with another checkout's code (``prefixkv bench --baseline PATH``)."""
+
+    #: The baseline checkout's commit (``git rev-parse --short HEAD``), or "unknown".
+    commit: str
+    variants: tuple[str, ...]
+    rows: tuple[BaselineRow, ...]
+
+
+@attrs.frozen
 class CacheBenchResult:
     """One run of ``prefixkv bench``; :func:`~prefixkv.outputs.to_json` of it is
     ``docs/bench/cache.json``."""
@@ -464,6 +514,8 @@ class CacheBenchResult:
     lookups: tuple[LookupRow, ...]
     acceptance: Acceptance
     quick: bool
+    #: The same life cycle with another checkout's code, when ``--baseline`` was given.
+    baseline: Baseline | None = None
 
 
 # -- the three measurements --------------------------------------------------------------
@@ -576,8 +628,32 @@ def _hasher_label(name: str | None) -> str:
 # -- the run -------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) -> CacheBenchResult:
-    """Run the three measurements; returns everything ``cache.json`` holds."""
+def _commit_of(checkout: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def run_bench(
+    config: BenchConfig,
+    log: Callable[[str], None] = lambda _: None,
+    baseline: Path | None = None,
+) -> CacheBenchResult:
+    """Run the three measurements; returns everything ``cache.json`` holds.
+
+    Args:
+        config: the sizes and repetitions (:data:`FULL` or :data:`QUICK`).
+        log: progress lines.
+        baseline: another prefixkv source checkout: its code runs the life cycle's cases
+            too, each right after this checkout's in every round (its path is not kept).
+
+    Returns:
+        Every figure of the run.
+    """
     from .collisions import largest_bucket, largest_index_bucket, lookup_setup
     from .worker import case_name
 
@@ -613,9 +689,21 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         for n in config.batch_sizes
         for v in variants
     ]
-    everything = cases + batch_cases + spec_cases + lookup_cases
     with tempfile.TemporaryDirectory(prefix="prefixkv-bench-") as tmp:
-        timings = run_cases(everything, config, Path(tmp), log)
+        root: Path | None = None
+        base_variants: tuple[str, ...] = ()
+        if baseline is not None:
+            root = import_root(baseline, Path(tmp) / "baseline")
+            base_variants = tuple(v for v in check_root(root, baseline) if v in variants)
+            log(f"baseline {_commit_of(baseline)}: call shapes {', '.join(base_variants)}")
+        # Each baseline case runs right after this checkout's same case, in every round.
+        paired: list[dict[str, Any]] = []
+        for case in cases:
+            paired.append(case)
+            if case["variant"] in base_variants:
+                paired.append({**case, "tag": "base"})
+        everything = paired + batch_cases + spec_cases + lookup_cases
+        timings = run_cases(everything, config, Path(tmp), log, baseline_root=root)
 
     log("checking that the call shapes agree (untimed replays)")
     lifecycle_rows: list[LifecycleRow] = []
@@ -684,6 +772,17 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
                 ratio=crafted.median / control.median,
             )
         )
+
+    base_record: Baseline | None = None
+    if baseline is not None:
+        base_rows = []
+        for n in config.sizes:
+            for v in base_variants:
+                case = _lifecycle_case("main", "impl", v, n, config.trace, config.live)
+                this = timings[case_name(case)].median
+                base = timings[case_name({**case, "tag": "base"})]
+                base_rows.append(BaselineRow(n, v, base.summary(), this, base.median / this))
+        base_record = Baseline(_commit_of(baseline), base_variants, tuple(base_rows))
 
     memory = _memory(config, log)
     load_after = os.getloadavg()
@@ -765,6 +864,7 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = lambda _: None) 
         lookups=tuple(lookups),
         acceptance=acceptance,
         quick=config.quick,
+        baseline=base_record,
     )
 
 
@@ -787,6 +887,7 @@ VARIANT_LABEL = {
     "percall": "per call (append + commit)",
     "fused": "fused (advance)",
     "batched": "batched (advance_batch)",
+    "columns": "batched columns (advance_columns)",
 }
 
 
@@ -859,6 +960,25 @@ def render_markdown(result: dict[str, Any]) -> str:
             "Not measured: " + ", ".join(life["variants_missing"]) + " (this build of the "
             "manager does not offer those calls).",
         ]
+    base = result.get("baseline")
+    if base:
+        lines += [
+            "",
+            f"### Against the baseline (commit {base['commit']}), µs per block touched",
+            "",
+            "The same cases with the baseline checkout's code (`prefixkv bench --baseline "
+            "PATH`), each run right after this checkout's in every round. The ratio is the "
+            "baseline's median over this checkout's: above 1, this checkout is faster.",
+            "",
+            "| call shape | pool (blocks) | baseline | this | baseline / this |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in base["rows"]:
+            lines.append(
+                f"| {VARIANT_LABEL[r['variant']]} | {r['num_blocks']:,} | "
+                f"{format_us(r['baseline'])} | {r['this_median_us']:.2f} | "
+                f"{r['baseline_over_this']:.2f}x |"
+            )
     cb = result["continuous_batch"]
     if cb["rows"]:
         bsizes = sorted({r["num_blocks"] for r in cb["rows"]})
@@ -975,7 +1095,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def _draw(plt: Any, result: dict[str, Any]) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
     life = result["lifecycle"]
-    markers = {"percall": "o", "fused": "s", "batched": "^"}
+    markers = {"percall": "o", "fused": "s", "batched": "^", "columns": "D"}
     for v in life["variants"]:
         rows = sorted((r for r in life["rows"] if r["variant"] == v), key=lambda r: r["num_blocks"])
         xs = [r["num_blocks"] for r in rows]

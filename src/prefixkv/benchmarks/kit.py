@@ -20,15 +20,17 @@ Two measurements, one run::
    check, then the seconds its shrink took (to the end, with Hypothesis' own cap), the check
    that caught it and the steps of its replay.
 
-``--baseline TREE`` measures another source tree's kit (another checkout: its ``src/`` and
-its root, for ``examples/``, first on ``PYTHONPATH``) in the same run, case by case
-interleaved with this tree's, so the ratios compare the two on the same load. Both sides run
-this tree's worker (the same timing code); only the kit and the managers they import differ.
+``--baseline TREE`` measures another source tree's kit (another checkout: its package laid
+out as installed, and its root for ``examples/``, first on ``PYTHONPATH``) in the same run,
+case by case interleaved with this tree's, so the ratios compare the two on the same load.
+Both sides run this tree's worker (the same timing code); only the kit and the managers they
+import differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -45,6 +47,7 @@ import attrs
 from prefixkv.outputs import Machine, machine_info, to_json
 
 from .cache import TimingSummary, run_pyperf
+from .checkout import baseline_env, import_root
 from .errors import BenchmarkFailed
 
 __all__ = [
@@ -157,25 +160,40 @@ def this_tree() -> Path:
     return root
 
 
-def _env(tree: Path) -> dict[str, str]:
-    """This process's environment with ``tree``'s package and examples first."""
-    path = os.pathsep.join([str(tree / "src"), str(tree)])
-    return {**os.environ, "PYTHONPATH": path}
+def _env(tree: Path, workdir: Path) -> dict[str, str]:
+    """This process's environment with ``tree``'s package and examples first.
+
+    NOTE: ``tree/src`` on ``PYTHONPATH`` is not enough: the checkout's ``prefixkv.spec``,
+    ``.impl`` and the others live outside ``src/`` (its ``package-dir``), so they would
+    come from whatever prefixkv is installed here, a mix of two trees. The package is
+    imported from a tree laid out as the install would (:func:`.checkout.import_root`),
+    built once per tree under ``workdir``.
+    """
+    root = workdir / ("import-" + hashlib.sha256(str(tree).encode()).hexdigest()[:12])
+    if not root.exists():
+        import_root(tree, root)
+    env = baseline_env(root)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(tree), env["PYTHONPATH"]])
+    return env
 
 
 def _check_side(tree: Path, workdir: Path) -> None:
     """The side's processes import prefixkv and the examples from ``tree``, not from here."""
-    probe = "import prefixkv, examples; print(prefixkv.__file__); print(examples.__file__)"
+    probe = (
+        "import os, prefixkv, prefixkv.spec, prefixkv.impl, prefixkv.conformance, examples\n"
+        "for m in (prefixkv, prefixkv.spec, prefixkv.impl, prefixkv.conformance, examples):\n"
+        "    print(os.path.realpath(m.__file__))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
         check=False,
-        env=_env(tree),
+        env=_env(tree, workdir),
         cwd=workdir,
     )
     found = done.stdout.split()
-    if done.returncode != 0 or len(found) != 2:
+    if done.returncode != 0 or len(found) != 5:
         raise BenchmarkFailed(f"{tree} does not import: {done.stderr.strip()[-300:]}")
     for module in found:
         if not Path(module).resolve().is_relative_to(tree.resolve()):
@@ -215,7 +233,7 @@ def run_throughput(
             cases.append({**case, "examples": examples, "steps": steps, "tree": str(tree)})
 
     def launch(case: dict[str, Any]) -> tuple[list[str], dict[str, str] | None]:
-        return [sys.executable, "-c", runner], _env(Path(case["tree"]))
+        return [sys.executable, "-c", runner], _env(Path(case["tree"]), workdir)
 
     def options(case: dict[str, Any]) -> list[str]:
         return ["-p", "1", "-n", "1", "-w", str(warmups), "-l", "1"]
@@ -292,7 +310,7 @@ def run_first_failures(
         log(f"first failure: {key}")
         cmd = [sys.executable, "-m", "prefixkv.benchmarks.kit", "--first-failure", module, bug]
         done = subprocess.run(
-            cmd, capture_output=True, text=True, check=False, env=_env(tree), cwd=workdir
+            cmd, capture_output=True, text=True, check=False, env=_env(tree, workdir), cwd=workdir
         )
         if done.returncode != 0:
             raise BenchmarkFailed(f"{key} failed: {done.stderr.strip()[-300:]}")

@@ -1,4 +1,4 @@
-"""The engine life cycle that ``prefixkv bench`` times, in three call shapes.
+"""The engine life cycle that ``prefixkv bench`` times, in four call shapes.
 
 Every request of a multi-turn chat trace goes through the calls a serving engine makes:
 
@@ -19,7 +19,9 @@ figures differ only by what each call costs:
 
 * ``percall``: ``append(seq, 1)`` then ``commit(seq, 1, (tok,))``, two calls per token;
 * ``fused``: one ``advance(seq, num_computed, accepted, num_reserve=...)`` per step;
-* ``batched``: one ``advance_batch([DecodeStep(...)])`` per step.
+* ``batched``: one ``advance_batch([DecodeStep(...)])`` per step;
+* ``columns``: one ``advance_columns(seq_ids, num_computed, accepted, 0, num_reserve)`` per
+  step, the batch as parallel columns (the engine's own lists, no record per sequence).
 
 NOTE: by default one request runs at a time (the life cycle the figures of other engines
 were measured on), so a batched step holds one sequence: that ``batched`` figure is the cost
@@ -56,7 +58,7 @@ __all__ = [
 NAMESPACE = Namespace("prefixkv-bench@1")
 
 #: The call shapes, in report order.
-VARIANTS = ("percall", "fused", "batched")
+VARIANTS = ("percall", "fused", "batched", "columns")
 
 
 @attrs.frozen
@@ -121,6 +123,8 @@ def variants_of(cache: object) -> tuple[str, ...]:
         found.append("fused")
         if callable(getattr(cache, "advance_batch", None)) and _decode_step() is not None:
             found.append("batched")
+        if callable(getattr(cache, "advance_columns", None)):
+            found.append("columns")
     return tuple(found)
 
 
@@ -144,7 +148,9 @@ def replay(
         raise InvalidConfig(f"{type(cache).__name__} has no {variant!r} calls")
     require_int(running, "running", minimum=1)
     if running == 1:
-        run = {"percall": _percall, "fused": _fused, "batched": _batched}[variant]
+        run = {"percall": _percall, "fused": _fused, "batched": _batched, "columns": _columns}[
+            variant
+        ]
         early = run(cache, trace.requests, live)
     else:
         early = _steps(cache, trace.requests, live, running, variant)
@@ -258,6 +264,33 @@ def _batched(cache: Any, requests: tuple[TraceRequest, ...], live: int) -> int:
     return early
 
 
+def _columns(cache: Any, requests: tuple[TraceRequest, ...], live: int) -> int:
+    advance_columns, free = cache.advance_columns, cache.free
+    finished: deque[int] = deque()
+    early = 0
+    for req in requests:
+        sid = req.seq_id
+        scheduled, e = _admit(cache, req, finished)
+        early += e
+        computed, accepted = scheduled, req.first
+        for tok in req.rest:
+            # The engine's scheduler holds its running batch as columns: here, one each.
+            while True:
+                out = advance_columns((sid,), (computed,), (accepted,), 0, 1)
+                if out.error is None:
+                    break
+                if not isinstance(out.error, OutOfBlocks):
+                    raise out.error
+                _make_room(cache, finished, out.error)
+                early += 1
+            computed, accepted = 1, tok
+        advance_columns((sid,), (computed,), (accepted,), 0, 0).raise_for_error()
+        finished.append(sid)
+        if len(finished) > live:
+            free((finished.popleft(),))
+    return early
+
+
 def _steps(
     cache: Any, requests: tuple[TraceRequest, ...], live: int, running: int, variant: str
 ) -> int:
@@ -266,12 +299,14 @@ def _steps(
     Each step admits requests (in trace order) into free places, then advances every
     running sequence by one token, in admission order: per sequence, ``commit`` then
     ``append`` (per call), one ``advance`` (fused), or one ``advance_batch`` for the whole
-    step (batched). A sequence whose reply is complete leaves after its last commit.
+    step (batched), or one ``advance_columns`` for the whole step (columns). A sequence whose
+    reply is complete leaves after its last commit.
     """
     step_type = _decode_step() if variant == "batched" else None
     commit, append, free = cache.commit, cache.append, cache.free
     advance: Any = getattr(cache, "advance", None)
     advance_batch: Any = getattr(cache, "advance_batch", None)
+    advance_columns: Any = getattr(cache, "advance_columns", None)
     finished: deque[int] = deque()
     early = 0
     pending = iter(requests)
@@ -306,6 +341,22 @@ def _steps(
                 _make_room(cache, finished, out.error)
                 early += 1
                 steps = steps[out.num_applied :]
+        elif variant == "columns":
+            assert advance_columns is not None
+            # The scheduler's columns: ids, counts computed, tokens accepted, reservations.
+            cols = [[a[0] for a in active], [a[1] for a in active], [a[2] for a in active]]
+            left = reserves
+            while cols[0]:
+                out = advance_columns(*cols, 0, left)
+                if out.error is None:
+                    break
+                if not isinstance(out.error, OutOfBlocks):
+                    raise out.error
+                _make_room(cache, finished, out.error)
+                early += 1
+                done = out.num_applied
+                cols = [c[done:] for c in cols]
+                left = left[done:]
         else:
             for a, r in zip(active, reserves, strict=True):
                 sid = a[0]

@@ -9,6 +9,7 @@ The measurements are :mod:`prefixkv.benchmarks.cache`'s; this command picks thei
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from prefixkv.benchmarks.cache import (
@@ -43,6 +44,14 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
         "checkout's docs/, or ./docs, for a full run; nothing for --quick)",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="PATH",
+        help="another prefixkv source checkout (say, the main branch): its code runs the "
+        "life cycle's cases too, side by side in the same rounds, and the report gives "
+        "its medians and the ratios",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 when a target is missed (µs per block, growth, memory, collisions)",
@@ -51,7 +60,9 @@ def setup(parser: argparse.ArgumentParser) -> Runner:
 
 
 def _run(args: argparse.Namespace) -> int:
-    result = run_bench(QUICK if args.quick else FULL, logger("bench", args.json))
+    result = run_bench(
+        QUICK if args.quick else FULL, logger("bench", args.json), baseline=args.baseline
+    )
     out = output_dir(args)
     written = [str(p) for p in write_outputs(result, out)] if out is not None else []
     ok = result.acceptance.met or not args.strict
@@ -97,6 +108,14 @@ def _print_summary(result: dict[str, Any], written: list[str]) -> None:
             f"{r['variant']} {format_us(r)}" for r in cb["rows"] if r["num_blocks"] == n
         )
         console.print(f"continuous batch of {cb['running']} at {n:,} blocks: {cells}")
+    base = result.get("baseline")
+    if base:
+        for r in base["rows"]:
+            console.print(
+                f"baseline {base['commit']}, {r['variant']} at {r['num_blocks']:,} blocks: "
+                f"{format_us(r['baseline'])} against {r['this_median_us']:.2f} µs: "
+                f"{r['baseline_over_this']:.2f}x"
+            )
     sp = result["spec_beside_impl"]
     console.print(
         f"spec beside impl ({sp['requests']} requests, {sp['num_blocks']:,} blocks): impl "

@@ -1,5 +1,6 @@
 """Rules for the engine-shaped calls: ``advance`` (one fused call per sequence per decode
-step) and ``advance_batch`` (a whole scheduler step), bad inputs included.
+step), ``advance_batch`` (a whole scheduler step) and ``advance_columns`` (the same step as
+parallel columns), bad inputs included.
 
 A mixin over :class:`~.differential.DifferentialMachine`, so the fused calls
 interleave with every per-call rule in the same runs and the usual checks apply after each
@@ -14,6 +15,7 @@ Build a machine with :func:`build_step_machine` (same arguments as ``build_machi
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
@@ -42,7 +44,13 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-__all__ = ["BAD_STEP_KINDS", "StepCallRules", "build_step_machine", "decode_step"]
+__all__ = [
+    "BAD_COLUMN_KINDS",
+    "BAD_STEP_KINDS",
+    "StepCallRules",
+    "build_step_machine",
+    "decode_step",
+]
 
 #: Malformed engine-shaped calls driven by ``bad_step_call``, and the error each must raise
 #: whatever the state (``None``: any PrefixCacheError).
@@ -60,6 +68,18 @@ BAD_STEP_KINDS: dict[str, type[PrefixCacheError] | None] = {
     "batch:not_iterable": InvalidRequest,
     "batch:one_step": InvalidRequest,
     "batch:bad_id": InvalidRequest,
+}
+
+#: Malformed ``advance_columns`` calls driven by ``bad_columns_call``, and the error each
+#: must raise whatever the state.
+BAD_COLUMN_KINDS: dict[str, type[PrefixCacheError]] = {
+    "columns:ragged": InvalidRequest,
+    "columns:ragged_counts": InvalidRequest,
+    "columns:not_column": InvalidRequest,
+    "columns:bool_count": InvalidRequest,
+    "columns:duplicate": DuplicateSequence,
+    "columns:bad_id": InvalidRequest,
+    "columns:bad_id_alone": InvalidRequest,
 }
 
 
@@ -169,6 +189,56 @@ class StepCallRules(_Base):
         if error is not None:
             self._rule_raised = True
 
+    @rule(
+        plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=4),
+        sampled=sampled_tokens(),
+        fail_at=st.sampled_from([None, None, 0, 1, 2]),
+        form=st.sampled_from(["lists", "tuples", "int_counts", "arrays"]),
+    )
+    @counted
+    def columnar_step(
+        self,
+        plan: list[tuple[int, int]],
+        sampled: tuple[int, ...],
+        fail_at: int | None,
+        form: str,
+    ) -> None:
+        """``batched_step`` through ``advance_columns``: the same steps as parallel columns
+        (lists, tuples, an int for every step's counts where they agree, or arrays); the
+        outcome must be the one ``advance_batch`` of those steps gives."""
+        steps: list[DecodeStep] = []
+        for view, (k, a) in zip(list(self._views.values()), plan, strict=False):
+            step = decode_step(view, k, a, sampled)
+            if step is not None:
+                steps.append(step)
+        if not steps:
+            return
+        if fail_at is not None and fail_at < len(steps):
+            bad = steps[fail_at]
+            view = self._views[bad.seq_id]
+            over = view.num_reserved - view.num_computed + 1
+            steps[fail_at] = DecodeStep(bad.seq_id, over, (1,) * over, 0, 1)
+        cols: list[Any] = [list(c) for c in zip(*steps, strict=True)]
+        if form == "tuples":
+            cols = [tuple(c) for c in cols]
+        elif form == "int_counts":
+            cols[3:] = [c[0] if len(set(c)) == 1 else c for c in cols[3:]]
+        elif form == "arrays":
+            cols[1], cols[3], cols[4] = (array("q", cols[i]) for i in (1, 3, 4))
+        type(self).coverage.variants[f"columnar_step:{form}"] += 1
+        out = self._op("advance_columns", lambda c: _summary(c.advance_columns(*cols)))
+        if out.raised:
+            raise CheckFailed("BATCH", f"advance_columns raised instead of reporting: {out!r}")
+        applied, error, failed = out.value
+        if fail_at is not None and fail_at < len(steps):
+            if len(applied) > fail_at:
+                raise CheckFailed("BATCH", f"steps past the failure applied: {out.value!r}")
+            reached = len(applied) == fail_at
+            if reached and (error != "InvalidOperation" or failed != steps[fail_at].seq_id):
+                raise CheckFailed("BATCH", f"step {fail_at} must fail alone, got {out.value!r}")
+        if error is not None:
+            self._rule_raised = True
+
     @precondition(bad_inputs_due)
     @rule(
         kind=st.sampled_from(sorted(BAD_STEP_KINDS)),
@@ -217,6 +287,29 @@ class StepCallRules(_Base):
             view = self._view(seq)
             if view is None or (view.num_computed, view.num_reserved) != (c, r):
                 raise CheckFailed(InvariantId.TXN, "a failed advance changed its sequence")
+
+    @precondition(bad_inputs_due)
+    @rule(kind=st.sampled_from(sorted(BAD_COLUMN_KINDS)), seq=DifferentialMachine.seqs)
+    @counted
+    def bad_columns_call(self, kind: str, seq: SeqId) -> None:
+        """Malformed columns raise a typed error before any step applies (the valid steps
+        listed before a bad id or a duplicate included), and change nothing."""
+        self._since_bad = 0
+        self._rule_raised = True
+        cols: dict[str, tuple[Any, ...]] = {
+            "columns:ragged": ([seq], [0, 0], [()]),
+            "columns:ragged_counts": ([seq], [0], [()], 0, [0, 0]),
+            "columns:not_column": (seq, [0], [()]),
+            "columns:bool_count": ([seq], [0], [()], 0, True),
+            "columns:duplicate": ([seq, seq], [0, 0], [(), ()], 0, 0),
+            "columns:bad_id": ([seq, True], [0, 0], [(), ()], 0, 0),
+            "columns:bad_id_alone": ([True], [0], [()], 0, 0),
+        }
+        type(self).coverage.variants[f"bad_columns_call:{kind}"] += 1
+        args = cols[kind]
+        self._op(
+            "advance_columns", lambda x: x.advance_columns(*args), must_raise=BAD_COLUMN_KINDS[kind]
+        )
 
 
 def build_step_machine(
