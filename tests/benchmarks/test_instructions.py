@@ -6,6 +6,8 @@ tests check the parts its figure rests on.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from prefixkv.benchmarks.errors import BenchmarkFailed
@@ -57,10 +59,13 @@ def test_the_measured_process_reports_the_trace_it_replays() -> None:
 def test_the_events_flag_builds_a_recording_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefixkv.benchmarks import instructions
 
-    built = []
+    built: list[Any] = []
     real = instructions.make_cache
-    monkeypatch.setattr(
-        instructions, "make_cache", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1]
-    )
+
+    def recorded(*a: Any, **kw: Any) -> Any:
+        built.append(real(*a, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(instructions, "make_cache", recorded)
     run_inner("fused", 64, 32, 1, do_replay=False, events=True)
     assert built[-1].record_events

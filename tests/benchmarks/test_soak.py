@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from prefixkv.spec import invariants as inv
 
 from prefixkv.benchmarks import soak as soak_mod
-from prefixkv.benchmarks.soak import _Driver, drift_after, main, rss_bytes, soak
+from prefixkv.benchmarks.soak import SoakSample, _Driver, drift_after, main, rss_bytes, soak
 from prefixkv.errors import PrefixKVError
 
 
 def test_a_short_soak_samples_every_interval() -> None:
-    seen = []
+    seen: list[SoakSample] = []
     samples = soak(3_000, every=1_000, seed=1, num_blocks=128, block_size=4, on_sample=seen.append)
     assert samples == seen
     assert samples[0].ops == 0 and samples[-1].ops >= 3_000
@@ -36,9 +38,14 @@ def test_the_workload_exercises_hits_evictions_checkpoints_and_resets() -> None:
 
 def test_reset_happens(monkeypatch: pytest.MonkeyPatch) -> None:
     driver = _Driver(0, num_blocks=64, block_size=4, events=False)
-    resets = []
+    resets: list[dict[str, Any]] = []
     real = driver.cache.reset
-    monkeypatch.setattr(driver.cache, "reset", lambda **kw: (resets.append(kw), real(**kw)))
+
+    def counted(**kw: Any) -> None:
+        resets.append(kw)
+        real(**kw)
+
+    monkeypatch.setattr(driver.cache, "reset", counted)
     while driver.ops < 20_000:
         driver.step()
     assert resets and driver.cache.stats().num_sequences == len(driver.live)
