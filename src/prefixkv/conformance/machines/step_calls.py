@@ -34,6 +34,7 @@ from prefixkv.spec import (
 )
 from prefixkv.spec.invariant_ids import InvariantId
 
+from ..lockstep import Outcome
 from .checks import CheckFailed, bad_inputs_due, counted
 from .differential import DifferentialMachine, build_machine
 from .factories import PairFactory
@@ -163,31 +164,11 @@ class StepCallRules(_Base):
     ) -> None:
         """A scheduler step over up to four decoding sequences in one ``advance_batch``;
         ``fail_at`` puts an over-committing step there, so a prefix applies."""
-        steps: list[DecodeStep] = []
-        for view, (k, a) in zip(list(self._views.values()), plan, strict=False):
-            step = decode_step(view, k, a, sampled)
-            if step is not None:
-                steps.append(step)
+        steps = self._planned_steps(plan, sampled, fail_at)
         if not steps:
             return
-        if fail_at is not None and fail_at < len(steps):
-            bad = steps[fail_at]
-            view = self._views[bad.seq_id]
-            over = view.num_reserved - view.num_computed + 1
-            steps[fail_at] = DecodeStep(bad.seq_id, over, (1,) * over, 0, 1)
         out = self._op("advance_batch", lambda c: _summary(c.advance_batch(steps)))
-        if out.raised:
-            raise CheckFailed("BATCH", f"advance_batch raised instead of reporting: {out!r}")
-        applied, error, failed = out.value
-        if fail_at is not None and fail_at < len(steps):
-            # An earlier step may run out of blocks first; the bad one never applies.
-            if len(applied) > fail_at:
-                raise CheckFailed("BATCH", f"steps past the failure applied: {out.value!r}")
-            reached = len(applied) == fail_at
-            if reached and (error != "InvalidOperation" or failed != steps[fail_at].seq_id):
-                raise CheckFailed("BATCH", f"step {fail_at} must fail alone, got {out.value!r}")
-        if error is not None:
-            self._rule_raised = True
+        self._check_batch("advance_batch", out, steps, fail_at)
 
     @rule(
         plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=4),
@@ -206,18 +187,9 @@ class StepCallRules(_Base):
         """``batched_step`` through ``advance_columns``: the same steps as parallel columns
         (lists, tuples, an int for every step's counts where they agree, or arrays); the
         outcome must be the one ``advance_batch`` of those steps gives."""
-        steps: list[DecodeStep] = []
-        for view, (k, a) in zip(list(self._views.values()), plan, strict=False):
-            step = decode_step(view, k, a, sampled)
-            if step is not None:
-                steps.append(step)
+        steps = self._planned_steps(plan, sampled, fail_at)
         if not steps:
             return
-        if fail_at is not None and fail_at < len(steps):
-            bad = steps[fail_at]
-            view = self._views[bad.seq_id]
-            over = view.num_reserved - view.num_computed + 1
-            steps[fail_at] = DecodeStep(bad.seq_id, over, (1,) * over, 0, 1)
         cols: list[Any] = [list(c) for c in zip(*steps, strict=True)]
         if form == "tuples":
             cols = [tuple(c) for c in cols]
@@ -227,10 +199,35 @@ class StepCallRules(_Base):
             cols[1], cols[3], cols[4] = (array("q", cols[i]) for i in (1, 3, 4))
         type(self).coverage.variants[f"columnar_step:{form}"] += 1
         out = self._op("advance_columns", lambda c: _summary(c.advance_columns(*cols)))
+        self._check_batch("advance_columns", out, steps, fail_at)
+
+    def _planned_steps(
+        self, plan: list[tuple[int, int]], sampled: tuple[int, ...], fail_at: int | None
+    ) -> list[DecodeStep]:
+        """One decode step per live sequence in ``plan``'s order (those ``plan`` leaves a
+        step for); at ``fail_at``, a step that commits past its reservation instead."""
+        steps: list[DecodeStep] = []
+        for view, (k, a) in zip(list(self._views.values()), plan, strict=False):
+            step = decode_step(view, k, a, sampled)
+            if step is not None:
+                steps.append(step)
+        if fail_at is not None and fail_at < len(steps):
+            bad = steps[fail_at]
+            view = self._views[bad.seq_id]
+            over = view.num_reserved - view.num_computed + 1
+            steps[fail_at] = DecodeStep(bad.seq_id, over, (1,) * over, 0, 1)
+        return steps
+
+    def _check_batch(
+        self, name: str, out: Outcome, steps: list[DecodeStep], fail_at: int | None
+    ) -> None:
+        """A batch call reports, never raises, and applies a prefix: never a step past the
+        failing one, which fails alone with ``InvalidOperation`` when it is reached."""
         if out.raised:
-            raise CheckFailed("BATCH", f"advance_columns raised instead of reporting: {out!r}")
+            raise CheckFailed("BATCH", f"{name} raised instead of reporting: {out!r}")
         applied, error, failed = out.value
         if fail_at is not None and fail_at < len(steps):
+            # An earlier step may run out of blocks first; the bad one never applies.
             if len(applied) > fail_at:
                 raise CheckFailed("BATCH", f"steps past the failure applied: {out.value!r}")
             reached = len(applied) == fail_at
