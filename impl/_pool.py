@@ -90,10 +90,10 @@ _ONE: array[int] = array("i", (1,))
 class BlockPool:
     __slots__ = (
         "anchored_children",
-        "block_hash",
         "block_nbytes",
         "block_size",
         "depth",
+        "event_hash",
         "extra",
         "fresh_next",
         "gen",
@@ -130,7 +130,7 @@ class BlockPool:
             The bytes of every per-block array and list, the token store included.
         """
         # ref depth parent num_children anchored_children leaf_version gen: int32;
-        # key last_use serial (block_hash): int64; namespace: one pointer; token ids: uint32.
+        # key last_use serial (event_hash): int64; namespace: one pointer; token ids: uint32.
         per_block = 7 * 4 + (4 if wire_hashes else 3) * 8 + 8 + 4 * block_size
         return num_blocks * per_block
 
@@ -154,7 +154,7 @@ class BlockPool:
         self.key: array[int] = array("q", eight)
         #: The event hash (the events' ``block_hash``, see prefixkv.spec.identity.event_hash)
         #: of a published block; kept only when ``wire_hashes`` (the manager records events).
-        self.block_hash: array[int] = array("q", eight if wire_hashes else b"")
+        self.event_hash: array[int] = array("q", eight if wire_hashes else b"")
         self.wire_hashes = wire_hashes
         self.last_use: array[int] = array("q", eight)
         #: Published children of a published block (a leaf has none).
@@ -363,7 +363,7 @@ class BlockPool:
         extra: tuple[tuple[int, bytes], ...],
         parent: int,
         key: int,
-        block_hash: int,
+        event_hash: int,
         depth: int,
         serial: int,
     ) -> None:
@@ -371,7 +371,7 @@ class BlockPool:
         if extra:
             self.extra[b] = extra
         if self.wire_hashes:
-            self.block_hash[b] = block_hash
+            self.event_hash[b] = event_hash
         self.publish_plain(b, tokens, namespace, parent, key, depth, serial)
 
     def publish_plain(

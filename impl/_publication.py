@@ -147,7 +147,7 @@ class Publisher:
                 if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     if wire is not None:
-                        wire.append(pool.block_hash[twin])
+                        wire.append(pool.event_hash[twin])
                     continue
             if wire is not None:
                 le = mine if _LITTLE_ENDIAN else self._le_tokens(seq, j)

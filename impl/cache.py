@@ -350,7 +350,7 @@ class PrefixCacheManager(PrefixCache):
         self._record.remember(pool, victims)
         hook = self._evict_hook
         if self._record_events or hook is not None:
-            wire = pool.block_hash  # the event hashes (kept while events are recorded)
+            wire = pool.event_hash  # the event hashes (kept while events are recorded)
             events = self._events if self._record_events else None
             for b in victims:
                 if events is not None:
@@ -433,7 +433,7 @@ class PrefixCacheManager(PrefixCache):
             tokens=token_array,
             blocks=blocks,
             hashes=hashes,
-            wire=[pool.block_hash[b] for b in blocks[:num_matched]] if pool.wire_hashes else [],
+            wire=[pool.event_hash[b] for b in blocks[:num_matched]] if pool.wire_hashes else [],
             num_computed=cached,
             num_reserved=end,
             num_cached=cached,
@@ -1034,7 +1034,7 @@ class PrefixCacheManager(PrefixCache):
     def _wire_hash(self, block: int) -> int:
         """The event hash events carry for a published block. Only meaningful while the
         manager records events: then the pool keeps it."""
-        return self._pool.block_hash[block]
+        return self._pool.event_hash[block]
 
     def _identity_hashes(self) -> dict[int, int]:
         """The identity hash of every published block (what the spec indexes by)."""
@@ -1073,7 +1073,7 @@ class PrefixCacheManager(PrefixCache):
                     token_ids=pool.token_ids(b),
                     extra_keys=pool.extra.get(b, ()),
                     block_hash=identity_hash[b],
-                    event_hash=pool.block_hash[b] if pool.wire_hashes else None,
+                    event_hash=pool.event_hash[b] if pool.wire_hashes else None,
                     depth=pool.depth[b],
                     last_use=pool.last_use[b] if pool.ref[b] == 0 else 0,
                 )

@@ -424,7 +424,7 @@ BUGS: tuple[Bug, ...] = (
                 """                if twin >= 0:
                     seq.canon_j, seq.canon_block, seq.canon_gen = j, twin, pool.gen[twin]
                     if wire is not None:
-                        wire.append(pool.block_hash[twin])
+                        wire.append(pool.event_hash[twin])
                     continue""",
                 """                if twin >= 0:
                     index.remove(h, twin)""",

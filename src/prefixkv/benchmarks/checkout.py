@@ -69,9 +69,11 @@ def import_root(checkout: Path, into: Path) -> Path:
     return into
 
 
-def baseline_env(root: Path) -> dict[str, str]:
-    """The environment of a process that imports the checkout under ``root``."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *_pythonpath()])}
+def baseline_env(root: Path, *also: Path) -> dict[str, str]:
+    """The environment of a process that imports the checkout under ``root`` (then from
+    ``also``, say the checkout's root for its ``examples``, before this process's path)."""
+    first = [str(root), *map(str, also)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*first, *_pythonpath()])}
 
 
 def _pythonpath() -> list[str]:

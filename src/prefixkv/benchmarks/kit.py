@@ -33,7 +33,6 @@ import argparse
 import hashlib
 import importlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -172,9 +171,7 @@ def _env(tree: Path, workdir: Path) -> dict[str, str]:
     root = workdir / ("import-" + hashlib.sha256(str(tree).encode()).hexdigest()[:12])
     if not root.exists():
         import_root(tree, root)
-    env = baseline_env(root)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(tree), env["PYTHONPATH"]])
-    return env
+    return baseline_env(root, tree)
 
 
 def _check_side(tree: Path, workdir: Path) -> None:
@@ -238,12 +235,8 @@ def run_throughput(
     def options(case: dict[str, Any]) -> list[str]:
         return ["-p", "1", "-n", "1", "-w", str(warmups), "-l", "1"]
 
-    cwd = Path.cwd()
-    os.chdir(workdir)  # the workers' ``-c`` puts the working directory first on sys.path
-    try:
-        timings = run_pyperf(cases, processes, options, workdir, log, launch=launch)
-    finally:
-        os.chdir(cwd)
+    # run_pyperf starts every worker in ``workdir``, which its ``-c`` puts first on sys.path.
+    timings = run_pyperf(cases, processes, options, workdir, log, launch=launch)
     from .worker import case_name
 
     return [Throughput(c["label"], c["side"], timings[case_name(c)].summary()) for c in cases]
