@@ -28,7 +28,7 @@ from .multimodal import block_extra_keys, span_containing
 from .protocol import Inspectable
 from .request import Request, SeqId
 from .results import Match
-from .state import CacheState, SeqView
+from .state import CacheState, CheckpointView, SeqView, StateSlotsView
 
 __all__ = [
     "HYBRID_INVARIANTS",
@@ -535,6 +535,36 @@ def _inv_ckpt(s: CacheState, *, at_save_point: bool = True) -> Iterator[str]:
     bs = s.block_size
     total = h.num_runtime_slots + h.state_budget
     seqs = {v.seq_id: v for v in s.sequences}
+    yield from _slot_partition(h, seqs, total)
+    nodes: Counter[int] = Counter()
+    owned: Counter[tuple[object, str]] = Counter()
+    for ck in h.checkpoints:
+        if ck.boundary <= 0 or ck.boundary % bs:
+            yield f"checkpoint {ck.slot} is at {ck.boundary}, not a block boundary"
+        elif ck.status == "reserved":
+            yield from _reserved_checkpoint(ck, h, seqs, bs, at_save_point, owned)
+        elif ck.status not in ("ready", "pinned"):
+            yield f"checkpoint {ck.slot} has unknown status {ck.status!r}"
+        else:
+            yield from _published_checkpoint(ck, s, seqs, nodes, owned)
+    for node, n in nodes.items():
+        if n > 1:
+            yield f"node {node} has {n} checkpoints"
+    yield from _runtime_positions(h.runtime_positions, seqs, owned)
+    for (owner, status), n in owned.items():
+        if n > 1:
+            yield f"sequence {owner!r} owns {n} {status} checkpoints"
+    st = s.stats
+    if (st.num_state_slots, st.num_state_slots_used) != (total, total - len(h.free_slots)):
+        yield (
+            f"stats count {st.num_state_slots_used}/{st.num_state_slots} state slots used, "
+            f"the pool has {total - len(h.free_slots)}/{total}"
+        )
+
+
+def _slot_partition(h: StateSlotsView, seqs: dict[SeqId, SeqView], total: int) -> Iterator[str]:
+    """The free, runtime and checkpoint slots partition the pool; one runtime slot per live
+    sequence, at most ``num_runtime_slots``."""
     holders: Counter[int] = Counter(h.free_slots)
     holders.update(slot for _, slot in h.runtime)
     holders.update(ck.slot for ck in h.checkpoints)
@@ -550,80 +580,81 @@ def _inv_ckpt(s: CacheState, *, at_save_point: bool = True) -> Iterator[str]:
         yield f"runtime slots are held by {sorted(map(str, runtime))}, live: {len(seqs)}"
     if len(runtime) > h.num_runtime_slots:
         yield f"{len(runtime)} runtime slots in use, max_num_seqs is {h.num_runtime_slots}"
-    nodes: Counter[int] = Counter()
-    owned: Counter[tuple[object, str]] = Counter()
-    for ck in h.checkpoints:
-        if ck.boundary <= 0 or ck.boundary % bs:
-            yield f"checkpoint {ck.slot} is at {ck.boundary}, not a block boundary"
-            continue
-        if ck.status == "reserved":
-            seq = seqs.get(ck.owner) if ck.owner is not None else None
-            if seq is None or ck.node is not None:
-                yield f"reserved checkpoint {ck.slot} has owner {ck.owner!r} and node {ck.node}"
-                continue
-            owned[(ck.owner, ck.status)] += 1
-            if not at_save_point:
-                if not seq.num_computed < ck.boundary <= seq.num_reserved:
-                    yield (
-                        f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, "
-                        f"outside its unwritten tokens ({seq.num_computed}, {seq.num_reserved}]"
-                    )
-                continue
-            want = save_point(
-                seq.num_computed,
-                seq.num_reserved,
-                seq.num_prompt_tokens,
-                bs,
-                h.decode_state_interval,
-            )
-            if ck.boundary != want:
-                yield (
-                    f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, its "
-                    f"save point is {want}"
-                )
-            continue
-        if ck.status not in ("ready", "pinned"):
-            yield f"checkpoint {ck.slot} has unknown status {ck.status!r}"
-            continue
-        if ck.node is None or not 0 <= ck.node < s.num_blocks:
-            yield f"{ck.status} checkpoint {ck.slot} has no node"
-            continue
-        nodes[ck.node] += 1
-        view = s.blocks[ck.node]
-        if not view.published:
-            yield f"{ck.status} checkpoint {ck.slot} hangs off block {ck.node}, not published"
-        elif view.depth * bs != ck.boundary:
-            yield f"checkpoint {ck.slot} at {ck.boundary} is on node {ck.node} (depth {view.depth})"
-        if ck.status == "ready":
-            if ck.owner is not None:
-                yield f"ready checkpoint {ck.slot} has an owner {ck.owner!r}"
-            continue
-        seq = seqs.get(ck.owner) if ck.owner is not None else None
-        if seq is None:
-            yield f"pinned checkpoint {ck.slot} has no live restore owner ({ck.owner!r})"
-            continue
-        owned[(ck.owner, ck.status)] += 1
-        j = ck.boundary // bs - 1
-        if seq.num_cached_tokens != ck.boundary:
+
+
+def _reserved_checkpoint(
+    ck: CheckpointView,
+    h: StateSlotsView,
+    seqs: dict[SeqId, SeqView],
+    bs: int,
+    at_save_point: bool,
+    owned: Counter[tuple[object, str]],
+) -> Iterator[str]:
+    """A Reserved checkpoint: one live owner, no node, at the owner's save point (or, for
+    safety only, among its unwritten reserved tokens). Counts it in ``owned``."""
+    seq = seqs.get(ck.owner) if ck.owner is not None else None
+    if seq is None or ck.node is not None:
+        yield f"reserved checkpoint {ck.slot} has owner {ck.owner!r} and node {ck.node}"
+        return
+    owned[(ck.owner, ck.status)] += 1
+    if not at_save_point:
+        if not seq.num_computed < ck.boundary <= seq.num_reserved:
             yield (
-                f"{ck.owner!r} restores checkpoint {ck.slot} at {ck.boundary}, but its hit "
-                f"ends at {seq.num_cached_tokens}"
+                f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, "
+                f"outside its unwritten tokens ({seq.num_computed}, {seq.num_reserved}]"
             )
-        elif j >= len(seq.block_ids) or seq.block_ids[j] != ck.node:
-            yield f"{ck.owner!r} restores checkpoint {ck.slot} but does not hold node {ck.node}"
-    for node, n in nodes.items():
-        if n > 1:
-            yield f"node {node} has {n} checkpoints"
-    yield from _runtime_positions(h.runtime_positions, seqs, owned)
-    for (owner, status), n in owned.items():
-        if n > 1:
-            yield f"sequence {owner!r} owns {n} {status} checkpoints"
-    st = s.stats
-    if (st.num_state_slots, st.num_state_slots_used) != (total, total - len(h.free_slots)):
+        return
+    want = save_point(
+        seq.num_computed,
+        seq.num_reserved,
+        seq.num_prompt_tokens,
+        bs,
+        h.decode_state_interval,
+    )
+    if ck.boundary != want:
         yield (
-            f"stats count {st.num_state_slots_used}/{st.num_state_slots} state slots used, "
-            f"the pool has {total - len(h.free_slots)}/{total}"
+            f"checkpoint {ck.slot} of {ck.owner!r} is reserved at {ck.boundary}, its "
+            f"save point is {want}"
         )
+
+
+def _published_checkpoint(
+    ck: CheckpointView,
+    s: CacheState,
+    seqs: dict[SeqId, SeqView],
+    nodes: Counter[int],
+    owned: Counter[tuple[object, str]],
+) -> Iterator[str]:
+    """A Ready or Pinned checkpoint: on a published node at its boundary; a Pinned one is
+    the restore source of a live owner that holds the node and whose hit ends there. Counts
+    it in ``nodes`` (and a Pinned one in ``owned``)."""
+    bs = s.block_size
+    if ck.node is None or not 0 <= ck.node < s.num_blocks:
+        yield f"{ck.status} checkpoint {ck.slot} has no node"
+        return
+    nodes[ck.node] += 1
+    view = s.blocks[ck.node]
+    if not view.published:
+        yield f"{ck.status} checkpoint {ck.slot} hangs off block {ck.node}, not published"
+    elif view.depth * bs != ck.boundary:
+        yield f"checkpoint {ck.slot} at {ck.boundary} is on node {ck.node} (depth {view.depth})"
+    if ck.status == "ready":
+        if ck.owner is not None:
+            yield f"ready checkpoint {ck.slot} has an owner {ck.owner!r}"
+        return
+    seq = seqs.get(ck.owner) if ck.owner is not None else None
+    if seq is None:
+        yield f"pinned checkpoint {ck.slot} has no live restore owner ({ck.owner!r})"
+        return
+    owned[(ck.owner, ck.status)] += 1
+    j = ck.boundary // bs - 1
+    if seq.num_cached_tokens != ck.boundary:
+        yield (
+            f"{ck.owner!r} restores checkpoint {ck.slot} at {ck.boundary}, but its hit "
+            f"ends at {seq.num_cached_tokens}"
+        )
+    elif j >= len(seq.block_ids) or seq.block_ids[j] != ck.node:
+        yield f"{ck.owner!r} restores checkpoint {ck.slot} but does not hold node {ck.node}"
 
 
 def _runtime_positions(
