@@ -267,8 +267,8 @@ def event_hash_of(
         The event hash, a signed 64-bit int.
     """
     # NOTE: one update of one bytes object, from a copied personalized state: an update
-    # per field, or the keyword arguments of a fresh constructor, cost a C call each (the
-    # whole hash is about 7,000 instructions a block, half of it BLAKE2b's compression).
+    # per field, or the keyword arguments of a fresh constructor, cost a C call each (what
+    # the hash costs per block is measured in docs/events.md, "The event hash").
     data = (_ROOT if parent is None else _CHILD(b"\x01", parent)) + prefix + tokens
     if extra_keys:
         data += _encode_extras(extra_keys)
