@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prefixkv.spec.identity import fast_hash, sha256_hash
 
-from prefixkv.benchmarks.cache import BEGIN, END, render_markdown, write_markdown
+from prefixkv.benchmarks.cache_report import BEGIN, END, render_markdown, write_markdown
 from prefixkv.benchmarks.collisions import (
     craft_colliding_blocks,
     largest_bucket,

@@ -14,7 +14,8 @@ from typing import Any
 import attrs
 import pytest
 
-from prefixkv.benchmarks.cache import QUICK, render_markdown, run_cases
+from prefixkv.benchmarks.cache import QUICK, run_cases
+from prefixkv.benchmarks.cache_report import render_markdown
 from prefixkv.benchmarks.checkout import check_root, import_root
 from prefixkv.benchmarks.errors import BenchmarkFailed
 from prefixkv.benchmarks.lifecycle import VARIANTS

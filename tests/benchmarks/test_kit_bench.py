@@ -14,8 +14,8 @@ import pytest
 
 from examples import minimal_engine_adapter
 from prefixkv.benchmarks import kit
-from prefixkv.benchmarks.cache import Timing
 from prefixkv.benchmarks.errors import BenchmarkFailed
+from prefixkv.benchmarks.timing import Timing
 from prefixkv.benchmarks.worker import case_name, prepare
 
 

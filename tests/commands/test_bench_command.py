@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prefixkv import cli
-from prefixkv.benchmarks.cache import BEGIN, END
+from prefixkv.benchmarks.cache_report import BEGIN, END
 from prefixkv.benchmarks.lifecycle import VARIANTS
 
 

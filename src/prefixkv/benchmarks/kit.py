@@ -45,9 +45,9 @@ import attrs
 
 from prefixkv.outputs import Machine, machine_info, to_json
 
-from .cache import TimingSummary, run_pyperf
 from .checkout import baseline_env, import_root
 from .errors import BenchmarkFailed
+from .timing import TimingSummary, run_pyperf
 
 __all__ = [
     "BUG_MODULES",

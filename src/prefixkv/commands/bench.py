@@ -12,15 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from prefixkv.benchmarks.cache import (
-    FULL,
-    QUICK,
-    TARGETS,
-    VARIANT_LABEL,
-    format_us,
-    run_bench,
-    write_outputs,
-)
+from prefixkv.benchmarks.cache import FULL, QUICK, TARGETS, run_bench
+from prefixkv.benchmarks.cache_report import VARIANT_LABEL, format_us, write_outputs
 from prefixkv.cli import Runner, emit_json
 from prefixkv.outputs import to_json
 
