@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("msgspec")
 
 from event_bugs import BuggyEvents
+from event_workload import Prompts, event_batches
 from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
 from prefixkv.spec import (
     AllBlocksCleared,
@@ -28,8 +29,6 @@ from prefixkv.spec import (
     CheckpointRemoved,
     KVEvent,
     Namespace,
-    OutOfBlocks,
-    Request,
 )
 
 from prefixkv.events.audit import (
@@ -71,30 +70,10 @@ def test_vllm_own_streams_are_clean(name: str) -> None:
 
 def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
     """Admit, commit, free, evict and (now and then) reset: one event batch per step."""
-    batches: list[list[KVEvent]] = []
-    live: list[str] = []
-    for step in range(steps):
-        roll = rng.random()
-        if roll < 0.6:
-            tokens = [rng.choice((1, 2, 3)) for _ in range(rng.randrange(4, 14))]
-            request = Request(f"s{step}", tokens, rng.choice(NAMESPACES))
-            try:
-                adm = cache.admit(request, len(tokens))
-            except OutOfBlocks:
-                pass
-            else:
-                cache.commit(f"s{step}", adm.num_scheduled_tokens, [1])
-                live.append(f"s{step}")
-        elif roll < 0.9 and live:
-            cache.free([live.pop(rng.randrange(len(live)))])
-        elif roll < 0.96:
-            cache.evict(rng.randrange(1, 4))
-        else:
-            cache.free(live)
-            live = []
-            cache.reset(preserve_cache=False)
-        batches.append(cache.take_events())
-    return batches
+    return event_batches(cache, rng, steps, _PROMPTS, evict_below=0.96)
+
+
+_PROMPTS = Prompts(NAMESPACES, (1, 2, 3), (4, 14))
 
 
 def stream(

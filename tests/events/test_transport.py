@@ -10,6 +10,7 @@ import pytest
 msgspec = pytest.importorskip("msgspec")
 pytest.importorskip("zmq")
 
+from event_workload import Prompts, event_batches  # noqa: E402
 from prefixkv.impl import PrefixCacheManager  # noqa: E402
 from prefixkv.spec import (  # noqa: E402
     BlockStored,
@@ -18,8 +19,6 @@ from prefixkv.spec import (  # noqa: E402
     KVEvent,
     MultimodalSpan,
     Namespace,
-    OutOfBlocks,
-    Request,
     SpecCache,
     check_events,
 )
@@ -38,35 +37,17 @@ NAMESPACES = (Namespace("m@1"), Namespace("m@1", "lora-a"), Namespace("m@1", sal
 FORMATS = list(WireFormat)
 
 
+def _image(rng: random.Random, tokens: list[int]) -> tuple[MultimodalSpan, ...]:
+    if rng.random() < 0.3 and len(tokens) >= 6:
+        return (MultimodalSpan(2, 6, "image", bytes([rng.randrange(2)]) * 4),)
+    return ()
+
+
 def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
     """A random run; the events drained after each step, one batch per step."""
-    batches: list[list[KVEvent]] = []
-    live: list[str] = []
-    for step in range(steps):
-        roll = rng.random()
-        if roll < 0.6:
-            ns = rng.choice(NAMESPACES)
-            tokens = tuple(rng.choice((1, 2)) for _ in range(rng.randrange(3, 12)))
-            spans: tuple[MultimodalSpan, ...] = ()
-            if rng.random() < 0.3 and len(tokens) >= 6:
-                spans = (MultimodalSpan(2, 6, "image", bytes([rng.randrange(2)]) * 4),)
-            try:
-                adm = cache.admit(Request(f"s{step}", tokens, ns, spans=spans), len(tokens))
-            except OutOfBlocks:
-                pass
-            else:
-                cache.commit(f"s{step}", adm.num_scheduled_tokens, ())
-                live.append(f"s{step}")
-        elif roll < 0.9 and live:
-            cache.free([live.pop(rng.randrange(len(live)))])
-        elif roll < 0.97:
-            cache.evict(rng.randrange(1, 4))
-        else:
-            cache.free(live)
-            live = []
-            cache.reset(preserve_cache=False)
-        batches.append(cache.take_events())
-    return batches
+    return event_batches(
+        cache, rng, steps, Prompts(NAMESPACES, (1, 2), (3, 12), _image), accepted=()
+    )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -32,6 +32,7 @@ import pytest
 msgspec = pytest.importorskip("msgspec")
 zmq = pytest.importorskip("zmq")
 
+from event_workload import Prompts, event_batches  # noqa: E402
 from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager  # noqa: E402
 from prefixkv.spec import (  # noqa: E402
     AllBlocksCleared,
@@ -41,7 +42,6 @@ from prefixkv.spec import (  # noqa: E402
     KVEvent,
     MultimodalSpan,
     Namespace,
-    OutOfBlocks,
     Request,
     SpecCache,
 )
@@ -243,35 +243,15 @@ NAMESPACES = (
 )
 
 
+def _image(rng: random.Random, tokens: list[int]) -> tuple[MultimodalSpan, ...]:
+    if rng.random() < 0.4 and len(tokens) >= 8:
+        start = rng.randrange(0, 3)
+        return (MultimodalSpan(start, start + 5, IMAGE, bytes([rng.randrange(3)]) * 8),)
+    return ()
+
+
 def workload(cache: Any, rng: random.Random, steps: int) -> list[list[KVEvent]]:
-    batches: list[list[KVEvent]] = []
-    live: list[str] = []
-    for step in range(steps):
-        roll = rng.random()
-        if roll < 0.6:
-            ns = rng.choice(NAMESPACES)
-            tokens = [rng.choice((1, 2, 3)) for _ in range(rng.randrange(4, 14))]
-            spans: tuple[MultimodalSpan, ...] = ()
-            if rng.random() < 0.4 and len(tokens) >= 8:
-                start = rng.randrange(0, 3)
-                spans = (MultimodalSpan(start, start + 5, IMAGE, bytes([rng.randrange(3)]) * 8),)
-            try:
-                adm = cache.admit(Request(f"s{step}", tokens, ns, spans=spans), len(tokens))
-            except OutOfBlocks:
-                pass
-            else:
-                cache.commit(f"s{step}", adm.num_scheduled_tokens, [1])
-                live.append(f"s{step}")
-        elif roll < 0.9 and live:
-            cache.free([live.pop(rng.randrange(len(live)))])
-        elif roll < 0.97:
-            cache.evict(rng.randrange(1, 4))
-        else:
-            cache.free(live)
-            live = []
-            cache.reset(preserve_cache=False)
-        batches.append(cache.take_events())
-    return batches
+    return event_batches(cache, rng, steps, Prompts(NAMESPACES, (1, 2, 3), (4, 14), _image))
 
 
 def _caches() -> list[Any]:
