@@ -54,7 +54,6 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 import copy
-import os
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
@@ -101,6 +100,7 @@ from prefixkv.spec.steps import (
 
 from prefixkv.errors import InvalidConfig
 
+from ._host import host_memory
 from ._index import HashIndex
 from ._keys import ChainKeys
 from ._pool import NO_PARENT, BlockPool
@@ -164,14 +164,6 @@ class AdmitPlan(NamedTuple):
     lost: LostReuse
 
 
-def _host_memory() -> int | None:
-    """This host's physical memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):  # pragma: no cover - not POSIX
-        return None
-
-
 def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> BlockPool:
     """The block pool, or ``InvalidConfig`` when the shape (within the contract's bounds)
     needs more memory than this host has.
@@ -181,7 +173,7 @@ def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> Block
     the allocation itself would not fail, the kernel would kill the process instead.
     """
     need = BlockPool.nbytes(num_blocks, block_size, wire_hashes=wire_hashes)
-    have = _host_memory()
+    have = host_memory()
     too_big = InvalidConfig(
         f"a pool of {num_blocks} blocks x {block_size} tokens needs {need / 2**30:.1f} GiB "
         "up front, more than this host can allocate"

@@ -54,7 +54,7 @@ def test_a_pool_past_this_hosts_memory_is_refused_before_it_is_allocated(
     """Within the bounds, but more than the host has: refused by its size (allocating it
     would be killed by the kernel on an overcommitting host, not raise)."""
     _refused(lambda: PrefixCacheManager(MAX_NUM_BLOCKS, MAX_BLOCK_SIZE), "more than this host")
-    monkeypatch.setattr(impl_cache, "_host_memory", lambda: 1 << 20)
+    monkeypatch.setattr(impl_cache, "host_memory", lambda: 1 << 20)
     _refused(lambda: PrefixCacheManager(1 << 16, 16), "65536 blocks")
     PrefixCacheManager(64, 16)  # 64 blocks fit in 1 MiB
 
@@ -64,7 +64,7 @@ def test_a_failed_allocation_is_invalid_config(monkeypatch: pytest.MonkeyPatch) 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             raise MemoryError
 
-    monkeypatch.setattr(impl_cache, "_host_memory", lambda: None)
+    monkeypatch.setattr(impl_cache, "host_memory", lambda: None)
     monkeypatch.setattr(impl_cache, "BlockPool", NoMemory)
     _refused(lambda: PrefixCacheManager(8, 4), "more than this host can allocate")
 
