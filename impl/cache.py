@@ -73,6 +73,7 @@ from prefixkv.spec.contract import (
     check_reset,
     check_rollback,
     chunk_end,
+    count_admission,
     full_prompt_cap,
     live_seq,
     lost_reuse,
@@ -435,20 +436,7 @@ class PrefixCacheManager(PrefixCache):
         )
         if memo is not None and memo[0] is req:
             seq.prompt_keys = memo[1]
-        n = req.num_tokens
-        c = self._counters
-        c.admissions += 1
-        c.queries += n
-        c.hits += cached
-        c.prefill_tokens += n
-        c.prefill_tokens_skipped += cached
-        c.prefill_tokens_computed += n - cached
-        c.lost_window += lost.window
-        c.lost_span += lost.span
-        c.lost_cap += lost.cap
-        c.lost_evicted += lost.evicted
-        c.lost_never_cached += lost.never_cached
-        c.lost_checkpoint += lost.checkpoint
+        count_admission(self._counters, req.num_tokens, cached, lost)
         return Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,

@@ -498,20 +498,7 @@ class SpecCache(StepCalls, PrefixCache):
             new, evicted = self._allocate(need)
             seq.blocks.extend(new)
             self._s.seqs[req.seq_id] = seq
-            c = self._s.counters
-            c.admissions += 1
-            c.queries += req.num_tokens
-            c.hits += cached
-            c.prefill_tokens += req.num_tokens
-            c.prefill_tokens_skipped += cached
-            c.prefill_tokens_computed += req.num_tokens - cached
-            lost = m.lost
-            c.lost_window += lost.window
-            c.lost_span += lost.span
-            c.lost_cap += lost.cap
-            c.lost_evicted += lost.evicted
-            c.lost_never_cached += lost.never_cached
-            c.lost_checkpoint += lost.checkpoint
+            contract.count_admission(self._s.counters, req.num_tokens, cached, m.lost)
             return Admission(
                 seq_id=req.seq_id,
                 num_cached_tokens=cached,
@@ -519,7 +506,7 @@ class SpecCache(StepCalls, PrefixCache):
                 block_ids=tuple(seq.blocks),
                 num_new_blocks=len(new),
                 num_evicted=evicted,
-                lost=lost,
+                lost=m.lost,
                 num_window_blocks=m.num_window_blocks,
             )
 

@@ -20,7 +20,7 @@ before its operation changes anything (INV-TXN).
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from prefixkv.errors import InvalidConfig, require_int
 
@@ -42,6 +42,7 @@ __all__ = [
     "MAX_BLOCK_SIZE",
     "MAX_NUM_BLOCKS",
     "MAX_STATE_SLOTS",
+    "AdmissionCounters",
     "blocks_for",
     "check_append",
     "check_cache_options",
@@ -60,6 +61,7 @@ __all__ = [
     "check_runtime_slots",
     "chunk_end",
     "commit_error",
+    "count_admission",
     "full_prompt_cap",
     "live_seq",
     "lost_reuse",
@@ -393,6 +395,48 @@ def lost_reuse(
         evicted=evicted * block_size,
         never_cached=num_tokens - matched * block_size - cap - evicted * block_size,
     )
+
+
+class AdmissionCounters(Protocol):
+    """The statistics an admission adds to (the fields of ``CacheStats`` it moves)."""
+
+    admissions: int
+    queries: int
+    hits: int
+    prefill_tokens: int
+    prefill_tokens_skipped: int
+    prefill_tokens_computed: int
+    lost_window: int
+    lost_span: int
+    lost_cap: int
+    lost_evicted: int
+    lost_never_cached: int
+    lost_checkpoint: int
+
+
+def count_admission(c: AdmissionCounters, num_tokens: int, cached: int, lost: LostReuse) -> None:
+    """Add one admission of a ``num_tokens`` prompt, ``cached`` of its tokens reused, to the
+    counters (INV-STATS: the hits are the skipped tokens, and the computed ones are split by
+    ``lost`` exactly).
+
+    Args:
+        c: the cache's counters, updated in place.
+        num_tokens: the whole prompt, whatever the first chunk schedules.
+        cached: the tokens reused from the cache.
+        lost: why the others were not (:func:`lost_reuse`).
+    """
+    c.admissions += 1
+    c.queries += num_tokens
+    c.hits += cached
+    c.prefill_tokens += num_tokens
+    c.prefill_tokens_skipped += cached
+    c.prefill_tokens_computed += num_tokens - cached
+    c.lost_window += lost.window
+    c.lost_span += lost.span
+    c.lost_cap += lost.cap
+    c.lost_evicted += lost.evicted
+    c.lost_never_cached += lost.never_cached
+    c.lost_checkpoint += lost.checkpoint
 
 
 # -- hybrid models: state slots and checkpoints (choices 7 and 11) -----------------------

@@ -453,8 +453,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        c.prefill_tokens_computed += n - cached\n",
-                "        c.prefill_tokens_computed += end - cached\n",
+                "        count_admission(self._counters, req.num_tokens, cached, lost)\n",
+                "        count_admission(self._counters, end, cached, lost)\n",
             ),
         ),
     ),
@@ -499,8 +499,10 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                "        c.hits += cached\n",
-                "        c.hits += cached + lost.window\n",
+                "        count_admission(self._counters, req.num_tokens, cached, lost)\n",
+                "        count_admission(\n"
+                "            self._counters, req.num_tokens, cached + lost.window, lost\n"
+                "        )\n",
             ),
         ),
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import attrs
 import pytest
 from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
 from prefixkv.spec import (
@@ -359,6 +360,46 @@ def test_lost_reuse_adds_up_to_the_prompt(
     lost = c.lost_reuse(n, 4, matched, window, attached, capped, evicted)
     assert lost == want
     assert lost.total + attached * 4 == n  # INV-STATS: every prompt token is accounted for
+
+
+def test_count_admission_moves_every_admission_counter() -> None:
+    """The counters of one admission, shared by the spec and the managers: checked here
+    directly (the differential machines cannot see a bug in a shared rule), and by INV-STATS
+    on both caches after every step."""
+    counters = Counters()
+    lost = LostReuse(window=4, span=4, cap=0, evicted=8, never_cached=2, checkpoint=1)
+    c.count_admission(counters, 30, 11, lost)
+    c.count_admission(counters, 5, 0, LostReuse(never_cached=5))
+    assert attrs.asdict(counters) == {
+        "admissions": 2,
+        "queries": 35,
+        "hits": 11,
+        "prefill_tokens": 35,
+        "prefill_tokens_skipped": 11,
+        "prefill_tokens_computed": 24,
+        "lost_window": 4,
+        "lost_span": 4,
+        "lost_cap": 0,
+        "lost_evicted": 8,
+        "lost_never_cached": 7,
+        "lost_checkpoint": 1,
+    }
+
+
+@attrs.define
+class Counters:
+    admissions: int = 0
+    queries: int = 0
+    hits: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_skipped: int = 0
+    prefill_tokens_computed: int = 0
+    lost_window: int = 0
+    lost_span: int = 0
+    lost_cap: int = 0
+    lost_evicted: int = 0
+    lost_never_cached: int = 0
+    lost_checkpoint: int = 0
 
 
 @pytest.mark.parametrize(
