@@ -72,9 +72,6 @@ class _Ckpt:
 class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
     """A prefix cache manager with recurrent-state checkpoints; see the module doc."""
 
-    # NOTE: commit, rollback and append move checkpoints too: ``advance`` runs them in turn.
-    _fused_inline = False
-
     def __init__(
         self,
         num_blocks: int,
@@ -87,6 +84,8 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
         record_events: bool = False,
     ) -> None:
         super().__init__(num_blocks, block_size, hasher=hasher, record_events=record_events)
+        # NOTE: commit, rollback and append move checkpoints too: ``advance`` runs them in turn.
+        self._fused_inline = False
         self._runtime_slots, self._state_budget, self._interval = check_hybrid_config(
             self.block_size, max_num_seqs, state_budget, decode_state_interval
         )

@@ -640,7 +640,7 @@ BUGS: tuple[Bug, ...] = (
         "never published (choice 1: publish after compute)",
         (
             (
-                "cache.py",
+                "_fused.py",
                 "                    # blocks: ceil(reserved / bs), so this is "
                 '"nothing to allocate"\n'
                 "                    if now // bs == done // bs"
@@ -658,7 +658,7 @@ BUGS: tuple[Bug, ...] = (
         "allocating one (INV-LIMIT)",
         (
             (
-                "cache.py",
+                "_fused.py",
                 "                        if now // bs == done // bs"
                 " and grown <= len(seq.blocks) * bs:\n",
                 "                        if now // bs == done // bs:\n",
@@ -671,7 +671,7 @@ BUGS: tuple[Bug, ...] = (
         "the per-call commit fast path records KV for tokens it was never given",
         (
             (
-                "cache.py",
+                "_fused.py",
                 "            if held <= now <= seq.num_reserved"
                 " and now <= len(seq.tokens) + len(accepted_tokens):\n",
                 "            if held <= now <= seq.num_reserved:\n",
@@ -697,7 +697,7 @@ BUGS: tuple[Bug, ...] = (
         "not the slots it grows to: it publishes but allocates no next block (INV-LIMIT)",
         (
             (
-                "cache.py",
+                "_fused.py",
                 "        need = -(-grown // bs) - len(blocks)\n"
                 "        if need > 0:\n"
                 "            pool = self._pool\n",
