@@ -56,10 +56,10 @@ from __future__ import annotations
 import copy
 import os
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import getitem
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prefixkv.spec.contract import (
     blocks_for,
@@ -109,6 +109,9 @@ from ._record import EvictionRecord
 from ._sequence import SeqState
 from ._stats import Counters
 from ._walk import PrefixWalk
+
+if TYPE_CHECKING:
+    from ._checkpoints import CheckpointStore
 
 __all__ = ["PrefixCacheManager"]
 
@@ -199,6 +202,10 @@ def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> Block
 class PrefixCacheManager(PrefixCache):
     """A paged KV prefix cache with O(blocks touched) operations.
 
+    ``checkpoints``: a :class:`~prefixkv.impl._checkpoints.CheckpointStore` makes this a
+    hybrid cache (state slots, checkpoints, routed experts): the operations call its hooks
+    (listed in that module), and the fused paths are off (``_fused_inline``).
+
     >>> from prefixkv.spec import Namespace, Request
     >>> cache = PrefixCacheManager(num_blocks=64, block_size=4)
     >>> ns = Namespace("tiny-llm@1")
@@ -215,6 +222,7 @@ class PrefixCacheManager(PrefixCache):
         *,
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
@@ -237,13 +245,21 @@ class PrefixCacheManager(PrefixCache):
         self._prompt_keys_memo: tuple[Request, list[int]] | None = None
         self._clock = 0
         self._counters = Counters()
-        # Called with each evicted block id; None unless a subclass hangs data off nodes.
-        self._evict_hook: Callable[[int], None] | None = None
         # Evicted identities, at most num_blocks of them: only to tell "evicted" from
         # "never cached" in LostReuse (see ._record).
         self._record = EvictionRecord(self._num_blocks, self._pool.block_nbytes)
         self._walk = PrefixWalk(self._pool, self._index, self._keys)
         self._publisher = Publisher(self._pool, self._index, self._keys, self._record)
+        if checkpoints is not None:
+            checkpoints.attach(self._block_size, self._pool, self._publisher)
+        #: What hangs off nodes and sequences besides their KV (None: nothing; module doc of
+        #: ._checkpoints for the hooks it is called through).
+        self._checkpoints = checkpoints
+        #: NOTE: the fused paths (``advance``, ``advance_batch``'s steps, a commit within a
+        #: block) apply a step's parts inline, calling no hook. With a checkpoint store every
+        #: part must reach its hook, so they are off: ``advance`` then checks every part as
+        #: usual and runs the public calls in turn (see :meth:`_advance_general`).
+        self._fused_inline = checkpoints is None
 
     @property
     def num_blocks(self) -> int:
@@ -291,11 +307,15 @@ class PrefixCacheManager(PrefixCache):
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
-        return Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        found = Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        if self._checkpoints is not None:
+            return self._checkpoints.on_lookup(req, found)
+        return found
 
     def match(self, req: Request) -> Match:
         blocks, _, _, window, lost = self._match(req)
-        return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
+        m = Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
+        return m if self._checkpoints is None else self._checkpoints.on_match(m)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
         return tuple(self._seq(seq_id).blocks)
@@ -307,7 +327,7 @@ class PrefixCacheManager(PrefixCache):
         return tuple(self._seqs)
 
     def stats(self) -> CacheStats:
-        return CacheStats(
+        stats = CacheStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             num_free_blocks=self._pool.num_free,
@@ -317,6 +337,7 @@ class PrefixCacheManager(PrefixCache):
             num_sequences=len(self._seqs),
             **self._counters.as_dict(),
         )
+        return stats if self._checkpoints is None else self._checkpoints.with_stats(stats)
 
     @property
     def record_events(self) -> bool:
@@ -326,6 +347,10 @@ class PrefixCacheManager(PrefixCache):
         """Drain queued KV events; always empty unless built with ``record_events=True``."""
         events, self._events = self._events, []
         return events
+
+    def _event_queue(self) -> list[KVEvent] | None:
+        """Where a hook queues its events: the manager's queue while it records them."""
+        return self._events if self._record_events else None
 
     # -- eviction, allocation, release -----------------------------------------------------
 
@@ -348,18 +373,18 @@ class PrefixCacheManager(PrefixCache):
         else:
             return 0
         self._record.remember(pool, victims)
-        hook = self._evict_hook
-        if self._record_events or hook is not None:
+        store = self._checkpoints
+        if self._record_events or store is not None:
             wire = pool.event_hash  # the event hashes (kept while events are recorded)
             events = self._events if self._record_events else None
             for b in victims:
                 if events is not None:
                     events.append(BlockRemoved((wire[b],)))
-                if hook is not None:
+                if store is not None:
                     # NOTE: per victim, right after its BlockRemoved: a hybrid cache's
                     # checkpoint removal must follow its own block's removal, as the spec
                     # emits them.
-                    hook(b)
+                    store.on_evict(b, events)
         pool.forget(victims)
         self._counters.evictions += len(victims)
         return len(victims)
@@ -402,6 +427,8 @@ class PrefixCacheManager(PrefixCache):
         supply = self._pool.supply - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
+        if self._checkpoints is not None:
+            self._checkpoints.check_supply(len(self._seqs), bool(blocks))
         return AdmitPlan(blocks, hashes, end, need, window, lost)
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
@@ -457,7 +484,7 @@ class PrefixCacheManager(PrefixCache):
         c.lost_evicted += lost.evicted
         c.lost_never_cached += lost.never_cached
         c.lost_checkpoint += lost.checkpoint
-        return Admission(
+        adm = Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,
             num_scheduled_tokens=end - cached,
@@ -467,6 +494,9 @@ class PrefixCacheManager(PrefixCache):
             lost=lost,
             num_window_blocks=window,
         )
+        if self._checkpoints is not None:
+            return self._checkpoints.on_admit(seq, adm, self._event_queue())
+        return adm
 
     def _chunk_plan(self, seq: SeqState, num_new_tokens: int | None) -> tuple[int, int]:
         """The checked next chunk: its end and the new blocks it needs (or the error)."""
@@ -498,6 +528,8 @@ class PrefixCacheManager(PrefixCache):
             seq.blocks.extend(new)
         start = seq.num_reserved
         seq.num_reserved = end
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
         return end - start
 
     # -- growth, commit, rollback ----------------------------------------------------------
@@ -540,6 +572,8 @@ class PrefixCacheManager(PrefixCache):
         bs = self._block_size
         if reserved <= len(seq.blocks) * bs:  # the held blocks (ceil(reserved / bs)) suffice
             seq.num_reserved = reserved
+            if self._checkpoints is not None:
+                self._checkpoints.on_reserve(seq, self._event_queue())
             return []
         need = -(-reserved // bs) - len(seq.blocks)
         supply = self._pool.supply
@@ -548,6 +582,8 @@ class PrefixCacheManager(PrefixCache):
         new, _ = self._allocate(need)
         seq.blocks.extend(new)
         seq.num_reserved = reserved
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
         return new
 
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
@@ -571,7 +607,7 @@ class PrefixCacheManager(PrefixCache):
                         break
                 else:
                     bs = self._block_size
-                    if now // bs == held // bs:
+                    if now // bs == held // bs and self._fused_inline:
                         seq.tokens.extend(accepted_tokens)
                         seq.num_computed = now
                     else:
@@ -606,14 +642,10 @@ class PrefixCacheManager(PrefixCache):
                 new_computed // bs,
                 self._events if self._record_events else None,
             )
+        if self._checkpoints is not None:
+            self._checkpoints.on_commit(seq, self._event_queue())
 
     # -- engine-shaped calls (prefixkv.spec.steps) -----------------------------------------
-
-    #: NOTE: a subclass whose commit, rollback or append does more (the hybrid manager)
-    #: sets this to False: its ``advance`` then checks every part as usual and runs its
-    #: public calls in turn (under a saved state only in the one case the checks cannot
-    #: settle up front; see :meth:`_advance_general`).
-    _fused_inline = True
 
     def advance(
         self,
@@ -1001,6 +1033,8 @@ class PrefixCacheManager(PrefixCache):
         if dropped:
             del seq.blocks[keep:]
             self._release(dropped)
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
 
     # -- release ---------------------------------------------------------------------------
 
@@ -1010,6 +1044,8 @@ class PrefixCacheManager(PrefixCache):
         seqs = self._seqs
         for seq_id in ids:
             self._release(seqs.pop(seq_id).blocks)
+        if self._checkpoints is not None:
+            self._checkpoints.on_free(ids)
         self._pool.maybe_compact()
 
     def evict(self, num_blocks: int) -> int:
@@ -1028,6 +1064,8 @@ class PrefixCacheManager(PrefixCache):
         self._record.clear()
         if self._record_events:
             self._events.append(AllBlocksCleared())
+        if self._checkpoints is not None:
+            self._checkpoints.on_reset()
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -1079,7 +1117,7 @@ class PrefixCacheManager(PrefixCache):
                 )
             )
         seqs = tuple(seq_view(s, s.namespace) for s in self._seqs.values())
-        return CacheState(
+        snap = CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             blocks=tuple(views),
@@ -1089,6 +1127,7 @@ class PrefixCacheManager(PrefixCache):
             stats=self.stats(),
             pending_events=tuple(self._events),
         )
+        return snap if self._checkpoints is None else self._checkpoints.with_snapshot(snap)
 
     def largest_index_bucket(self) -> int:
         """The most published blocks the index files under one key (for inspection: the
