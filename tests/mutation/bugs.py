@@ -859,6 +859,22 @@ BUGS: tuple[Bug, ...] = (
         machine="hybrid",
     ),
     Bug(
+        "append_skips_the_store",
+        "a decode append within the held blocks skips the checkpoint store's hook: the "
+        "reservation stays at the old save point while the engine reserves past the new one",
+        (
+            (
+                "cache.py",
+                "            seq.num_reserved = reserved\n"
+                "            if self._checkpoints is not None:\n"
+                "                self._checkpoints.on_reserve(seq, self._event_queue())\n"
+                "            return []\n",
+                "            seq.num_reserved = reserved\n            return []\n",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
         "restore_position_one_block_short",
         "pending_restore reports the position one block before the checkpoint's boundary, so "
         "the engine starts the forward from a position the restored state is not at",
