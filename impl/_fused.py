@@ -119,7 +119,7 @@ class FusedSteps(_ManagerCore):
                         break
                 else:
                     bs = self._block_size
-                    if now // bs == held // bs:
+                    if now // bs == held // bs and self._fused_inline:
                         seq.tokens.extend(accepted_tokens)
                         seq.num_computed = now
                     else:

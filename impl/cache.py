@@ -57,10 +57,10 @@ How it stays cheap without giving anything up:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import getitem
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prefixkv.spec.contract import (
     blocks_for,
@@ -102,6 +102,9 @@ from ._record import EvictionRecord
 from ._sequence import SeqState
 from ._stats import Counters
 from ._walk import PrefixWalk
+
+if TYPE_CHECKING:
+    from ._checkpoints import CheckpointStore
 
 __all__ = ["PrefixCacheManager"]
 
@@ -159,6 +162,10 @@ class _ManagerCore(PrefixCache):
     Not a cache on its own: :class:`PrefixCacheManager` puts the fused steps
     (:class:`._fused.FusedSteps`: ``advance``, ``advance_batch``, ``advance_columns`` and the
     commit fast path) in front of it.
+
+    ``checkpoints``: a :class:`~prefixkv.impl._checkpoints.CheckpointStore` makes the
+    manager a hybrid cache (state slots, checkpoints, routed experts): the operations call
+    its hooks (listed in that module), and the fused paths are off (``_fused_inline``).
     """
 
     def __init__(
@@ -168,6 +175,7 @@ class _ManagerCore(PrefixCache):
         *,
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
@@ -190,19 +198,21 @@ class _ManagerCore(PrefixCache):
         self._prompt_keys_memo: tuple[Request, list[int]] | None = None
         self._clock = 0
         self._counters = Counters()
-        # Called with each evicted block id; None unless a subclass hangs data off nodes.
-        self._evict_hook: Callable[[int], None] | None = None
         # Evicted identities, at most num_blocks of them: only to tell "evicted" from
         # "never cached" in LostReuse (see ._record).
         self._record = EvictionRecord(self._num_blocks, self._pool.block_nbytes)
         self._walk = PrefixWalk(self._pool, self._index, self._keys)
         self._publisher = Publisher(self._pool, self._index, self._keys, self._record)
-        # NOTE: the fused steps' fast paths (._fused) run only while this is True. A subclass
-        # whose commit, rollback or append does more (the hybrid manager) sets it False in
-        # its __init__: its ``advance`` then checks every part as usual and runs its public
-        # calls in turn (under a saved state only in the one case the checks cannot settle
-        # up front; see FusedSteps._advance_general).
-        self._fused_inline = True
+        if checkpoints is not None:
+            checkpoints.attach(self._block_size, self._pool, self._publisher)
+        #: What hangs off nodes and sequences besides their KV (None: nothing; module doc of
+        #: ._checkpoints for the hooks it is called through).
+        self._checkpoints = checkpoints
+        #: NOTE: the fused paths (``advance``, ``advance_batch``'s steps, a commit within a
+        #: block) apply a step's parts inline, calling no hook. With a checkpoint store every
+        #: part must reach its hook, so they are off: ``advance`` then checks every part as
+        #: usual and runs the public calls in turn (``FusedSteps._advance_general``).
+        self._fused_inline = checkpoints is None
 
     @property
     def num_blocks(self) -> int:
@@ -250,11 +260,15 @@ class _ManagerCore(PrefixCache):
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
-        return Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        found = Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        if self._checkpoints is not None:
+            return self._checkpoints.on_lookup(req, found)
+        return found
 
     def match(self, req: Request) -> Match:
         blocks, _, _, window, lost = self._match(req)
-        return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
+        m = Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
+        return m if self._checkpoints is None else self._checkpoints.on_match(m)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
         return tuple(self._seq(seq_id).blocks)
@@ -266,7 +280,7 @@ class _ManagerCore(PrefixCache):
         return tuple(self._seqs)
 
     def stats(self) -> CacheStats:
-        return CacheStats(
+        stats = CacheStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             num_free_blocks=self._pool.num_free,
@@ -276,6 +290,7 @@ class _ManagerCore(PrefixCache):
             num_sequences=len(self._seqs),
             **self._counters.as_dict(),
         )
+        return stats if self._checkpoints is None else self._checkpoints.with_stats(stats)
 
     @property
     def record_events(self) -> bool:
@@ -285,6 +300,10 @@ class _ManagerCore(PrefixCache):
         """Drain queued KV events; always empty unless built with ``record_events=True``."""
         events, self._events = self._events, []
         return events
+
+    def _event_queue(self) -> list[KVEvent] | None:
+        """Where a hook queues its events: the manager's queue while it records them."""
+        return self._events if self._record_events else None
 
     # -- eviction, allocation, release -----------------------------------------------------
 
@@ -307,18 +326,18 @@ class _ManagerCore(PrefixCache):
         else:
             return 0
         self._record.remember(pool, victims)
-        hook = self._evict_hook
-        if self._record_events or hook is not None:
+        store = self._checkpoints
+        if self._record_events or store is not None:
             wire = pool.event_hash  # the event hashes (kept while events are recorded)
             events = self._events if self._record_events else None
             for b in victims:
                 if events is not None:
                     events.append(BlockRemoved((wire[b],)))
-                if hook is not None:
+                if store is not None:
                     # NOTE: per victim, right after its BlockRemoved: a hybrid cache's
                     # checkpoint removal must follow its own block's removal, as the spec
                     # emits them.
-                    hook(b)
+                    store.on_evict(b, events)
         pool.forget(victims)
         self._counters.evictions += len(victims)
         return len(victims)
@@ -361,6 +380,8 @@ class _ManagerCore(PrefixCache):
         supply = self._pool.supply - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
+        if self._checkpoints is not None:
+            self._checkpoints.check_supply(len(self._seqs), bool(blocks))
         return AdmitPlan(blocks, hashes, end, need, window, lost)
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
@@ -403,7 +424,7 @@ class _ManagerCore(PrefixCache):
         if memo is not None and memo[0] is req:
             seq.prompt_keys = memo[1]
         count_admission(self._counters, req.num_tokens, cached, lost)
-        return Admission(
+        adm = Admission(
             seq_id=req.seq_id,
             num_cached_tokens=cached,
             num_scheduled_tokens=end - cached,
@@ -413,6 +434,9 @@ class _ManagerCore(PrefixCache):
             lost=lost,
             num_window_blocks=window,
         )
+        if self._checkpoints is not None:
+            return self._checkpoints.on_admit(seq, adm, self._event_queue())
+        return adm
 
     def _chunk_plan(self, seq: SeqState, num_new_tokens: int | None) -> tuple[int, int]:
         """The checked next chunk: its end and the new blocks it needs (or the error)."""
@@ -444,6 +468,8 @@ class _ManagerCore(PrefixCache):
             seq.blocks.extend(new)
         start = seq.num_reserved
         seq.num_reserved = end
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
         return end - start
 
     # -- growth, commit, rollback ----------------------------------------------------------
@@ -486,6 +512,8 @@ class _ManagerCore(PrefixCache):
         bs = self._block_size
         if reserved <= len(seq.blocks) * bs:  # the held blocks (ceil(reserved / bs)) suffice
             seq.num_reserved = reserved
+            if self._checkpoints is not None:
+                self._checkpoints.on_reserve(seq, self._event_queue())
             return []
         need = -(-reserved // bs) - len(seq.blocks)
         supply = self._pool.supply
@@ -494,6 +522,8 @@ class _ManagerCore(PrefixCache):
         new, _ = self._allocate(need)
         seq.blocks.extend(new)
         seq.num_reserved = reserved
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
         return new
 
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
@@ -527,6 +557,8 @@ class _ManagerCore(PrefixCache):
                 new_computed // bs,
                 self._events if self._record_events else None,
             )
+        if self._checkpoints is not None:
+            self._checkpoints.on_commit(seq, self._event_queue())
 
     def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
         seq = self._seq(seq_id)
@@ -538,6 +570,8 @@ class _ManagerCore(PrefixCache):
         if dropped:
             del seq.blocks[keep:]
             self._release(dropped)
+        if self._checkpoints is not None:
+            self._checkpoints.on_reserve(seq, self._event_queue())
 
     # -- release ---------------------------------------------------------------------------
 
@@ -547,6 +581,8 @@ class _ManagerCore(PrefixCache):
         seqs = self._seqs
         for seq_id in ids:
             self._release(seqs.pop(seq_id).blocks)
+        if self._checkpoints is not None:
+            self._checkpoints.on_free(ids)
         self._pool.maybe_compact()
 
     def evict(self, num_blocks: int) -> int:
@@ -565,6 +601,8 @@ class _ManagerCore(PrefixCache):
         self._record.clear()
         if self._record_events:
             self._events.append(AllBlocksCleared())
+        if self._checkpoints is not None:
+            self._checkpoints.on_reset()
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -616,7 +654,7 @@ class _ManagerCore(PrefixCache):
                 )
             )
         seqs = tuple(seq_view(s, s.namespace) for s in self._seqs.values())
-        return CacheState(
+        snap = CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             blocks=tuple(views),
@@ -626,6 +664,7 @@ class _ManagerCore(PrefixCache):
             stats=self.stats(),
             pending_events=tuple(self._events),
         )
+        return snap if self._checkpoints is None else self._checkpoints.with_snapshot(snap)
 
     def largest_index_bucket(self) -> int:
         """The most published blocks the index files under one key (for inspection: the

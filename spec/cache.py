@@ -34,7 +34,7 @@ import copy
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -49,6 +49,9 @@ from .request import Request, SeqId
 from .results import Admission, CacheStats, Match
 from .state import BlockView, CacheState, seq_view
 from .steps import StepCalls
+
+if TYPE_CHECKING:
+    from .checkpoint_store import CheckpointStore
 
 __all__ = ["SpecCache", "chain_hashes", "identity_chain"]
 
@@ -202,7 +205,12 @@ def _fresh_state(num_blocks: int) -> _State:
 
 
 class SpecCache(StepCalls, PrefixCache):
-    """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12)."""
+    """The reference model of a paged KV prefix cache (see DESIGN choices 1-4, 9, 10, 12).
+
+    ``checkpoints``: a :class:`~prefixkv.spec.checkpoint_store.CheckpointStore` makes this
+    the hybrid spec (state slots, checkpoints, routed experts): every operation then calls
+    the store's hook for it, inside its transaction (see that module for the hooks).
+    """
 
     def __init__(
         self,
@@ -211,11 +219,15 @@ class SpecCache(StepCalls, PrefixCache):
         *,
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self._num_blocks, self._block_size = contract.check_pool_shape(num_blocks, block_size)
         # Off by default: a queue that nobody drains would grow without bound.
         self._hasher, self._record_events = contract.check_cache_options(hasher, record_events)
         self._s = _fresh_state(self._num_blocks)
+        if checkpoints is not None:
+            checkpoints.attach(self._block_size)
+        self._checkpoints = checkpoints
 
     # -- shape -----------------------------------------------------------------------------
 
@@ -239,16 +251,17 @@ class SpecCache(StepCalls, PrefixCache):
             # an error and goes on, so there is nothing to restore: skip the O(pool) copy.
             yield
             return
-        saved = copy.deepcopy(self._s)
+        # The checkpoint store holds no reference to the cache: it is copied beside it.
+        saved = copy.deepcopy((self._s, self._checkpoints))
         try:
             yield
         except PrefixCacheError:
-            self._s = saved
+            self._s, self._checkpoints = saved
             raise
 
     def _would_succeed(self, op: Callable[[SpecCache], object]) -> bool:
         trial = copy.copy(self)
-        trial._s = copy.deepcopy(self._s)
+        trial._s, trial._checkpoints = copy.deepcopy((self._s, self._checkpoints))
         trial._trial = True
         try:
             op(trial)
@@ -351,7 +364,20 @@ class SpecCache(StepCalls, PrefixCache):
                     break
                 evicted += 1
         lost = contract.lost_reuse(n, bs, m, window, attached, capped, evicted)
-        return Match(n, attached * bs, tuple(matched[:attached]), lost, window)
+        found = Match(n, attached * bs, tuple(matched[:attached]), lost, window)
+        if self._checkpoints is not None:
+            return self._checkpoints.on_match(req, found)
+        return found
+
+    def _published_nodes(self, seq: _Seq, stop: int) -> list[int | None]:
+        """The published block with the identity of each of ``seq``'s first ``stop``
+        blocks (its own, or the twin published first), or None where there is none."""
+        chain = self._chain(seq.namespace.key(), seq.tokens, stop, seq.spans)
+        return [self._s.index.get(ident) for ident in chain]
+
+    def _event_hash(self, b: int) -> int | None:
+        """The event hash of the published block ``b`` (None unless events are recorded)."""
+        return self._s.blocks[b].event_hash
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
         return tuple(self._seq(seq_id).blocks)
@@ -365,7 +391,7 @@ class SpecCache(StepCalls, PrefixCache):
     def stats(self) -> CacheStats:
         blocks = self._s.blocks
         c = self._s.counters
-        return CacheStats(
+        stats = CacheStats(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             num_free_blocks=len(self._s.free),
@@ -375,6 +401,7 @@ class SpecCache(StepCalls, PrefixCache):
             num_sequences=len(self._s.seqs),
             **attrs.asdict(c),
         )
+        return stats if self._checkpoints is None else self._checkpoints.with_stats(stats)
 
     @property
     def record_events(self) -> bool:
@@ -433,10 +460,8 @@ class SpecCache(StepCalls, PrefixCache):
         self._s.blocks[victim] = _Block()
         self._s.free.append(victim)
         self._s.counters.evictions += 1
-        self._on_evicted(victim)
-
-    def _on_evicted(self, block: int) -> None:
-        """A published block was just evicted (a hook for what hangs off a node)."""
+        if self._checkpoints is not None:
+            self._checkpoints.on_evict(victim, self._emit)
 
     def _allocate(self, count: int) -> tuple[list[int], int]:
         """Take ``count`` free blocks, evicting leaves first if the free queue is short."""
@@ -499,7 +524,7 @@ class SpecCache(StepCalls, PrefixCache):
             seq.blocks.extend(new)
             self._s.seqs[req.seq_id] = seq
             contract.count_admission(self._s.counters, req.num_tokens, cached, m.lost)
-            return Admission(
+            adm = Admission(
                 seq_id=req.seq_id,
                 num_cached_tokens=cached,
                 num_scheduled_tokens=end - cached,
@@ -509,6 +534,9 @@ class SpecCache(StepCalls, PrefixCache):
                 lost=m.lost,
                 num_window_blocks=m.num_window_blocks,
             )
+            if self._checkpoints is not None:
+                return self._checkpoints.on_admit(seq, m, adm, self._emit)
+            return adm
 
     def can_continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> bool:
         return self._would_succeed(lambda c: c.continue_prefill(seq_id, num_new_tokens))
@@ -534,6 +562,8 @@ class SpecCache(StepCalls, PrefixCache):
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = end
+            if self._checkpoints is not None:
+                self._checkpoints.on_reserve(seq, self._emit)
             return end - start
 
     # -- growth, commit, rollback ----------------------------------------------------------
@@ -557,6 +587,8 @@ class SpecCache(StepCalls, PrefixCache):
             new, _ = self._allocate(need)
             seq.blocks.extend(new)
             seq.num_reserved = reserved
+            if self._checkpoints is not None:
+                self._checkpoints.on_reserve(seq, self._emit)
             return new
 
     def commit(self, seq_id: SeqId, num_computed: int, accepted_tokens: Sequence[int] = ()) -> None:
@@ -573,7 +605,11 @@ class SpecCache(StepCalls, PrefixCache):
             first = seq.num_computed // self._block_size
             seq.tokens += tuple(accepted)
             seq.num_computed = new_computed
-            self._publish(seq, first, new_computed // self._block_size)
+            stop = new_computed // self._block_size
+            self._publish(seq, first, stop)
+            if self._checkpoints is not None:
+                nodes = self._published_nodes(seq, stop)
+                self._checkpoints.on_commit(seq, nodes, self._event_hash, self._emit)
 
     def _publish(self, seq: _Seq, first: int, stop: int) -> None:
         """Choice 1: publish full, committed blocks ``first..stop-1`` of ``seq``.
@@ -634,6 +670,8 @@ class SpecCache(StepCalls, PrefixCache):
             keep = contract.blocks_for(seq.num_reserved, self._block_size)
             dropped, seq.blocks = seq.blocks[keep:], seq.blocks[:keep]
             self._release(seq, dropped)
+            if self._checkpoints is not None:
+                self._checkpoints.on_reserve(seq, self._emit)
 
     # -- release ---------------------------------------------------------------------------
 
@@ -644,6 +682,8 @@ class SpecCache(StepCalls, PrefixCache):
             for seq_id in ids:
                 seq = self._s.seqs.pop(seq_id)
                 self._release(seq, seq.blocks)
+                if self._checkpoints is not None:
+                    self._checkpoints.on_free(seq_id)
 
     def evict(self, num_blocks: int) -> int:
         with self._transaction():
@@ -662,6 +702,8 @@ class SpecCache(StepCalls, PrefixCache):
             fresh.clock = self._s.clock
             self._s = fresh
             self._emit(AllBlocksCleared())
+            if self._checkpoints is not None:
+                self._checkpoints.on_reset()
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -694,7 +736,7 @@ class SpecCache(StepCalls, PrefixCache):
             assert h is not None, f"index entry {ident!r} points at unpublished block {b}"
             index.append((h, b))
         seqs = tuple(seq_view(s, s.namespace.key()) for s in self._s.seqs.values())
-        return CacheState(
+        snap = CacheState(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
             blocks=tuple(views),
@@ -704,3 +746,4 @@ class SpecCache(StepCalls, PrefixCache):
             stats=self.stats(),
             pending_events=tuple(self._s.events),
         )
+        return snap if self._checkpoints is None else self._checkpoints.with_snapshot(snap)

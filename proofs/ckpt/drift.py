@@ -104,7 +104,7 @@ def abstract(cache: HybridSpecCache, S: int) -> dict[str, Any]:
             // bs
         )
     stats = cache.stats()
-    c["clock"] = cache._h.order
+    c["clock"] = cache._store.order
     c["ctr"] = {
         "saved": stats.checkpoints_saved,
         "discarded": stats.checkpoints_discarded,

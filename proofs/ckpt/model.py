@@ -18,10 +18,11 @@ is published and held by no live sequence's hit, a freshly published node was un
 index returns a published node at the right depth, ``save_point`` lies beyond the computed
 tokens). The drift check reads those arguments off the spec's own run.
 
-One transition per spec operation, mirroring ``spec/hybrid.py`` statement by statement:
-``_take_slot`` (lowest free slot, else evict the oldest Ready checkpoint), ``_retarget``,
-``_on_evicted``, ``admit`` (evict, pin, runtime slot, retarget), ``commit`` (publish, Ready
-or discard, retarget), ``restore_issued``, ``free``, ``evict``, ``reset``.
+One transition per spec operation, mirroring the spec's checkpoint store
+(``spec/checkpoint_store.py``, through the hooks ``SpecCache`` calls) statement by statement:
+``_take_slot`` (lowest free slot, else evict the oldest Ready checkpoint), ``on_reserve``,
+``on_evict``, ``admit`` (evict, pin, runtime slot, reserve), ``commit`` (publish, Ready
+or discard, reserve), ``restore_issued``, ``free``, ``evict``, ``reset``.
 """
 
 from __future__ import annotations
@@ -337,7 +338,8 @@ class CkptBase:
 
 
 class SpecDecisions(CkptBase):
-    """The spec's decision points (``spec/hybrid.py``): one hook per choice it makes.
+    """The spec's decision points (``spec/checkpoint_store.py``): one hook per choice it
+    makes.
 
     Broken variants (:mod:`.broken`) and seeded drifts (:mod:`.drift`) override these to
     make a different choice, and the proofs or the drift check must notice. Three variants
@@ -383,7 +385,7 @@ class SpecDecisions(CkptBase):
         )
 
     def evict_node(self, st: CState, n: int, c: Term) -> CState:
-        """``_on_evicted(n)`` when ``c``: the node goes, its checkpoint is released (stale)."""
+        """``on_evict(n)`` when ``c``: the node goes, its checkpoint is released (stale)."""
         out = self.drop(
             st, [z3.And(c, self.restorable(st, s), st.node[s] == n) for s in range(self.K)], "stale"
         )
@@ -436,7 +438,7 @@ class SpecDecisions(CkptBase):
         return out
 
     def release_seq(self, st: CState, q: int) -> CState:
-        """``_release_seq``: runtime slot back, reservation discarded, restore abandoned."""
+        """``on_free``: runtime slot back, reservation discarded, restore abandoned."""
         rt = [z3.And(st.kind[s] == RUNTIME, st.rt[q] == s) for s in range(self.K)]
         out = st.copy()
         for s, c in enumerate(rt):

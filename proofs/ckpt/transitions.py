@@ -1,8 +1,8 @@
-"""The checkpoint model's transitions, one per spec operation (``spec/hybrid.py``).
+"""The checkpoint model's transitions, one per spec operation (``spec/checkpoint_store.py``).
 
 Each mirrors its spec method statement by statement: ``_take_slot`` (lowest free slot, else
-evict the oldest Ready checkpoint), ``_retarget``, ``admit`` (evict, pin, runtime slot,
-retarget), ``commit`` (publish, Ready or discard, retarget), ``restore_issued``, ``free``,
+evict the oldest Ready checkpoint), ``on_reserve``, ``admit`` (evict, pin, runtime slot,
+reserve), ``commit`` (publish, Ready or discard, reserve), ``restore_issued``, ``free``,
 ``evict``, ``reset``.
 """
 
@@ -86,7 +86,7 @@ class CkptModel(CkptFormulas):
         return can, slot, merge(can, out, st)
 
     def retarget(self, st: CState, q: int, target: Term) -> CState:
-        """``_retarget``: keep the reservation at the save point; a new one is best-effort."""
+        """``on_reserve``: keep the reservation at the save point; a new one is best-effort."""
         cur = [z3.And(st.kind[s] == RESERVED, st.owner[s] == q) for s in range(self.K)]
         keep = z3.Or([z3.And(c, st.bnd[s] == target) for s, c in enumerate(cur)])
         dropped = self.drop(st, cur, "discarded")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 from prefixkv.spec import HybridSpecCache, Match, Request
+from prefixkv.spec.checkpoint_store import CheckpointStore, Emit
 
 from ..driver import SeededResult, seeded
 from .drift import BS, ExpertsReport, JointDriftReport, run_experts_lockstep, run_joint_drift
@@ -19,33 +20,46 @@ __all__ = [
 ]
 
 
-class _EvictionKeepsCheckpoint(HybridSpecCache):
-    """``_on_evicted`` forgets the checkpoint: it stays Ready on a node that is gone."""
+class _ForgetsStaleCheckpoint(CheckpointStore):
+    def on_evict(self, block: int, emit: Emit) -> None:
+        self.experts.pop(block, None)
 
-    def _on_evicted(self, block: int) -> None:
-        self._h.experts.pop(block, None)
+
+class _EvictionKeepsCheckpoint(HybridSpecCache):
+    """The store's ``on_evict`` forgets the checkpoint: it stays Ready on a node that is
+    gone."""
+
+    store_type = _ForgetsStaleCheckpoint
+
+
+class _EvictsPinnedUnderPressure(CheckpointStore):
+    def _evict_checkpoint(self, emit: Emit) -> bool:
+        held = [ck for ck in self.ckpts.values() if ck.status in ("ready", "pinned")]
+        if not held:
+            return False
+        self._drop(min(held, key=lambda ck: ck.order))
+        self.evicted += 1
+        return True
 
 
 class _PressureEvictsPinned(HybridSpecCache):
     """Slot pressure takes the oldest checkpoint, Ready or Pinned."""
 
-    def _evict_checkpoint(self) -> bool:
-        held = [ck for ck in self._h.ckpts.values() if ck.status in ("ready", "pinned")]
-        if not held:
-            return False
-        self._drop(min(held, key=lambda ck: ck.order))
-        self._h.evicted += 1
-        return True
+    store_type = _EvictsPinnedUnderPressure
+
+
+class _KeepsExperts(CheckpointStore):
+    def on_evict(self, block: int, emit: Emit) -> None:
+        ck = self._ckpt_at(block)
+        if ck is not None:
+            self._drop(ck)
+            self.released_stale += 1
 
 
 class _ExpertsOnPrivateBlock(HybridSpecCache):
     """Routed experts stay on a released block."""
 
-    def _on_evicted(self, block: int) -> None:
-        ck = self._ckpt_at(block)
-        if ck is not None:
-            self._drop(ck)
-            self._h.released_stale += 1
+    store_type = _KeepsExperts
 
 
 SEEDED_JOINT_DRIFTS: tuple[tuple[str, str, type[HybridSpecCache]], ...] = (
@@ -85,7 +99,7 @@ class _MatchPrefersExperts(HybridSpecCache):
     def match(self, req: Request) -> Match:
         m = super().match(req)
         c = 0
-        while c < m.num_blocks and m.block_ids[c] in self._h.experts:
+        while c < m.num_blocks and m.block_ids[c] in self._store.experts:
             c += 1
         if c == m.num_blocks:
             return m

@@ -238,7 +238,7 @@ class JointTransitions(JointFormulas):
         return z3.And(sel(x.pub, n), sel(x.rc, n) == 0, self.is_leaf(x, n))
 
     def stale(self, x: JState, k: int, n: Term) -> Term:
-        """``_on_evicted``: the evicted node's checkpoint is released at once."""
+        """``on_evict``: the evicted node's checkpoint is released at once."""
         return z3.And(x.kind[k] != FREE, x.node[k] == n)
 
     def drop(self, x: JState, a: SlotArgs) -> Step:

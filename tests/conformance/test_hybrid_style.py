@@ -167,11 +167,14 @@ def test_prefixkv_hybrid_manager_passes_in_exact_mode() -> None:
 
 def test_exact_mode_catches_a_kept_draft_state() -> None:
     """A hybrid manager whose keep_state accepts a draft's position differs from the spec."""
-    from prefixkv.impl import HybridPrefixCacheManager
+    from prefixkv.impl import CheckpointStore, HybridPrefixCacheManager
+
+    class KeepsDraftStates(CheckpointStore):
+        def keep_state(self, seq_id: Any, position: object, num_computed: int) -> None:
+            self._positions[seq_id] = position  # type: ignore[assignment]
 
     class KeepsDrafts(HybridPrefixCacheManager):
-        def keep_state(self, seq_id: Any, position: int) -> None:
-            self._positions[seq_id] = position
+        store_type = KeepsDraftStates
 
     def make(num_blocks: int, block_size: int, **kwargs: Any) -> Any:
         return KeepsDrafts(num_blocks, block_size, **kwargs)

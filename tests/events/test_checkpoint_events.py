@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prefixkv.impl import HybridPrefixCacheManager
+from prefixkv.impl import CheckpointStore, HybridPrefixCacheManager
 from prefixkv.spec import (
     AllBlocksCleared,
     BlockRemoved,
@@ -150,13 +150,18 @@ def test_the_mirror_refuses_checkpoint_events_that_describe_no_cache() -> None:
     assert CheckpointStored((5,)) != BlockRemoved((5,))  # not a one-field tuple
 
 
+class _SilentStaleStore(CheckpointStore):
+    def on_evict(self, block: int, events: list[Any] | None) -> None:
+        n = 0 if events is None else len(events)
+        super().on_evict(block, events)
+        if events is not None:
+            del events[n:]
+
+
 class _NoStaleRemoval(HybridPrefixCacheManager):
     """A seeded bug: a checkpoint that goes stale with its block leaves unannounced."""
 
-    def _on_evicted(self, block: int) -> None:
-        n = len(self._events)
-        super()._on_evicted(block)
-        del self._events[n:]
+    store_type = _SilentStaleStore
 
 
 class _NoReadyEvent(HybridPrefixCacheManager):

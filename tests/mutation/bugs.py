@@ -708,14 +708,14 @@ BUGS: tuple[Bug, ...] = (
         ),
         machine="steps",
     ),
-    # -- recurrent-state checkpoints and routed experts (impl/hybrid.py) ---------------------
+    # -- recurrent-state checkpoints and routed experts (impl/_checkpoints.py) ---------------------
     Bug(
         "release_pinned_checkpoint",
         "slot pressure evicts the oldest saved checkpoint even while a restore has it pinned: "
         "the engine then restores from a slot that was handed to someone else",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "                if ck.status == READY:\n",
                 "                if ck.status != RESERVED:\n",
             ),
@@ -728,7 +728,7 @@ BUGS: tuple[Bug, ...] = (
         "restore (not Ready), and re-pins it under a second owner",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "                and ck.status == READY\n",
                 "",
             ),
@@ -741,7 +741,7 @@ BUGS: tuple[Bug, ...] = (
         "the restored state is one block short of the reused KV",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "            ck = node_ckpt.get(blocks[c - 1])",
                 "            ck = node_ckpt.get(blocks[max(c - 2, 0)])",
             ),
@@ -754,7 +754,7 @@ BUGS: tuple[Bug, ...] = (
         "not once the tokens up to it are accepted: rejected drafts reach a saved state",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "        if ck is not None and ck.boundary <= seq.num_computed:",
                 "        if ck is not None and ck.boundary <= seq.num_reserved:",
             ),
@@ -767,11 +767,11 @@ BUGS: tuple[Bug, ...] = (
         "restores a state of another prefix",
         (
             (
-                "hybrid.py",
-                "                self._events.append(CheckpointRemoved((ck.block_hash,)))\n"
+                "_checkpoints.py",
+                "                events.append(CheckpointRemoved((ck.block_hash,)))\n"
                 "            self._drop_saved(ck)\n"
                 "            self._released_stale += 1\n",
-                "                self._events.append(CheckpointRemoved((ck.block_hash,)))\n",
+                "                events.append(CheckpointRemoved((ck.block_hash,)))\n",
             ),
         ),
         machine="hybrid",
@@ -782,7 +782,7 @@ BUGS: tuple[Bug, ...] = (
         "forever: never restorable, never evictable",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 """            ck = self._pinned.pop(seq_id, None)
             if ck is not None:  # an aborted restore: the checkpoint is Ready again
                 ck.status, ck.owner = READY, None
@@ -799,7 +799,7 @@ BUGS: tuple[Bug, ...] = (
         "is told to save a state at a position it will not compute)",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "            if current.boundary == target:",
                 "            if current.boundary >= target:",
             ),
@@ -812,9 +812,9 @@ BUGS: tuple[Bug, ...] = (
         "blocks that have none",
         (
             (
-                "hybrid.py",
-                "                if node >= 0 and node not in self._experts:",
-                "                if node >= 0:",
+                "_checkpoints.py",
+                "            if node >= 0 and node not in self._experts:",
+                "            if node >= 0:",
             ),
         ),
         machine="hybrid",
@@ -825,7 +825,7 @@ BUGS: tuple[Bug, ...] = (
         "instead of replaying nothing unless every hit block has it",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "            if data is None:\n                return None",
                 "            if data is None:\n                continue",
             ),
@@ -838,8 +838,8 @@ BUGS: tuple[Bug, ...] = (
         "as evictable, so it promises a runtime slot that admission cannot get",
         (
             (
-                "hybrid.py",
-                " + self._num_ready_unpinned - (1 if plan.blocks else 0)",
+                "_checkpoints.py",
+                " + self._num_ready_unpinned - (1 if pins_a_hit else 0)",
                 " + self._num_ready_unpinned",
             ),
         ),
@@ -851,11 +851,27 @@ BUGS: tuple[Bug, ...] = (
         "draft's state that the rollback then drops: the runtime slot runs ahead of the tokens",
         (
             (
-                "hybrid.py",
-                "            seq_id, position, self._positions[seq_id], seq.num_computed\n",
+                "_checkpoints.py",
+                "            seq_id, position, self._positions[seq_id], num_computed\n",
                 "            seq_id, position, self._positions[seq_id], position\n"
-                "            if type(position) is int and position >= seq.num_computed\n"
-                "            else seq.num_computed\n",
+                "            if type(position) is int and position >= num_computed\n"
+                "            else num_computed\n",
+            ),
+        ),
+        machine="hybrid",
+    ),
+    Bug(
+        "append_skips_the_store",
+        "a decode append within the held blocks skips the checkpoint store's hook: the "
+        "reservation stays at the old save point while the engine reserves past the new one",
+        (
+            (
+                "cache.py",
+                "            seq.num_reserved = reserved\n"
+                "            if self._checkpoints is not None:\n"
+                "                self._checkpoints.on_reserve(seq, self._event_queue())\n"
+                "            return []\n",
+                "            seq.num_reserved = reserved\n            return []\n",
             ),
         ),
         machine="hybrid",
@@ -866,7 +882,7 @@ BUGS: tuple[Bug, ...] = (
         "the engine starts the forward from a position the restored state is not at",
         (
             (
-                "hybrid.py",
+                "_checkpoints.py",
                 "        ck = self._pinned.get(seq_id)\n"
                 "        return None if ck is None else StateRef(ck.slot, ck.boundary)\n",
                 "        ck = self._pinned.get(seq_id)\n"

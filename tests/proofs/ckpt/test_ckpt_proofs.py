@@ -18,6 +18,7 @@ from prefixkv.proofs.ckpt import seeded as ckpt_seeded
 from prefixkv.proofs.driver import DriftError
 from prefixkv.spec import HybridSpecCache, Namespace, Request
 from prefixkv.spec import hybrid as spec_hybrid
+from prefixkv.spec.checkpoint_store import CheckpointStore, Emit
 
 DRIFT_CHECKS = 2000
 
@@ -101,15 +102,15 @@ def test_seeded_checkpoint_drift_is_caught(seeded: tuple[str, str, type[ck.CkptM
 def test_a_drifted_spec_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drift on the spec's side: slot pressure evicts the newest Ready checkpoint."""
 
-    def newest(self: HybridSpecCache) -> bool:
-        ready = [c for c in self._h.ckpts.values() if c.status == spec_hybrid.READY]
+    def newest(self: CheckpointStore, emit: Emit) -> bool:
+        ready = [c for c in self.ckpts.values() if c.status == spec_hybrid.READY]
         if not ready:
             return False
         self._drop(max(ready, key=lambda c: c.order))
-        self._h.evicted += 1
+        self.evicted += 1
         return True
 
-    monkeypatch.setattr(HybridSpecCache, "_evict_checkpoint", newest)
+    monkeypatch.setattr(CheckpointStore, "_evict_checkpoint", newest)
     with pytest.raises(DriftError):
         ckpt_drift.run_ckpt_drift(3000, seed=0)
 
