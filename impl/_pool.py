@@ -11,15 +11,15 @@ NOTE: metadata lives in parallel machine-int arrays indexed by block id rather t
 object per block, and the hot loops bind the arrays they need to locals. A published block's
 token ids live in one flat byte buffer (``block_size`` native 32-bit ids per block, at
 ``b * block_size * 4``), so verifying a hit compares one contiguous slice, and a cached block
-costs no Python object of its own: about 124 bytes of arrays at block size 16 (64 of them
-token ids), against ~900 when each block held a tuple of int objects. Only the namespace
-(a reference to a shared bytes key) and the multimodal extra keys (a sparse dict: text blocks
-have none) are Python references.
+costs no Python object of its own, only its share of the arrays (:meth:`BlockPool.nbytes`;
+measured against a tuple of int objects per block in docs/benchmarks.md, "Host memory per
+cached block"). Only the namespace (a reference to a shared bytes key) and the multimodal
+extra keys (a sparse dict: text blocks have none) are Python references.
 
 NOTE: the arrays and the token buffer are allocated once, at their final size
 (``num_blocks`` entries), when the pool is built. Growing them as blocks were first handed out
 cost more than it saved: every doubling copies the array and frees the old one, and the
-allocator keeps much of that freed memory (about 10% of a full million-block pool's RSS).
+allocator keeps much of that freed memory (docs/benchmarks.md, "What is measured").
 Allocated at once, a cached block costs exactly its share of the arrays, whatever the pool
 size. The cyclic garbage collector does not traverse arrays at all.
 
@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from struct import Struct
 
-from ._leaves import LeafHeap
+from ._leaves import COMPACT_SLACK, LeafHeap
 
 __all__ = ["NO_PARENT", "BlockPool"]
 
@@ -88,7 +88,106 @@ _ONE: array[int] = array("i", (1,))
 
 
 class BlockPool:
+    """The pool's data model: one column per field, indexed by block id (see the module).
+
+    The columns are the pool's own. Every write goes through a method of this class (the
+    "written by" column; ``publish*`` is :meth:`publish`, :meth:`publish_plain` and
+    :meth:`publish_run`); ``tests/impl/test_encapsulation.py`` rejects a write from any
+    other module.
+
+    NOTE: the columns keep public names, and the walk, the index, the leaf heap, the
+    publisher, the eviction record and the manager read them directly, binding the arrays
+    they need to locals in their loops. A read through a method or a property would add a
+    call per block read on the hottest paths (the prompt walk, eviction) and buy no safety
+    a read needs. The writes are the pool's methods, each one step of the model's (a
+    publication, a release, an eviction), whatever column it touches.
+
+    Per block (``b`` is published iff ``depth[b] != 0``; the identity fields, ``tokens``
+    to ``serial``, are read only while it is):
+
+    =================  ===========  =========================  =======================  ============
+    column             type         meaning                    invariant                written by
+    =================  ===========  =========================  =======================  ============
+    ref                array('i')   holds on b: the live       INV-REF; ref > 0 iff b   allocate,
+                                    block tables that list it  is used                  pin, release
+    depth              array('i')   b's place in its chain, 1  0 iff b is unpublished;  publish*,
+                                    for a root                 a child's is its         forget,
+                                                               parent's plus 1          clear
+    tokens             bytearray    token ids, native uint32,  part of the identity     publish*
+                                    block_nbytes at b *        has_identity compares
+                                    block_nbytes
+    namespace          list         the namespace key (bytes;  one shared object per    publish*
+                                    None if never published)   namespace
+    extra              dict         multimodal extra keys, of  no entry for an          publish,
+                                    the blocks that have any   unpublished block        forget,
+                                                                                        clear
+    parent             array('i')   the parent's id, or        a published block's      publish*
+                                    NO_PARENT                  parent is published
+                                                               (INV-ANCESTOR)
+    key                array('q')   the index key b is filed   the index files b under  publish*
+                                    under                      it (INV-INDEX)
+    event_hash         array('q')   the events' block hash     empty unless             publish
+                                                               wire_hashes
+    serial             array('q')   the name of b's identity   unique per identity      publish*
+                                    (see ._record)
+    last_use           array('q')   the clock when b's last    set whenever ref falls   release
+                                    hold was dropped           to 0
+    num_children       array('i')   published children         a leaf has none          publish*,
+                                                               (between pop_leaves and  drop_child,
+                                                               forget, the victims are  clear
+                                                               not counted)
+    anchored_children  array('i')   anchored published         b is anchored iff ref    pin,
+                                    children (see .cache)      or this is nonzero       release,
+                                                                                        publish*,
+                                                                                        anchor_up,
+                                                                                        unanchor_up,
+                                                                                        clear
+    gen                array('i')   the generation, moved on   a remembered (b, gen)    forget,
+                                    when b is unpublished      pair detects reuse       clear
+    =================  ===========  =========================  =======================  ============
+
+    Whole pool (INV-PARTITION: ``num_free + num_cached + num_used == num_blocks``, where
+    ``num_free`` is the free queue's length):
+
+    =================  ===========  =========================  =======================  ============
+    column             type         meaning                    invariant                written by
+    =================  ===========  =========================  =======================  ============
+    fresh_next         int          the first never-used id    ids from it on are free  allocate,
+                                                               and never published      clear
+    released           deque[int]   freed or evicted ids,      the free queue is the    allocate,
+                                    oldest first               fresh range, then these  release,
+                                                                                        forget,
+                                                                                        clear
+    num_used           int          blocks with ref > 0        INV-PARTITION            allocate,
+                                                                                        pin, release
+    num_cached         int          published blocks with ref  INV-PARTITION            pin,
+                                    == 0                                                release,
+                                                                                        forget,
+                                                                                        clear
+    num_published      int          published blocks           the blocks with depth    publish*,
+                                                               != 0                     forget,
+                                                                                        clear
+    num_reclaimable    int          published, unanchored      supply counts them as    pin,
+                                    blocks                     free                     release,
+                                                                                        publish*,
+                                                                                        anchor_up,
+                                                                                        unanchor_up,
+                                                                                        forget,
+                                                                                        clear
+    num_blocks         int          blocks in the pool         fixed                    ``__init__``
+    block_size         int          tokens per block           fixed                    ``__init__``
+    block_nbytes       int          token bytes per block      4 * block_size           ``__init__``
+    wire_hashes        bool         whether event_hash is      fixed                    ``__init__``
+                                    kept
+    =================  ===========  =========================  =======================  ============
+
+    The eviction order (:class:`~._leaves.LeafHeap`, private) is reached through
+    :meth:`pop_leaves`, :meth:`maybe_compact` and :meth:`eviction_order`; it keeps its
+    own column, each block's leaf version.
+    """
+
     __slots__ = (
+        "_leaves",
         "anchored_children",
         "block_nbytes",
         "block_size",
@@ -99,8 +198,6 @@ class BlockPool:
         "gen",
         "key",
         "last_use",
-        "leaf_version",
-        "leaves",
         "namespace",
         "num_blocks",
         "num_cached",
@@ -119,7 +216,8 @@ class BlockPool:
     @staticmethod
     def nbytes(num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> int:
         """What :meth:`__init__` allocates up front for this shape, in bytes: the per-block
-        arrays below (``tests/impl/test_pool_shape.py`` holds the two together).
+        arrays below, the leaf heap's included (``tests/impl/test_construction.py`` holds the
+        two together).
 
         Args:
             num_blocks: the pool's blocks.
@@ -129,12 +227,29 @@ class BlockPool:
         Returns:
             The bytes of every per-block array and list, the token store included.
         """
-        # ref depth parent num_children anchored_children leaf_version gen: int32;
+        # ref depth parent num_children anchored_children gen, the leaf heap's versions: int32;
         # key last_use serial (event_hash): int64; namespace: one pointer; token ids: uint32.
         per_block = 7 * 4 + (4 if wire_hashes else 3) * 8 + 8 + 4 * block_size
         return num_blocks * per_block
 
-    def __init__(self, num_blocks: int, block_size: int, *, wire_hashes: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        wire_hashes: bool = True,
+        heap_slack: int = COMPACT_SLACK,
+    ) -> None:
+        """Allocate every column at its final size: nothing is published, every block free.
+
+        Args:
+            num_blocks: the pool's blocks.
+            block_size: tokens per block.
+            wire_hashes: whether to keep each published block's event hash (the manager
+                records KV events).
+            heap_slack: the leaf heap's stale-entry slack (:data:`~._leaves.COMPACT_SLACK`;
+                a test knob: see ``PrefixCacheManager``).
+        """
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.block_nbytes = 4 * block_size
@@ -162,8 +277,6 @@ class BlockPool:
         #: Published children that are *anchored*: held by a sequence, or with an anchored
         #: child. See ``PrefixCacheManager`` for why this makes ``can_admit`` exact.
         self.anchored_children: array[int] = array("i", four)
-        #: Bumped whenever b enters the leaf set; stale heap entries carry an older version.
-        self.leaf_version: array[int] = array("i", four)
         #: Bumped whenever b is evicted, so a remembered (block, gen) pair detects reuse.
         self.gen: array[int] = array("i", four)
         #: The exact name of a published block's identity (see the manager's eviction record).
@@ -171,8 +284,8 @@ class BlockPool:
         del four, eight
         self.fresh_next = 0
         self.released: deque[int] = deque()
-        #: The cached leaves in eviction order.
-        self.leaves = LeafHeap()
+        #: The cached leaves in eviction order (with its own column, the leaf versions).
+        self._leaves = LeafHeap(n, heap_slack)
         # Occupancy (INV-PARTITION: free + cached + used == num_blocks).
         self.num_used = 0  # refcount > 0
         self.num_cached = 0  # published, refcount 0
@@ -348,7 +461,7 @@ class BlockPool:
                         self.num_reclaimable += 1
                         self.unanchor_up(parent[p])
             if not children[b]:
-                self.leaves.push(self, b)
+                self._leaves.push(self, b)
         self.num_used -= freed
         self.num_cached += cached
         self.num_reclaimable += unanchored
@@ -460,10 +573,10 @@ class BlockPool:
         allocation hands out such runs): one slice assignment per array instead of a store
         per block. The caller counts the run and anchors its parent.
 
-        NOTE: an array's item store parses its argument through the generic argument parser
-        (about 300 machine instructions per store on CPython 3.11); a slice assignment of an
-        array built from packed bytes costs a few per item. The ids are consecutive, so each
-        field's new values are one slice.
+        NOTE: an array's item store parses its argument through the generic argument parser;
+        a slice assignment of an array built from packed bytes costs a small fraction of that
+        per item (docs/benchmarks.md, "Where publication's time goes"). The ids are
+        consecutive, so each field's new values are one slice.
         """
         stop = b0 + k
         nb = self.block_nbytes
@@ -478,13 +591,29 @@ class BlockPool:
             self.num_children[b0 : stop - 1] = ones
             self.anchored_children[b0 : stop - 1] = ones
 
+    def drop_child(self, p: int) -> int:
+        """One published child of ``p`` is being evicted: count it out.
+
+        Called by the leaf heap's climb for each victim's parent, before the victims are
+        unpublished (:meth:`forget`).
+
+        Args:
+            p: the published parent.
+
+        Returns:
+            The published children ``p`` has left (0: it may have just become a leaf).
+        """
+        left = self.num_children[p] - 1
+        self.num_children[p] = left
+        return left
+
     def pop_leaves(self, count: int) -> list[int]:
         """Take up to ``count`` leaves off the eviction order, each still published.
 
         A parent left without published children becomes a leaf and may go in the same
         call. The caller unindexes the victims, then hands them to :meth:`forget`.
         """
-        return self.leaves.pop(self, count)
+        return self._leaves.pop(self, count)
 
     def forget(self, victims: Sequence[int]) -> None:
         """Unpublish the evicted ``victims`` and return them to the free queue."""
@@ -522,13 +651,13 @@ class BlockPool:
         children, anchored = self.num_children, self.anchored_children
         for b in published:
             children[b] = anchored[b] = 0
-        self.leaves.clear()
+        self._leaves.clear()
         self.released.clear()
         self.fresh_next = 0
         self.num_cached = self.num_published = self.num_reclaimable = 0
 
     def maybe_compact(self) -> None:
-        self.leaves.maybe_compact(self, self.num_cached)
+        self._leaves.maybe_compact(self, self.num_cached)
 
     def eviction_order(self) -> list[int]:
-        return self.leaves.order(self)
+        return self._leaves.order(self)

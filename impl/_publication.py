@@ -94,6 +94,14 @@ class Publisher:
                     return 1
             elif self._publish_run(seq, first, stop):
                 return stop - first
+        return self._publish_each(seq, first, stop, events)
+
+    def _publish_each(
+        self, seq: SeqState, first: int, stop: int, events: list[KVEvent] | None
+    ) -> int:
+        """:meth:`publish`'s general loop, one block at a time: any hasher, KV events,
+        multimodal extra keys, duplicates (choice 2) and orphans (INV-ANCESTOR)."""
+        keys = self.keys
         bs, tokens, blocks, hashes, ns = (
             self.block_size,
             seq.tokens,

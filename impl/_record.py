@@ -76,11 +76,12 @@ class EvictionRecord:
         oldest fall out, exactly as the spec's record.
 
         NOTE: the loop writes the key of a block without extra keys out (``evicted_key``'s
-        shape, checked by the tests against it) rather than calling ``evicted_key``: a call
-        per victim was a fifth of the record's cost. Remembering a batch in C-level passes
+        shape, checked by the tests against it) rather than calling ``evicted_key``, which
+        costs a call per victim. Remembering a batch in C-level passes
         (drop every key, add every key, cut to ``capacity``) was measured dearer than this
         loop: most of a victim's cost is the record's own dictionary operations on a fresh
-        key, which a batch does not make cheaper.
+        key, which a batch does not make cheaper. Both are measured in docs/benchmarks.md,
+        "The full pool: eviction at the cost of its work".
         """
         parent, serial, pns, extra = pool.parent, pool.serial, pool.namespace, pool.extra
         toks, nb, cut = pool.tokens, pool.block_nbytes, self._cut_block

@@ -90,12 +90,13 @@ from prefixkv.spec.request import Request, SeqId
 from prefixkv.spec.results import Admission, CacheStats, LostReuse, Match
 from prefixkv.spec.state import BlockView, CacheState, seq_view
 
-from prefixkv.errors import InvalidConfig
+from prefixkv.errors import InvalidConfig, require_int
 
 from ._fused import FusedSteps
 from ._host import host_memory
 from ._index import HashIndex
 from ._keys import ChainKeys
+from ._leaves import COMPACT_SLACK
 from ._pool import NO_PARENT, BlockPool
 from ._publication import Publisher
 from ._record import EvictionRecord
@@ -132,7 +133,9 @@ class AdmitPlan(NamedTuple):
     lost: LostReuse
 
 
-def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> BlockPool:
+def _allocate_pool(
+    num_blocks: int, block_size: int, wire_hashes: bool, heap_slack: int = COMPACT_SLACK
+) -> BlockPool:
     """The block pool, or ``InvalidConfig`` when the shape (within the contract's bounds)
     needs more memory than this host has.
 
@@ -151,7 +154,7 @@ def _allocate_pool(num_blocks: int, block_size: int, wire_hashes: bool) -> Block
     if have is not None and need > have:
         raise too_big
     try:
-        return BlockPool(num_blocks, block_size, wire_hashes=wire_hashes)
+        return BlockPool(num_blocks, block_size, wire_hashes=wire_hashes, heap_slack=heap_slack)
     except MemoryError:
         raise too_big from None
 
@@ -176,8 +179,23 @@ class _ManagerCore(PrefixCache):
         hasher: BlockHasher = fast_hash,
         record_events: bool = False,
         checkpoints: CheckpointStore | None = None,
+        heap_slack: int = COMPACT_SLACK,
     ) -> None:
+        """Build an empty cache.
+
+        Args:
+            num_blocks: the pool's blocks.
+            block_size: tokens per block.
+            hasher: the block hasher (see :mod:`prefixkv.spec.identity`).
+            record_events: whether to queue KV events.
+            checkpoints: a checkpoint store (the hybrid manager's; None: a KV-only cache).
+            heap_slack: a test knob: the stale entries the eviction heap tolerates beyond
+                twice the cached blocks before it is rebuilt, an int >= ``-num_blocks``
+                (``InvalidConfig`` otherwise). The default suits any pool; the conformance
+                machines pass a negative one so that small pools rebuild it often.
+        """
         self._num_blocks, self._block_size = check_pool_shape(num_blocks, block_size)
+        heap_slack = require_int(heap_slack, "heap_slack", minimum=-self._num_blocks)
         # NOTE: off by default, as in the engines: a queue nobody drains is a memory leak.
         hasher, self._record_events = check_cache_options(hasher, record_events)
         # NOTE: with the default hasher the index files blocks under a *keyed* chain hash
@@ -186,10 +204,8 @@ class _ManagerCore(PrefixCache):
         # block while events are recorded, and computed only then.
         self._keys = ChainKeys(self._block_size, hasher)
         wire_hashes = self._record_events
-        self._pool = _allocate_pool(self._num_blocks, self._block_size, wire_hashes)
+        self._pool = _allocate_pool(self._num_blocks, self._block_size, wire_hashes, heap_slack)
         self._index = HashIndex()
-        #: The pool's eviction order (the machines tune its compaction slack).
-        self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
         #: The last request looked up and the index keys of its prompt's full blocks: an

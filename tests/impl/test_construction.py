@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
 from prefixkv.impl import cache as impl_cache
+from prefixkv.impl._leaves import COMPACT_SLACK, LeafHeap
 from prefixkv.impl._pool import BlockPool
 from prefixkv.spec import HybridSpecCache, Namespace, PrefixCacheError, Request, SpecCache
 from prefixkv.spec.contract import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_STATE_SLOTS
@@ -78,8 +79,11 @@ def test_pool_nbytes_is_what_the_pool_allocates(
     built pool holds, one per block attribute."""
     pool = BlockPool(num_blocks, block_size, wire_hashes=wire_hashes)
     held = 0
-    for name in BlockPool.__slots__:
-        value = getattr(pool, name, None)
+    heap = pool._leaves  # the eviction order keeps its own column, the leaf versions
+    parts: list[tuple[object, str]] = [(pool, name) for name in BlockPool.__slots__]
+    parts += [(heap, name) for name in LeafHeap.__slots__]
+    for owner, name in parts:
+        value = getattr(owner, name, None)
         if isinstance(value, (bytes, bytearray)):
             held += len(value)
         elif isinstance(value, array):
@@ -114,3 +118,13 @@ def test_valid_options_still_build(cls: type) -> None:
     cache = cls(8, 2, hasher=weak_hash, record_events=True)
     cache.admit(Request(1, (1, 2, 3), Namespace("m")))
     assert cache.record_events is True
+
+
+@pytest.mark.parametrize("slack", [None, 1.5, True, "8", -9])
+def test_heap_slack_must_be_an_int_of_at_least_minus_num_blocks(slack: object) -> None:
+    _refused(lambda: PrefixCacheManager(8, 2, heap_slack=slack), "heap_slack")  # type: ignore[arg-type]
+
+
+def test_heap_slack_is_the_eviction_heaps() -> None:
+    assert PrefixCacheManager(8, 2, heap_slack=-8)._pool._leaves.slack == -8
+    assert PrefixCacheManager(8, 2)._pool._leaves.slack == COMPACT_SLACK

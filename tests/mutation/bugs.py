@@ -104,8 +104,8 @@ BUGS: tuple[Bug, ...] = (
             (
                 "_pool.py",
                 """            if not children[b]:
-                self.leaves.push(self, b)""",
-                """            self.leaves.push(self, b)""",
+                self._leaves.push(self, b)""",
+                """            self._leaves.push(self, b)""",
             ),
             (
                 "_leaves.py",
@@ -581,8 +581,8 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "_leaves.py",
-                "            pool.leaf_version[b] == entry[3]\n",
-                "            pool.leaf_version[b] != entry[3]\n",
+                "            self.versions[b] == entry[3]\n",
+                "            self.versions[b] != entry[3]\n",
             ),
         ),
     ),

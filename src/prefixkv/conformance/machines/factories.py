@@ -62,9 +62,11 @@ def spec_vs_impl(
 ) -> PairFactory:
     """SpecCache (reference) against prefixkv.impl (candidate), both with ``hasher``.
 
-    ``heap_slack`` overrides the stale-entry slack of the impl's eviction heap: 0 rebuilds
-    it whenever stale entries outnumber cached blocks twice over, so that path runs on the
-    small pools the machines use.
+    ``heap_slack`` is passed to the impl's constructor (its test knob, the stale-entry
+    slack of the eviction heap): 0 rebuilds the heap whenever stale entries outnumber cached
+    blocks twice over, a negative one sooner, so that path runs on the small pools the
+    machines use. It is not passed to the spec, nor when the candidate is the spec (an impl
+    that cannot import).
     """
     h = _hasher(hasher)
 
@@ -72,10 +74,9 @@ def spec_vs_impl(
         cls = candidate_class()
         kwargs: dict[str, Any] = {"hasher": h, "record_events": cfg.record_events}
         ref = SpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
+        if heap_slack is not None and cls is not SpecCache:
+            kwargs["heap_slack"] = heap_slack
         cand = cls(cfg.num_blocks, cfg.block_size, **kwargs)
-        leaves = getattr(cand, "_leaves", None)
-        if heap_slack is not None and leaves is not None:
-            leaves.slack = heap_slack
         return ref, cand
 
     make_pair.__name__ = f"spec_vs_impl_{getattr(h, '__name__', 'hash')}"
