@@ -26,7 +26,7 @@ from hypothesis.stateful import Bundle, multiple, precondition, rule
 
 from prefixkv.spec import InvalidRequest, MultimodalSpan, Request, SeqId
 
-from .checks import bad_inputs_due, counted
+from .checks import Targets, bad_inputs_due, counted
 from .steps import ProtocolSteps
 from .strategies import (
     BAD_SPAN_ARGS,
@@ -155,7 +155,7 @@ class FeatureRules(ProtocolSteps):
     @counted
     def admit_rich(
         self, rich: RichArgs, budget: int | None, chunks: int, sampled: tuple[int, ...]
-    ) -> Any:
+    ) -> Targets:
         """Admit a request with items, a recompute window and a chunk limit, then run up to
         ``chunks`` prefill steps (commit a chunk, reserve the next)."""
         req = self._rich_request(rich)
@@ -257,7 +257,7 @@ class FeatureRules(ProtocolSteps):
         budget: int | None,
         admit: bool,
         sampled: tuple[int, ...],
-    ) -> Any:
+    ) -> Targets:
         """Send a recent multimodal prompt again: the same, with other item contents or
         modalities, as plain text, or cut in half. Match it (INV-MATCH, LOST) and maybe
         admit it and run its first prefill step."""
