@@ -24,9 +24,12 @@ import importlib.metadata
 import inspect
 from collections.abc import Callable, Iterator
 from types import FunctionType
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import attrs
+
+if TYPE_CHECKING:
+    from hypothesis.stateful import RuleBasedStateMachine
 
 __all__ = [
     "AFFECTED_UP_TO",
@@ -226,7 +229,7 @@ class _Rule(Protocol):
     preconditions: tuple[Callable[[object], object], ...]
 
 
-def rules_of(machine: type) -> list[RuleInfo]:
+def rules_of(machine: type[RuleBasedStateMachine]) -> list[RuleInfo]:
     """Every rule and initialize rule of a Hypothesis machine class, as Hypothesis sees it.
 
     Args:
@@ -235,7 +238,7 @@ def rules_of(machine: type) -> list[RuleInfo]:
     Returns:
         Its rules, then its initialize rules.
     """
-    state = machine.setup_state()  # type: ignore[attr-defined]
+    state = machine.setup_state()
     rules: list[_Rule] = list(state.rules)
     inits: list[_Rule] = list(state.initializers)
     return [

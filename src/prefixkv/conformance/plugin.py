@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .profiles import PROFILES, default_profile
+
+if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
 
 __all__ = ["ConformanceItem"]
 
@@ -158,10 +161,10 @@ def _in_hypofuzz_run() -> bool:
 
 
 #: The parsed ``--prefixkv-database`` (``None``: the profile's own database).
-_DATABASE = pytest.StashKey[Any]()
+_DATABASE = pytest.StashKey["ExampleDatabase | None"]()
 
 
-def _database(config: pytest.Config) -> Any:
+def _database(config: pytest.Config) -> ExampleDatabase | None:
     """``--prefixkv-database``, else ``$PREFIXKV_DATABASE``, parsed once, before any run: a
     bad value or a Redis server that does not answer is a usage error, not a failed test."""
     from .database import DATABASE_ENV, DatabaseUnavailable, InvalidDatabase, parse_database

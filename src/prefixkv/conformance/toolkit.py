@@ -728,7 +728,8 @@ def check_deepcopy(manager: object) -> list[str]:
                 walk(a[k], b[k], f"{path}[{k!r}]")
             return
         if isinstance(a, (list, tuple)) or type(a).__name__ == "deque":
-            la, lb = list(a), list(b)  # type: ignore[call-overload]
+            # a list, a tuple or a deque, and b of the same type
+            la, lb = list(cast(Iterable[object], a)), list(cast(Iterable[object], b))
             if len(la) != len(lb):
                 problems.append(f"{path}: length {len(la)} became {len(lb)}")
                 return

@@ -19,13 +19,14 @@ from prefixkv.spec import Namespace
 
 from .._compat import rules_of
 from ..capabilities import Capabilities
+from .base import MachineBase
 from .coverage import RuleCoverage
 from .factories import PairFactory
 from .strategies import NAMESPACES
 
 __all__ = ["MachineDescription", "machine_class", "rule_names", "without_rules"]
 
-_M = TypeVar("_M", bound=type)
+_M = TypeVar("_M", bound="type[MachineBase]")
 
 
 @attrs.frozen
@@ -49,12 +50,12 @@ class MachineDescription:
     extra: Mapping[str, object] = attrs.field(factory=dict)
 
 
-def rule_names(machine: type) -> list[str]:
+def rule_names(machine: type[MachineBase]) -> list[str]:
     """Every rule and initialize rule of ``machine``, by function name, sorted."""
     return sorted(rule.name for rule in rules_of(machine))
 
 
-def _skipped(base: type, rules: Collection[str]) -> dict[str, None]:
+def _skipped(base: type[MachineBase], rules: Collection[str]) -> dict[str, None]:
     """``rules`` as attributes that shadow them (``ValueError`` for a name no rule has)."""
     known = set(rule_names(base)) - {"init"}
     unknown = sorted(set(rules) - known)

@@ -38,11 +38,14 @@ from prefixkv.spec import (
     Admission,
     BlockHasher,
     CacheState,
+    CheckpointView,
     HybridSpecCache,
     InvalidOperation,
     InvalidRequest,
     Request,
     SeqId,
+    SeqView,
+    StateRef,
     UnknownSequence,
     fast_hash,
 )
@@ -131,7 +134,7 @@ def hybrid_spec_vs_impl(hasher: BlockHasher | str = fast_hash) -> PairFactory:
     return make_pair
 
 
-def _statuses(snap: CacheState | None) -> dict[int, Any]:
+def _statuses(snap: CacheState | None) -> dict[int, CheckpointView]:
     if snap is None or snap.state_slots is None:
         return {}
     return {ck.slot: ck for ck in snap.state_slots.checkpoints}
@@ -161,7 +164,7 @@ class HybridMachine(DifferentialMachine):
     def _count_transitions(self, name: str, before: CacheState, after: CacheState) -> None:
         variants = type(self).coverage.variants
         old, new = _statuses(before), _statuses(after)
-        seqs = {v.seq_id: v for v in before.sequences}
+        seqs: dict[SeqId | None, SeqView] = {v.seq_id: v for v in before.sequences}
         for slot in old.keys() | new.keys():
             a = old[slot].status if slot in old else "free"
             b = new[slot].status if slot in new else "free"
@@ -249,7 +252,7 @@ class HybridMachine(DifferentialMachine):
             self.oracle.fail("HYBRID-SNAPSHOT", "the snapshot of a hybrid cache has no state_slots")
         return snap
 
-    def _check_ref(self, name: str, seq_id: SeqId, value: Any) -> None:
+    def _check_ref(self, name: str, seq_id: SeqId, value: StateRef | None) -> None:
         """HYBRID-REF: what a hybrid query answers is what the snapshot holds. The pending
         restore is the checkpoint pinned by the sequence (INV-CKPT: at the position where its
         hit ends); the reservation is the one it owns; the runtime state is its runtime slot, at the
@@ -601,6 +604,6 @@ def build_hybrid_machine(
     return machine_class(HybridMachine, description)
 
 
-def _calling(name: str, *args: Any) -> Callable[[Any], Any]:
+def _calling(name: str, *args: object) -> Callable[[object], object]:
     """``cache.<name>(*args)`` as an operation for the oracle."""
     return lambda cache: getattr(cache, name)(*args)
