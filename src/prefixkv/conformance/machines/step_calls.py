@@ -315,6 +315,6 @@ def build_step_machine(
 ) -> type[DifferentialMachine]:
     """``build_machine`` with the engine-shaped call rules mixed in."""
     base = build_machine(name, make_pair, **kwargs)
-    machine: type[DifferentialMachine] = type(name, (StepCallRules, base), {})
-    machine.__qualname__ = name
+    namespace = {"__module__": base.__module__, "__qualname__": name}
+    machine: type[DifferentialMachine] = type(name, (StepCallRules, base), namespace)
     return machine
