@@ -47,8 +47,13 @@ def test_a_removed_name_is_reported_with_what_it_was_for() -> None:
     assert missing(no_param) is not None
 
 
+#: A module of these (or ``hypofuzz`` itself) is internal to the kit's view.
+_INTERNAL = ("hypothesis.internal", "hypofuzz.")
+
+
 def _internal_imports(path: Path) -> list[str]:
-    """``hypothesis.internal`` and ``hypofuzz`` modules imported by a kit module."""
+    """``hypothesis.internal`` and ``hypofuzz`` modules a kit module imports, or names as
+    a string (``importlib.import_module``, ``sys.modules``)."""
     found: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         names: list[str] = []
@@ -56,7 +61,10 @@ def _internal_imports(path: Path) -> list[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
-        found += [n for n in names if n.startswith(("hypothesis.internal", "hypofuzz"))]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # a module named as a string; "hypofuzz" alone is the package's name (a version)
+            names = [node.value] if node.value.startswith(_INTERNAL) else []
+        found += [n for n in names if n.startswith(_INTERNAL) or n == "hypofuzz"]
     return found
 
 

@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from types import FunctionType
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
@@ -38,6 +39,7 @@ __all__ = [
     "RuleInfo",
     "align_forced_choices",
     "hypofuzz_version",
+    "in_hypofuzz_run",
     "installed",
     "keep_shrunk_failures",
     "missing",
@@ -112,6 +114,10 @@ REACHED: tuple[Reached, ...] = (
     Reached(
         "hypothesis", "hypothesis.internal.conjecture.data", "ConjectureResult.span_comments",
         "parameter", "keep_shrunk_failures: the name HypoFuzz reads as slice_comments",
+    ),
+    Reached(
+        "hypofuzz", "hypofuzz.detection", "in_hypofuzz_run", "attribute",
+        "in_hypofuzz_run: the plugin mends HypoFuzz's collection only",
     ),
     Reached(
         "hypofuzz", "hypofuzz.provider", "HypofuzzProvider._state", "instance",
@@ -203,6 +209,14 @@ def hypofuzz_version() -> tuple[int, ...] | None:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+def in_hypofuzz_run() -> bool:
+    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``). HypoFuzz is
+    imported by then; without it nothing is imported here."""
+    detection = sys.modules.get("hypofuzz.detection")
+    check = getattr(detection, "in_hypofuzz_run", None)
+    return callable(check) and bool(check())
 
 
 def mends_due(*, force: bool = False) -> bool:

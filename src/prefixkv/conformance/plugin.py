@@ -30,7 +30,6 @@ settings of the project's own Hypothesis tests.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -154,10 +153,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _in_hypofuzz_run() -> bool:
-    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``). HypoFuzz is
-    imported by then; without it nothing is imported here."""
-    detection = sys.modules.get("hypofuzz.detection")
-    return detection is not None and bool(detection.in_hypofuzz_run())
+    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``)."""
+    from ._compat import in_hypofuzz_run
+
+    return in_hypofuzz_run()
 
 
 #: The parsed ``--prefixkv-database`` (``None``: the profile's own database).
