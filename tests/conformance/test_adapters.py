@@ -68,8 +68,14 @@ def test_a_signature_the_kit_cannot_call_is_refused_at_declaration() -> None:
     def no_slots(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
         return None
 
+    def renamed(n: int, size: int, *, record_events: bool) -> SpecCache:
+        return SpecCache(n, size)
+
     with pytest.raises(TypeError, match="record_events"):
         adapter(capabilities=Capabilities())(no_events)  # type: ignore[arg-type]
+    # a replay calls make(num_blocks=..., block_size=..., record_events=...)
+    with pytest.raises(TypeError, match="num_blocks"):
+        adapter(renamed)  # type: ignore[arg-type]
     hybrid = Capabilities(checkpoints=True, routed_experts=True)
     with pytest.raises(TypeError, match="max_num_seqs"):
         adapter(capabilities=hybrid)(no_slots)

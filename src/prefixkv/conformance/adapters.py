@@ -60,7 +60,7 @@ class HybridAdapter(HybridPrefixCache, Inspectable, Protocol):
 class MakeAdapter(Protocol[A_co]):
     """A factory function: ``make(num_blocks, block_size, *, record_events)``."""
 
-    def __call__(self, num_blocks: int, block_size: int, /, *, record_events: bool) -> A_co: ...
+    def __call__(self, num_blocks: int, block_size: int, *, record_events: bool) -> A_co: ...
 
 
 class MakeHybridAdapter(Protocol[A_co]):
@@ -70,7 +70,6 @@ class MakeHybridAdapter(Protocol[A_co]):
         self,
         num_blocks: int,
         block_size: int,
-        /,
         *,
         record_events: bool,
         max_num_seqs: int,
@@ -93,7 +92,7 @@ class AdapterFactory(Protocol[A_co]):
         ...
 
     def __call__(
-        self, num_blocks: int, block_size: int, /, *, record_events: bool, **state_slots: int
+        self, num_blocks: int, block_size: int, *, record_events: bool, **state_slots: int
     ) -> A_co: ...
 
 
@@ -139,7 +138,7 @@ class DeclaredAdapter(Generic[A]):
         return DeclaredAdapter(self._make, capabilities)
 
     def __call__(
-        self, num_blocks: int, block_size: int, /, *, record_events: bool, **state_slots: int
+        self, num_blocks: int, block_size: int, *, record_events: bool, **state_slots: int
     ) -> A:
         """Build a fresh adapter on this pool.
 
@@ -166,14 +165,17 @@ def _check_signature(make: Callable[..., object], caps: Capabilities) -> None:
         sig = inspect.signature(make)
     except (TypeError, ValueError):  # a builtin or an extension: nothing to check
         return
-    keywords = ("record_events", *(STATE_SLOT_KEYWORDS if caps.checkpoints else ()))
+    # NOTE: by keyword, as a replay calls it (``cache = make(num_blocks=4, block_size=1,
+    # record_events=False)``): the pool's parameters must have these names.
+    keywords: tuple[str, ...] = ("num_blocks", "block_size", "record_events")
+    keywords += STATE_SLOT_KEYWORDS if caps.checkpoints else ()
     try:
-        sig.bind(1, 1, **dict.fromkeys(keywords, 0))
+        sig.bind(**dict.fromkeys(keywords, 0))
     except TypeError as exc:
         call = ", ".join(f"{k}=..." for k in keywords)
         raise TypeError(
             f"adapter factory {getattr(make, '__qualname__', make)!r} cannot be called as "
-            f"make(num_blocks, block_size, *, {call}): {exc}"
+            f"make({call}): {exc}"
         ) from None
 
 
