@@ -35,7 +35,7 @@ from prefixkv.spec import (
     UnknownSequence,
 )
 
-from prefixkv.conformance import Capabilities
+from prefixkv.conformance import Capabilities, DeclaredAdapter, adapter
 
 __all__ = ["BUGS", "CAPABILITIES", "EngineStyleManager", "make_manager"]
 
@@ -389,15 +389,14 @@ class EngineStyleManager:
         )
 
 
-def factory_for(cls: type[EngineStyleManager]) -> Any:
+def factory_for(cls: type[EngineStyleManager]) -> DeclaredAdapter[EngineStyleManager]:
     """An adapter factory building ``cls``, with the manager's capabilities declared."""
 
-    def make(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+    def make(num_blocks: int, block_size: int, *, record_events: bool) -> EngineStyleManager:
         return cls(num_blocks, block_size, record_events=record_events)
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     make.__name__ = f"make_{cls.__name__}"
-    return make
+    return adapter(capabilities=CAPABILITIES)(make)
 
 
 #: The adapter factory (``--prefixkv-adapter=examples.engine_style:make_manager``).

@@ -15,6 +15,7 @@ import attrs
 from prefixkv.spec import Admission, CacheState, CheckpointView, StateRef, StateSlotsView
 from prefixkv.spec import Request as PkvRequest
 
+from prefixkv.conformance import DeclaredAdapter, adapter
 from prefixkv.conformance import toolkit as tk
 
 from .hybrid_style import BUGS, Checkpoint, HybridRadixManager, HybridReq
@@ -94,10 +95,11 @@ class HybridStyleAdapter(RadixStyleAdapter):  # the radix adapter, plus the stat
 
 def factory_for(
     cls: type[HybridRadixManager] = HybridRadixManager, save_align_pages: int = 1
-) -> Any:
+) -> DeclaredAdapter[HybridStyleAdapter]:
     """An adapter factory for ``cls(num_pages, page_size, max_running, extra_slots,
     save_every, save_align_pages)``."""
 
+    @adapter(capabilities=CAPABILITIES)
     def make(
         num_blocks: int, block_size: int, *, record_events: bool, max_num_seqs: int,
         state_budget: int, decode_state_interval: int,
@@ -106,7 +108,6 @@ def factory_for(
                       save_align_pages)  # fmt: skip
         return HybridStyleAdapter(manager)
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     return make
 
 

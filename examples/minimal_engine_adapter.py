@@ -14,7 +14,7 @@ from typing import Any
 from prefixkv.spec import Admission, CacheState, Match, OutOfBlocks
 from prefixkv.spec import Request as PkvRequest
 
-from prefixkv.conformance import Capabilities
+from prefixkv.conformance import Capabilities, DeclaredAdapter, adapter
 from prefixkv.conformance import toolkit as tk
 
 from .minimal_engine import BUGS, MinimalEngine, NoFreeBlocks, Sequence
@@ -102,13 +102,13 @@ class MinimalEngineAdapter(tk.AdapterBase[Sequence]):  # prefixkv's calls -> the
                                  index=list(e.hash_to_block_id.items()))  # fmt: skip
 
 
-def factory_for(cls: type[MinimalEngine] = MinimalEngine) -> Any:
+def factory_for(cls: type[MinimalEngine] = MinimalEngine) -> DeclaredAdapter[MinimalEngineAdapter]:
     """An adapter factory for ``cls(num_blocks, block_size)``."""
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> MinimalEngineAdapter:
         return MinimalEngineAdapter(cls(num_blocks, block_size))
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     return make
 
 

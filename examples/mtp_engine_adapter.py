@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from prefixkv.conformance import DeclaredAdapter, adapter
 from prefixkv.conformance import toolkit as tk
 
 from .minimal_engine_adapter import CAPABILITIES as MINIMAL
@@ -34,13 +35,13 @@ class MTPEngineAdapter(MinimalEngineAdapter):  # the minimal engine's, drafts in
         return s.block_table[before:]
 
 
-def factory_for(cls: type[MTPEngine] = MTPEngine) -> Any:
+def factory_for(cls: type[MTPEngine] = MTPEngine) -> DeclaredAdapter[MTPEngineAdapter]:
     """An adapter factory for ``cls(num_blocks, block_size)``."""
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> MTPEngineAdapter:
         return MTPEngineAdapter(cls(num_blocks, block_size))
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     return make
 
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 from prefixkv.spec import Admission, CacheState, Match, OutOfBlocks, SeqView
 from prefixkv.spec import Request as PkvRequest
 
-from prefixkv.conformance import Capabilities
+from prefixkv.conformance import Capabilities, DeclaredAdapter, adapter
 from prefixkv.conformance import toolkit as tk
 
 from .radix_style import BUGS, RadixKVManager, Req
@@ -100,13 +100,13 @@ class RadixStyleAdapter(tk.AdapterBase[Req]):  # prefixkv's calls and errors -> 
                                  cached_in_free_queue=False)  # fmt: skip
 
 
-def factory_for(cls: type[RadixKVManager] = RadixKVManager) -> Any:
+def factory_for(cls: type[RadixKVManager] = RadixKVManager) -> DeclaredAdapter[RadixStyleAdapter]:
     """An adapter factory for ``cls(num_pages, page_size)``."""
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> RadixStyleAdapter:
         return RadixStyleAdapter(cls(num_blocks, block_size))
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     return make
 
 

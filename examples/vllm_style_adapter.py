@@ -14,7 +14,7 @@ from typing import Any
 from prefixkv.spec import Admission, CacheState, Match, OutOfBlocks, SeqView
 from prefixkv.spec import Request as PkvRequest
 
-from prefixkv.conformance import Capabilities
+from prefixkv.conformance import Capabilities, DeclaredAdapter, adapter
 from prefixkv.conformance import toolkit as tk
 
 from .vllm_style import BUGS, KVCacheBlock, KVCacheManager, Request, weak_block_hash
@@ -104,13 +104,15 @@ def _block(b: KVCacheBlock) -> tk.Block:  # identity: (parent identity, tokens) 
                     depth=depth)  # fmt: skip
 
 
-def factory_for(cls: type[KVCacheManager] = KVCacheManager, **options: Any) -> Any:
+def factory_for(
+    cls: type[KVCacheManager] = KVCacheManager, **options: Any
+) -> DeclaredAdapter[VllmStyleAdapter]:
     """An adapter factory for ``cls(num_blocks, block_size, **options)``."""
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> VllmStyleAdapter:
         return VllmStyleAdapter(cls(num_blocks, block_size, **options))
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     return make
 
 

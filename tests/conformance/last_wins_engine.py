@@ -12,8 +12,8 @@ from typing import Any, cast
 from prefixkv.spec import Admission, CacheState, InvalidRequest, Match, OutOfBlocks, SeqId, SeqView
 from prefixkv.spec import Request as PkvRequest
 
-from examples.plain_engine import NoFreeBlocks, PlainEngine
-from prefixkv.conformance import Capabilities
+from examples.plain_engine import NoFreeBlocks, PlainEngine, PlainRequest
+from prefixkv.conformance import Capabilities, adapter
 from prefixkv.conformance import toolkit as tk
 from prefixkv.conformance.capabilities import Duplicates
 
@@ -83,7 +83,8 @@ class LastWinsAdapter(tk.AdapterBase[Any]):
     def __init__(self, engine: PlainEngine) -> None:
         super().__init__(len(engine.blocks), engine.block_size)
         self.engine = engine
-        self.reqs = engine.requests
+        # the engine keys its requests by any object; the kit's by sequence id
+        self.reqs = cast("dict[SeqId, PlainRequest]", engine.requests)
 
     def _plan(self, req: object, budget: object) -> tuple[list[int], bool]:
         r = tk.check_request(req)
@@ -150,12 +151,14 @@ class LastWinsAdapter(tk.AdapterBase[Any]):
 def make(engine: type[PlainEngine] = LastWinsEngine, duplicates: Duplicates = "last-wins") -> Any:
     """An adapter factory for ``engine`` declaring ``duplicates``."""
 
-    def factory(num_blocks: int, block_size: int, *, record_events: bool) -> LastWinsAdapter:
-        return LastWinsAdapter(engine(num_blocks, block_size))
-
-    factory.capabilities = Capabilities(  # type: ignore[attr-defined]
+    caps = Capabilities(
         duplicates=duplicates, eviction="any", exact=False, evict=False, reset=False,
         speculative=False, partial_admission=False, chunked_prefill=False, multimodal=False,
         recompute_windows=False, lost_reuse=False, events=False,
     )  # fmt: skip
+
+    @adapter(capabilities=caps)
+    def factory(num_blocks: int, block_size: int, *, record_events: bool) -> LastWinsAdapter:
+        return LastWinsAdapter(engine(num_blocks, block_size))
+
     return factory

@@ -161,9 +161,7 @@ class LastWinsDuplicates(EngineStyleManager):
 
 def make(cls: type[EngineStyleManager], **policy: Any) -> Any:
     """An adapter factory for ``cls`` declaring ``policy`` on top of the example's own."""
-    factory = factory_for(cls)
-    factory.capabilities = attrs.evolve(CAPABILITIES, **policy)
-    return factory
+    return factory_for(cls).with_capabilities(attrs.evolve(CAPABILITIES, **policy))
 
 
 #: The example's own capabilities (prefixkv's policy, safety mode).

@@ -28,7 +28,7 @@ from examples.engine_style import (
     StaleHashAfterReuse,
     make_double_free_in_batch,
 )
-from prefixkv.conformance import Capabilities, ConformanceFailure, run_conformance
+from prefixkv.conformance import Capabilities, ConformanceFailure, adapter, run_conformance
 from prefixkv.conformance.runner import required_operations
 
 _EXAMPLES = 100
@@ -110,10 +110,10 @@ class _Without:
 
 
 def _without(*missing: str, **caps: Any) -> Any:
+    @adapter(capabilities=attrs.evolve(CAPABILITIES, **caps))
     def factory(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
         return _Without(EngineStyleManager(num_blocks, block_size), missing)
 
-    factory.capabilities = attrs.evolve(CAPABILITIES, **caps)  # type: ignore[attr-defined]
     return factory
 
 
@@ -211,12 +211,12 @@ def test_pool_shapes_come_from_the_capabilities() -> None:
     seen: set[tuple[int, int]] = set()
     built: list[EngineStyleManager] = []
 
+    @adapter(capabilities=CAPABILITIES)
     def factory(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
         seen.add((num_blocks, block_size))
         built.append(EngineStyleManager(num_blocks, block_size))
         return built[-1]
 
-    factory.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     _run(factory, examples=30, block_sizes=(256, 512), num_blocks=(6, 8))
     assert seen and {bs for _, bs in seen} <= {256, 512}
     assert {n for n, _ in seen} <= {6, 7, 8}

@@ -14,7 +14,7 @@ from prefixkv.spec import InvalidOperation
 
 from examples.minimal_engine import MinimalEngine
 from examples.minimal_engine_adapter import MinimalEngineAdapter, make_manager
-from prefixkv.conformance import run_conformance
+from prefixkv.conformance import adapter, run_conformance
 
 
 def test_a_report_names_what_ran_and_what_did_not(tmp_path: Path) -> None:
@@ -46,10 +46,10 @@ class _RefusesDecode(MinimalEngineAdapter):
 
 
 def test_a_manager_that_refuses_the_workload_is_flagged() -> None:
+    @adapter(capabilities=make_manager.capabilities)
     def refusing(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
         return _RefusesDecode(MinimalEngine(num_blocks, block_size))
 
-    refusing.capabilities = make_manager.capabilities  # type: ignore[attr-defined]
     report = run_conformance(refusing, max_examples=20, steps=20, profile="ci", skip_rules="")
     assert report.passed
     assert "advance" in report.coverage.mostly_refused(), report.summary()

@@ -87,15 +87,14 @@ def test_the_plugin_aligns_hypofuzz_workers_only() -> None:
 def test_a_release_newer_than_the_known_ones_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from prefixkv.conformance import fuzz_hub, fuzz_shrink
+    from prefixkv.conformance import _compat, fuzz_hub, fuzz_shrink
 
-    for module in (fuzz_replay, fuzz_hub, fuzz_shrink):
-        monkeypatch.setattr(module, "hypofuzz_version", lambda: (99, 1, 1))
+    monkeypatch.setattr(_compat, "hypofuzz_version", lambda: (99, 1, 1))
     assert fuzz_shrink.keep_shrunk_failures() is False
     assert fuzz_replay.align_forced_choices() is False
     assert not fuzz_replay.installed()
     assert fuzz_hub.report_targets_early() is False
-    monkeypatch.setattr(fuzz_replay, "hypofuzz_version", lambda: None)
+    monkeypatch.setattr(_compat, "hypofuzz_version", lambda: None)
     assert fuzz_replay.align_forced_choices(force=True) is False  # not installed at all
 
 

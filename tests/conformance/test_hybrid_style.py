@@ -20,7 +20,7 @@ from examples.hybrid_style_adapter import (
     make_aligned_manager,
     make_manager,
 )
-from prefixkv.conformance import Capabilities, ConformanceFailure, run_conformance
+from prefixkv.conformance import Capabilities, ConformanceFailure, adapter, run_conformance
 from prefixkv.conformance.reference_adapters import hybrid_impl_adapter
 from prefixkv.conformance.runner import required_operations
 
@@ -176,10 +176,10 @@ def test_exact_mode_catches_a_kept_draft_state() -> None:
     class KeepsDrafts(HybridPrefixCacheManager):
         store_type = KeepsDraftStates
 
+    @adapter(capabilities=hybrid_impl_adapter.capabilities)
     def make(num_blocks: int, block_size: int, **kwargs: Any) -> Any:
         return KeepsDrafts(num_blocks, block_size, **kwargs)
 
-    make.capabilities = hybrid_impl_adapter.capabilities  # type: ignore[attr-defined]
     with pytest.raises(ConformanceFailure) as info:
         run_conformance(make, max_examples=200, steps=STEPS, profile=FIND_ONLY, max_failures=1)
     assert info.value.check in {"DIFF-RAISE(keep_state)", "MUST-RAISE(keep_state)"}
@@ -197,6 +197,7 @@ def test_a_query_that_disagrees_with_the_snapshot_fails_hybrid_ref() -> None:
             ref = super().pending_restore(seq_id)
             return None if ref is None else StateRef(ref.slot, ref.position - 1)
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, **kwargs: Any) -> OneShort:
         return OneShort(
             HybridRadixManager(
@@ -208,7 +209,6 @@ def test_a_query_that_disagrees_with_the_snapshot_fails_hybrid_ref() -> None:
             )
         )
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     assert first_failure(make).check == "HYBRID-REF"
 
 

@@ -15,7 +15,7 @@ from prefixkv.spec import Namespace, Request, SeqId
 
 from examples.vllm_style import BUGS, KVCacheManager
 from examples.vllm_style_adapter import CAPABILITIES, VllmStyleAdapter
-from prefixkv.conformance import run_conformance
+from prefixkv.conformance import adapter, run_conformance
 from prefixkv.conformance.failures import CheckFailed
 from prefixkv.conformance.lockstep import Lockstep
 from prefixkv.conformance.safety import safety_violations
@@ -141,10 +141,10 @@ def test_the_step_hook_is_called_at_every_boundary_and_shown_in_replays() -> Non
 def test_the_machines_cancel_only_between_steps() -> None:
     calls: list[_StepHook] = []
 
+    @adapter(capabilities=CAPABILITIES)
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> _StepHook:
         calls.append(_StepHook(KVCacheManager(num_blocks, block_size)))
         return calls[-1]
 
-    make.capabilities = CAPABILITIES  # type: ignore[attr-defined]
     report = run_conformance(make, max_examples=30, steps=20)
     assert report.rules > 0 and sum(a.steps for a in calls) > len(calls)

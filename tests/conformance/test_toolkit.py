@@ -29,7 +29,7 @@ from prefixkv.spec import (
 )
 
 from examples.engine_style import EngineStyleManager
-from prefixkv.conformance import Capabilities, Lockstep
+from prefixkv.conformance import BlockManagerAdapter, Capabilities, Lockstep
 from prefixkv.conformance import toolkit as tk
 from prefixkv.conformance.failures import CheckFailed
 
@@ -297,7 +297,7 @@ def test_exact_mode_names_a_candidate_crash(error: type[Exception], check: str) 
     typed error than the reference's differs (``DIFF-RAISE``)."""
     cand = _CrashingFree(4, 1)
     cand.error = error
-    oracle = Lockstep(SpecCache(4, 1), cand)
+    oracle: Lockstep[BlockManagerAdapter] = Lockstep(SpecCache(4, 1), cand)
     oracle.start()
     oracle.op("admit", lambda c: c.admit(Request(0, (7, 7), Namespace("m"))))
     with pytest.raises(CheckFailed) as info:
@@ -316,7 +316,7 @@ def _translation_lines(text: str, start: str, end: str) -> int:
 def test_the_readme_adapter_is_at_most_60_lines() -> None:
     """The README's adapter is the translation only: count its non-blank lines."""
     text = (_ROOT / "README.md").read_text(encoding="utf-8")
-    lines = _translation_lines(text, "class PlainAdapter", r"PlainAdapter\.capabilities")
+    lines = _translation_lines(text, "class PlainAdapter", r"@adapter\(")
     assert lines <= 60, lines
 
 

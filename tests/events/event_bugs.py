@@ -15,7 +15,7 @@ from prefixkv.impl import PrefixCacheManager
 from prefixkv.spec import AllBlocksCleared, BlockRemoved, BlockStored, CacheState, KVEvent
 from prefixkv.spec.multimodal import block_extra_keys
 
-from prefixkv.conformance import Capabilities
+from prefixkv.conformance import Capabilities, adapter
 
 __all__ = ["BUGS", "make_buggy"]
 
@@ -107,10 +107,10 @@ def _twins_of(state: CacheState, ids: list[Any]) -> list[int]:
 def make_buggy(bug: str) -> Any:
     """An adapter factory for the conformance kit: prefixkv.impl with ``bug``."""
 
+    @adapter(capabilities=Capabilities(exact=False))
     def make(num_blocks: int, block_size: int, *, record_events: bool) -> BuggyEvents:
         return BuggyEvents(
             PrefixCacheManager(num_blocks, block_size, record_events=record_events), bug
         )
 
-    make.capabilities = Capabilities(exact=False)  # type: ignore[attr-defined]
     return make

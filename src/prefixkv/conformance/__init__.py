@@ -1,5 +1,7 @@
 """prefixkv.conformance: aim prefixkv's state machines at any block manager.
 
+* :func:`adapter`: declares an adapter factory and its :class:`Capabilities` (the
+  :class:`AdapterFactory` protocol, see :mod:`.adapters`).
 * :class:`Capabilities`: what the manager under test supports, and whether it must match
   the spec step for step (``exact``) or only keep every safety invariant.
 * :func:`run_conformance`, :func:`conformance_machine`: run the machines against an adapter
@@ -16,12 +18,17 @@
 Needs the ``conformance`` extra (Hypothesis and pytest): ``pip install "prefixkv[conformance]"``.
 """
 
+from .adapters import (
+    AdapterFactory,
+    BlockManagerAdapter,
+    DeclaredAdapter,
+    HybridAdapter,
+    adapter,
+)
 from .capabilities import Capabilities
 from .lockstep import Lockstep
 from .report import FailedCheck
 from .runner import (
-    AdapterFactory,
-    BlockManagerAdapter,
     ConformanceFailure,
     ConformanceReport,
     capabilities_of,
@@ -36,8 +43,11 @@ __all__ = [
     "Capabilities",
     "ConformanceFailure",
     "ConformanceReport",
+    "DeclaredAdapter",
     "FailedCheck",
+    "HybridAdapter",
     "Lockstep",
+    "adapter",
     "capabilities_of",
     "conformance_machine",
     "load_factory",

@@ -7,8 +7,6 @@ snapshots are the same for every check (the oracle re-checks no state twice).
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefixkv.spec import CacheState
 
 __all__ = ["normal", "normal_events", "same_state"]
@@ -28,10 +26,10 @@ def same_state(a: CacheState | None, b: CacheState) -> bool:
 #: snapshot to snapshot, so each is normalised once; the entry holds the event itself, so
 #: its id is not reused while it is cached. Only hashable events are cached: one holding a
 #: list could change after it was normalised.
-_NORMAL_EVENTS: dict[int, tuple[Any, Any]] = {}
+_NORMAL_EVENTS: dict[int, tuple[object, object]] = {}
 
 
-def normal_events(events: tuple[Any, ...]) -> tuple[Any, ...]:
+def normal_events(events: tuple[object, ...]) -> tuple[object, ...]:
     """``normal(events)``, each event normalised once (see :data:`_NORMAL_EVENTS`)."""
     if not events:
         return ()
@@ -51,7 +49,7 @@ def normal_events(events: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def normal(value: Any) -> Any:
+def normal(value: object) -> object:
     """Compare lists as tuples and KV events by type as well as fields."""
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple event
         return (type(value).__name__, *(normal(v) for v in value))

@@ -22,13 +22,16 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 from urllib.parse import urlsplit
 
 from hypothesis import settings as Settings
 from hypothesis.database import ExampleDatabase
 
 from prefixkv.spec.errors import PrefixCacheError
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 __all__ = [
     "DATABASE_ENV",
@@ -197,16 +200,18 @@ def _without_password(url: str, password: str | None) -> str:
     return url.replace(f":{password}@", ":***@") if password else url
 
 
-def _guarded(base: type[Any]) -> type[Any]:
+def _guarded(base: type[ExampleDatabase]) -> type[GuardedDatabase]:
     """:class:`GuardedDatabase` over Hypothesis's ``RedisExampleDatabase`` (imported only
     when a Redis URL is given: the campaign extra may be missing)."""
     global _GUARDED
     if _GUARDED is None:
-        _GUARDED = type("GuardedDatabase", (GuardedDatabase, base), {})
+        _GUARDED = cast(
+            "type[GuardedDatabase]", type("GuardedDatabase", (GuardedDatabase, base), {})
+        )
     return _GUARDED
 
 
-_GUARDED: type[Any] | None = None
+_GUARDED: type[GuardedDatabase] | None = None
 
 
 class GuardedDatabase(ExampleDatabase):
@@ -223,9 +228,9 @@ class GuardedDatabase(ExampleDatabase):
     to the database is the database's failure, never the property's.
     """
 
-    redis: Any
+    redis: Redis
 
-    def __init__(self, client: Any, *, url: str, on_error: str = "raise") -> None:
+    def __init__(self, client: Redis, *, url: str, on_error: str = "raise") -> None:
         super().__init__(client, key_prefix=KEY_PREFIX)  # type: ignore[call-arg]
         self.url = url
         self.on_error = on_error

@@ -12,8 +12,10 @@ with the ``events`` capability). In exact mode the reference must pass it too (`
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import cast
 
+from prefixkv.spec import KVEvent
 from prefixkv.spec import invariants as inv
 from prefixkv.spec.event_mirror import EventMirror, EventStreamError
 from prefixkv.spec.invariant_ids import InvariantId
@@ -34,7 +36,9 @@ class EventStreams:
         #: who -> the last state INV-EVENTS held on, with the mirror unchanged since.
         self._clean: dict[str, CacheState] = {}
 
-    def after(self, name: str, who: str, value: Any, raised: bool, snap: CacheState | None) -> None:
+    def after(
+        self, name: str, who: str, value: object, raised: bool, snap: CacheState | None
+    ) -> None:
         """Check INV-EVENTS on ``who``'s cache after operation ``name`` returned ``value``."""
         if not self.enabled or snap is None:
             return
@@ -43,7 +47,8 @@ class EventStreams:
         if name == "take_events" and not raised:
             self._clean.pop(who, None)
             try:
-                mirror.apply_all(value)
+                # whatever the cache returned: the mirror refuses a bad stream
+                mirror.apply_all(cast(Iterable[KVEvent], value))
             except (EventStreamError, TypeError) as exc:
                 raise CheckFailed(
                     prefix + InvariantId.EVENTS, f"{who}: take_events returned a bad stream: {exc}"

@@ -27,99 +27,12 @@ plugin is loaded there); nothing changes outside a HypoFuzz run.
 NOTE: this reaches into two private attributes (``ConjectureData._draw`` and the provider's
 ``_state``), so it is checked, not assumed: it installs only on the HypoFuzz releases known to
 need it (``AFFECTED_UP_TO``), and only when those attributes exist. A newer release is left
-alone; ``force=True`` installs it anyway, for a release that still has the defect.
+alone; ``force=True`` installs it anyway, for a release that still has the defect. The code
+lives with every other internal the kit reaches, in :mod:`._compat`.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-from collections.abc import Callable
-from typing import Any
+from ._compat import AFFECTED_UP_TO, align_forced_choices, hypofuzz_version, installed
 
 __all__ = ["AFFECTED_UP_TO", "align_forced_choices", "hypofuzz_version", "installed"]
-
-#: The newest HypoFuzz release known to lose its place on forced draws.
-AFFECTED_UP_TO = (25, 11, 1)
-
-#: Marks the wrapped ``ConjectureData._draw``, so that installing twice wraps once.
-_MARK = "_prefixkv_aligns_forced_choices"
-
-#: HypoFuzz's coverage collector ignores code whose file name is ``<...>`` (generated code).
-#: The wrapper's own branches differ between a first run (the choices run out) and its
-#: re-run (they do not); traced, they alone would make every re-run unstable again.
-_UNTRACED_FILENAME = "<prefixkv.conformance.fuzz_replay>"
-
-
-def hypofuzz_version() -> tuple[int, ...] | None:
-    """HypoFuzz's release as numbers (``(25, 11, 1)``), or ``None`` when it is not installed."""
-    try:
-        text = importlib.metadata.version("hypofuzz")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    parts: list[int] = []
-    for part in text.split("."):
-        digits = "".join(c for c in part if c.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-def _untraced(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` with a code object named like generated code, which coverage skips."""
-    function.__code__ = function.__code__.replace(co_filename=_UNTRACED_FILENAME)
-    return function
-
-
-def installed() -> bool:
-    """Whether :func:`align_forced_choices` is in place in this process."""
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    return bool(getattr(ConjectureData._draw, _MARK, False))
-
-
-def align_forced_choices(*, force: bool = False) -> bool:
-    """Make HypoFuzz's provider step over forced draws when it replays a recorded input.
-
-    Returns whether the alignment is in place afterwards. It is installed only on HypoFuzz
-    releases up to :data:`AFFECTED_UP_TO` (``force=True``: any release), and only when the
-    private attributes it relies on are there.
-    """
-    version = hypofuzz_version()
-    if version is None or (version > AFFECTED_UP_TO and not force):
-        return False
-    from hypofuzz.provider import HypofuzzProvider, State
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    if installed():
-        return True
-    fields = getattr(State, "__dataclass_fields__", {})
-    if not {"choices", "choice_index"} <= set(fields) or not hasattr(ConjectureData, "_draw"):
-        return False
-    draw = ConjectureData._draw
-
-    @_untraced
-    def aligned_draw(
-        self: ConjectureData, choice_type: Any, constraints: Any, *, observe: bool, forced: Any
-    ) -> Any:
-        # A forced draw never reaches the provider, but its value sits in the recorded
-        # sequence the provider replays: consume that position, so that the next draw the
-        # provider answers reads the value recorded for it. (Within a ``for_choices``
-        # prefix Hypothesis replays by itself and handles forced draws already.)
-        provider = self.provider
-        state = getattr(provider, "_state", None)
-        if (
-            forced is not None
-            and observe
-            and isinstance(provider, HypofuzzProvider)
-            and state is not None
-            and not (self.prefix is not None and self.index < len(self.prefix))
-            and state.choice_index < len(state.choices)
-        ):
-            state.choice_index += 1
-        return draw(self, choice_type, constraints, observe=observe, forced=forced)
-
-    setattr(aligned_draw, _MARK, True)
-    aligned_draw.__wrapped__ = draw  # type: ignore[attr-defined]
-    ConjectureData._draw = aligned_draw  # type: ignore[method-assign]
-    return True

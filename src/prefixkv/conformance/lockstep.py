@@ -3,7 +3,7 @@
 :class:`Lockstep` needs no Hypothesis: the state machines drive it, and so can a scripted
 test or another fuzzer::
 
-    oracle = Lockstep(SpecCache(8, 2), my_adapter)         # or Lockstep(None, my_adapter)
+    oracle = Lockstep[BlockManagerAdapter](SpecCache(8, 2), my_adapter)  # or (None, my_adapter)
     oracle.start()
     out = oracle.op("admit", lambda c: c.admit(req))
     oracle.op("match", lambda c: c.match(req), pure=True)
@@ -40,13 +40,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
 from prefixkv.spec import (
     CacheBusy,
     CacheState,
+    Inspectable,
     InvariantViolation,
     Match,
     OutOfBlocks,
@@ -76,10 +77,17 @@ _STATE_ANSWERS = (OutOfBlocks, CacheBusy)
 CANCELS = frozenset({"free", "rollback", "reset"})
 
 
+#: The candidate: anything that renders a snapshot (the operations are whatever ``op`` calls).
+A = TypeVar("A", bound=Inspectable)
+
+
 @attrs.frozen
 class Outcome:
     """What one operation did on one cache: a value, or an exception."""
 
+    #: NOTE: ``Any``, not ``object``: an operation returns what its cache returns (a
+    #: ``Match``, an ``Admission``, a count), and a rule reads it as that; the equality
+    #: check compares the two sides' values whatever they are.
     value: Any = None
     error: BaseException | None = None
 
@@ -93,14 +101,14 @@ class Outcome:
         return f"returned {self.value!r}"
 
 
-def _run(fn: Callable[[Any], Any], cache: Any) -> Outcome:
+def _run(fn: Callable[[A], object], cache: A) -> Outcome:
     try:
         return Outcome(value=fn(cache))
     except Exception as exc:  # the candidate may raise anything; the comparison decides
         return Outcome(error=exc)
 
 
-def _end_step(cache: Any) -> None:
+def _end_step(cache: object) -> None:
     """The step boundary on one cache: its ``end_step()`` hook, if it has one."""
     hook = getattr(cache, "end_step", None)
     if callable(hook):
@@ -153,18 +161,20 @@ def _explain(message: str) -> str:
     return message
 
 
-class Lockstep:
+class Lockstep(Generic[A]):
     """A reference (``None``: the candidate alone, safety mode) and a candidate in lockstep.
 
-    ``log`` receives every candidate call as source (:mod:`.replay`); ``ops`` and
-    ``op_errors`` count operations by name; ``raised_in_rule`` is set whenever an operation
-    raised (the caller resets it).
+    Generic over the adapter type ``A`` (see :mod:`.adapters`): the reference (normally a
+    :class:`~prefixkv.spec.SpecCache`) and the candidate are both ``A``, since every
+    operation (``op``) runs on each. ``log`` receives every candidate call as source
+    (:mod:`.replay`); ``ops`` and ``op_errors`` count operations by name;
+    ``raised_in_rule`` is set whenever an operation raised (the caller resets it).
     """
 
     def __init__(
         self,
-        ref: Any = None,
-        cand: Any = None,
+        ref: A | None = None,
+        cand: A | None = None,
         *,
         caps: Capabilities | None = None,
         compared_fields: frozenset[str] | None = None,
@@ -188,8 +198,8 @@ class Lockstep:
         #: room or its live sequences (the caller resets it).
         self.refused_in_rule = False
         self.log: list[str] = [] if log is None else log
-        self.ref: Any = None
-        self.cand: Any = None
+        self.ref: A | None = None
+        self.cand: A | None = None
         self.snap_r: CacheState | None = None
         self.snap_c: CacheState | None = None
         self.views: dict[SeqId, SeqView] = {}
@@ -216,11 +226,12 @@ class Lockstep:
 
     # -- setup ----------------------------------------------------------------------------
 
-    def bind(self, ref: Any, cand: Any, *, record_events: bool = False) -> None:
+    def bind(self, ref: A | None, cand: A, *, record_events: bool = False) -> None:
         """Use these caches (both freshly built) from now on; ``record_events``: they
         record KV events, and every step checks INV-EVENTS on what they emit."""
         self.ref, self.cand = ref, cand
-        self._recorded = Recording(cand, self.log)
+        # the recording proxy answers every call the candidate does, and logs it
+        self._recorded = cast(A, Recording(cand, self.log))
         self.ledger = KVLedger()
         self._ledger_state = None
         self._clean = {}
@@ -326,7 +337,7 @@ class Lockstep:
     def op(
         self,
         name: str,
-        fn: Callable[[Any], Any],
+        fn: Callable[[A], object],
         *,
         pure: bool = False,
         must_raise: type[Exception] | None = None,
@@ -381,14 +392,15 @@ class Lockstep:
 
     def snapshot_candidate(self, what: str) -> CacheState:
         try:
-            snap: CacheState = self.cand.snapshot()
+            assert self.cand is not None, "bind a candidate first"
+            snap = self.cand.snapshot()
         except Exception as exc:
             raise CheckFailed(
                 "SNAPSHOT", f"candidate.snapshot() after {what} raised {exc!r}"
             ) from exc
         return snap
 
-    def _op_alone(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+    def _op_alone(self, name: str, fn: Callable[[A], object], *, pure: bool) -> Outcome:
         """The candidate alone: no crash, invariants under its policy, INV-TXN, purity."""
         before = self.snap_c
         assert before is not None
@@ -423,10 +435,10 @@ class Lockstep:
         self._set_views()
         return out
 
-    def _op_pair(self, name: str, fn: Callable[[Any], Any], *, pure: bool) -> Outcome:
+    def _op_pair(self, name: str, fn: Callable[[A], object], *, pure: bool) -> Outcome:
         """Reference and candidate in lockstep: everything must agree."""
         before_r, before_c = self.snap_r, self.snap_c
-        assert before_r is not None and before_c is not None
+        assert self.ref is not None and before_r is not None and before_c is not None
         out_r = _run(fn, self.ref)
         out_c = _run(fn, self._recorded)
         if out_r.raised:

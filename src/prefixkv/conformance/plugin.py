@@ -30,12 +30,14 @@ settings of the project's own Hypothesis tests.
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .profiles import PROFILES, default_profile
+
+if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
 
 __all__ = ["ConformanceItem"]
 
@@ -151,17 +153,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _in_hypofuzz_run() -> bool:
-    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``). HypoFuzz is
-    imported by then; without it nothing is imported here."""
-    detection = sys.modules.get("hypofuzz.detection")
-    return detection is not None and bool(detection.in_hypofuzz_run())
+    """Whether this session is HypoFuzz's collection (``hypothesis fuzz``)."""
+    from ._compat import in_hypofuzz_run
+
+    return in_hypofuzz_run()
 
 
 #: The parsed ``--prefixkv-database`` (``None``: the profile's own database).
-_DATABASE = pytest.StashKey[Any]()
+_DATABASE = pytest.StashKey["ExampleDatabase | None"]()
 
 
-def _database(config: pytest.Config) -> Any:
+def _database(config: pytest.Config) -> ExampleDatabase | None:
     """``--prefixkv-database``, else ``$PREFIXKV_DATABASE``, parsed once, before any run: a
     bad value or a Redis server that does not answer is a usage error, not a failed test."""
     from .database import DATABASE_ENV, DatabaseUnavailable, InvalidDatabase, parse_database

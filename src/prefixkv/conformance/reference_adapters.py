@@ -10,28 +10,35 @@ and as the template of an adapter factory for another block manager.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prefixkv.spec import SpecCache, fast_hash
 
+from .adapters import adapter
 from .capabilities import Capabilities
+
+if TYPE_CHECKING:
+    from prefixkv.impl import HybridPrefixCacheManager, PrefixCacheManager
 
 __all__ = ["hybrid_impl_adapter", "impl_adapter", "spec_adapter"]
 
 
-def impl_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> Any:
+@adapter(capabilities=Capabilities())
+def impl_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> PrefixCacheManager:
     """``prefixkv.impl.PrefixCacheManager``: every capability, exact against the spec."""
     from prefixkv.impl import PrefixCacheManager
 
     return PrefixCacheManager(num_blocks, block_size, hasher=fast_hash, record_events=record_events)
 
 
+@adapter(capabilities=Capabilities())
 def spec_adapter(num_blocks: int, block_size: int, *, record_events: bool) -> SpecCache:
     """``prefixkv.spec.SpecCache`` itself: the spec conforms to the spec, trivially in exact
     mode and non-trivially in the policy-agnostic mode (``-exact``)."""
     return SpecCache(num_blocks, block_size, hasher=fast_hash, record_events=record_events)
 
 
+@adapter(capabilities=Capabilities(checkpoints=True, routed_experts=True))
 def hybrid_impl_adapter(
     num_blocks: int,
     block_size: int,
@@ -40,7 +47,7 @@ def hybrid_impl_adapter(
     max_num_seqs: int,
     state_budget: int,
     decode_state_interval: int,
-) -> Any:
+) -> HybridPrefixCacheManager:
     """``prefixkv.impl.HybridPrefixCacheManager``: checkpoints and routed experts, exact
     against ``HybridSpecCache``."""
     from prefixkv.impl import HybridPrefixCacheManager
@@ -54,10 +61,3 @@ def hybrid_impl_adapter(
         hasher=fast_hash,
         record_events=record_events,
     )
-
-
-impl_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]
-hybrid_impl_adapter.capabilities = Capabilities(  # type: ignore[attr-defined]
-    checkpoints=True, routed_experts=True
-)
-spec_adapter.capabilities = Capabilities()  # type: ignore[attr-defined]

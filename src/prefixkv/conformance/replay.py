@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from prefixkv.spec import Namespace, Request
 
@@ -96,7 +95,7 @@ def _token_source(value: tuple[int, ...], block_size: int | None) -> str:
     return shown if len(shown) < len(plain) else plain
 
 
-def _source(value: Any, block_size: int | None = None) -> str:
+def _source(value: object, block_size: int | None = None) -> str:
     """``repr``, but requests and namespaces without their default fields, and long token
     tuples as runs, block by block (:func:`runs`)."""
     if isinstance(value, Request):
@@ -122,7 +121,7 @@ def _source(value: Any, block_size: int | None = None) -> str:
 
 
 def format_call(
-    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], block_size: int | None = None
+    name: str, args: tuple[object, ...], kwargs: dict[str, object], block_size: int | None = None
 ) -> str:
     """One call as source; with ``block_size``, a request's tokens are shown block by
     block."""
@@ -134,11 +133,11 @@ def format_call(
 class Recording:
     """Forwards everything to ``target``; method calls are appended to ``log`` as source."""
 
-    def __init__(self, target: Any, log: list[str]) -> None:
+    def __init__(self, target: object, log: list[str]) -> None:
         self._target = target
         self._log = log
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         try:
             attr = getattr(self._target, name)
         except AttributeError:
@@ -148,8 +147,8 @@ class Recording:
             return attr
         return self._recorded(name, attr)
 
-    def _recorded(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
+    def _recorded(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
             size = getattr(self._target, "block_size", None)
             text = format_call(name, args, kwargs, size if isinstance(size, int) else None)
             try:

@@ -1,47 +1,36 @@
-"""Aim the conformance machines at a block manager: the adapter contract and the runner.
-
-An adapter is any object with the :class:`~prefixkv.spec.PrefixCache` operations that can
-render itself as a :class:`~prefixkv.spec.CacheState` (``snapshot()``), raising prefixkv's
-errors (:mod:`prefixkv.spec.errors`) for bad input. An *adapter factory* builds a fresh one
-for each run::
-
-    def make(num_blocks: int, block_size: int, *, record_events: bool) -> BlockManagerAdapter:
-        return MyAdapter(MyBlockManager(num_blocks, block_size), record_events=record_events)
-
-    make.capabilities = Capabilities(multimodal=False, exact=False)   # optional
-
-With the ``checkpoints`` capability (a hybrid model's cache) the factory also takes the
-state-slot pool: ``make(num_blocks, block_size, *, record_events, max_num_seqs,
-state_budget, decode_state_interval)``.
+"""Aim the conformance machines at a block manager: the runner.
 
 :func:`run_conformance` (and the pytest plugin, ``--prefixkv-adapter=module:make``) drives
-it with the state machines under the capabilities it declares.
+an adapter factory (:mod:`.adapters`: the contract, and the ``@adapter(capabilities=...)``
+declaration) with the state machines, under the capabilities it declares.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import itertools
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
-from prefixkv.spec import HASHERS, HybridSpecCache, Inspectable, PrefixCache, SpecCache
+from prefixkv.spec import HASHERS, HybridSpecCache, SpecCache
 
+from ._compat import rules_of, shrink_time_limit
+from .adapters import AdapterFactory, BlockManagerAdapter, FactoryLike, as_factory
 from .capabilities import Capabilities
 from .database import DatabaseOption, campaign_settings, parse_database
 from .failures import CheckFailed, message_shape
 from .report import ConformanceFailure, ConformanceReport, Coverage, FailedCheck
 
+if TYPE_CHECKING:
+    from .machines import DifferentialMachine, PairFactory
+
 __all__ = [
-    "AdapterFactory",
-    "BlockManagerAdapter",
     "ConformanceFailure",
     "ConformanceReport",
     "capabilities_of",
@@ -52,31 +41,21 @@ __all__ = [
 ]
 
 
-@runtime_checkable
-class BlockManagerAdapter(PrefixCache, Inspectable, Protocol):
-    """The operations the machines drive, plus a neutral snapshot for the invariants."""
-
-
-#: ``factory(num_blocks, block_size, *, record_events) -> BlockManagerAdapter``.
-AdapterFactory = Callable[..., Any]
-
-
-def load_factory(target: str) -> AdapterFactory:
+def load_factory(target: str) -> AdapterFactory[object]:
     """``"package.module:factory"`` -> the factory (a ``ValueError`` if it is not one)."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"expected MODULE:FACTORY, got {target!r}")
-    factory: Any = getattr(importlib.import_module(module_name), attr, None)
+    factory: object = getattr(importlib.import_module(module_name), attr, None)
     if not callable(factory):
         raise ValueError(f"{target!r} is not a callable adapter factory")
-    return factory  # type: ignore[no-any-return]
+    return as_factory(factory)
 
 
-def capabilities_of(factory: AdapterFactory, override: str = "") -> Capabilities:
-    """The factory's ``capabilities`` attribute (default: everything), then ``override``
-    (``"-multimodal,+exact"``) on top."""
-    base = getattr(factory, "capabilities", None)
-    caps = base if isinstance(base, Capabilities) else Capabilities()
+def capabilities_of(factory: FactoryLike, override: str = "") -> Capabilities:
+    """The capabilities ``factory`` declares (:func:`~.adapters.adapter`; a plain function:
+    prefixkv's own), then ``override`` (``"-multimodal,+exact"``) on top."""
+    caps = as_factory(factory).capabilities
     return Capabilities.parse(override, caps) if override else caps
 
 
@@ -110,11 +89,11 @@ def required_operations(caps: Capabilities) -> tuple[str, ...]:
     )
 
 
-def _pair_factory(factory: AdapterFactory, caps: Capabilities, hasher: str) -> Any:
+def _pair_factory(factory: AdapterFactory[object], caps: Capabilities, hasher: str) -> PairFactory:
     from .machines import HybridPoolConfig, PoolConfig
 
-    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
-        hybrid: dict[str, Any] = {}
+    def make_pair(cfg: PoolConfig) -> tuple[BlockManagerAdapter | None, BlockManagerAdapter]:
+        hybrid: dict[str, int] = {}
         if isinstance(cfg, HybridPoolConfig):  # the checkpoints capability
             hybrid = {
                 "max_num_seqs": cfg.max_num_seqs,
@@ -128,38 +107,42 @@ def _pair_factory(factory: AdapterFactory, caps: Capabilities, hasher: str) -> A
                 f"{type(cand).__name__} lacks {', '.join(missing)}: declare the capability "
                 "off, or add the operation to the adapter"
             )
+        # NOTE: the candidate has every operation its capabilities call for (checked just
+        # above); the machines call no other.
+        adapter = cast(BlockManagerAdapter, cand)
         if not caps.exact:
-            return None, cand
-        ref = (HybridSpecCache if hybrid else SpecCache)(
-            cfg.num_blocks,
-            cfg.block_size,
-            hasher=HASHERS[hasher],
-            record_events=cfg.record_events,
-            **hybrid,
-        )
-        return ref, cand
+            return None, adapter
+        h = HASHERS[hasher]
+        if hybrid:
+            return HybridSpecCache(
+                cfg.num_blocks, cfg.block_size, hasher=h, record_events=cfg.record_events, **hybrid
+            ), adapter
+        return SpecCache(
+            cfg.num_blocks, cfg.block_size, hasher=h, record_events=cfg.record_events
+        ), adapter
 
     return make_pair
 
 
 def conformance_machine(
-    factory: AdapterFactory,
+    factory: FactoryLike,
     caps: Capabilities | None = None,
     *,
     name: str = "Conformance",
     hasher: str = "fast",
     ignore: Collection[str] = (),
     skip_rules: Collection[str] = (),
-) -> Any:
+) -> type[DifferentialMachine]:
     """The state machine class for ``factory`` (exact: against the spec with ``hasher``),
-    on the pool shapes ``caps`` declares."""
+    on the pool shapes ``caps`` declares (default: those ``factory`` declares)."""
     from .machines import build_hybrid_machine, build_machine
 
-    caps = capabilities_of(factory) if caps is None else caps
+    declared = as_factory(factory)
+    caps = declared.capabilities if caps is None else caps
     build = build_hybrid_machine if caps.checkpoints else build_machine
     return build(
         name,
-        _pair_factory(factory, caps, hasher),
+        _pair_factory(declared, caps, hasher),
         num_blocks=caps.num_blocks,
         block_size_choices=caps.block_sizes,
         caps=caps,
@@ -180,18 +163,19 @@ def _bad_input(rule: str) -> bool:
 
 
 def _skipped(
-    machine: Any, caps: Capabilities, fired: Collection[str], skip_rules: Collection[str]
+    machine: type[DifferentialMachine],
+    caps: Capabilities,
+    fired: Collection[str],
+    skip_rules: Collection[str],
 ) -> dict[str, str]:
     """rule -> why it never fired: the capability whose absence its precondition tests
     (``-speculative``), ``skip_rules``, or ``never drawn`` (its precondition held, or
     depends on the run's state, and the search never picked it)."""
     out = {r: "skip_rules" for r in skip_rules}
-    state = machine.setup_state()
-    for rule in state.rules:
-        name = rule.function.__name__
-        if name in fired or name in out:
+    for rule in rules_of(machine):
+        if rule.initialize or rule.name in fired or rule.name in out:
             continue
-        out[name] = _excluded_by(rule.preconditions, caps) or "never drawn"
+        out[rule.name] = _excluded_by(rule.preconditions, caps) or "never drawn"
     return out
 
 
@@ -202,18 +186,20 @@ class _Probe:
     def __init__(self, caps: Capabilities) -> None:
         self.caps = caps
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> int:
         return 1 << 20
 
 
-def _holds(preconditions: Any, caps: Capabilities) -> bool | None:
+def _holds(preconditions: Iterable[Callable[[object], object]], caps: Capabilities) -> bool | None:
     try:
         return all(bool(p(_Probe(caps))) for p in preconditions)
     except Exception:  # a precondition that reads the run's state: not about capabilities
         return None
 
 
-def _excluded_by(preconditions: Any, caps: Capabilities) -> str | None:
+def _excluded_by(
+    preconditions: tuple[Callable[[object], object], ...], caps: Capabilities
+) -> str | None:
     """The capability, off in ``caps``, that keeps ``preconditions`` from holding, or the
     two that do together (``rollback`` needs ``speculative`` and ``rollback``)."""
     if _holds(preconditions, caps) is not False:
@@ -239,29 +225,6 @@ def _by_root_cause(found: list[FailedCheck], related_to: dict[int, int]) -> tupl
     return tuple(attrs.evolve(f, related=tuple(related.get(i, ()))) for i, f in enumerate(found))
 
 
-@contextlib.contextmanager
-def _shrink_cap(seconds: float | None) -> Iterator[None]:
-    """Hypothesis stops shrinking after ``seconds`` and fails with the shortest failing run
-    found so far.
-
-    NOTE: Hypothesis has no setting for it: its engine reads the module constant
-    ``MAX_SHRINKING_SECONDS`` (300) when it starts to shrink, and then replays the best
-    run so far. The constant is set for this run only and restored after it; if a future
-    Hypothesis drops it, the cap is a no-op (the run is still correct, only longer).
-    """
-    from hypothesis.internal.conjecture import engine
-
-    before = getattr(engine, "MAX_SHRINKING_SECONDS", None)
-    if seconds is None or before is None:
-        yield
-        return
-    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        engine.MAX_SHRINKING_SECONDS = before
-
-
 def _names(value: str | Iterable[str]) -> tuple[str, ...]:
     """``"A,B"`` or ``["A", "B,C"]`` -> ``("A", "B", "C")``."""
     items = [value] if isinstance(value, str) else list(value)
@@ -269,7 +232,7 @@ def _names(value: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def run_conformance(
-    factory: AdapterFactory,
+    factory: FactoryLike,
     caps: Capabilities | None = None,
     *,
     max_examples: int | None = None,
@@ -336,14 +299,13 @@ def run_conformance(
     # NOTE: no explain phase: on a failing machine it re-runs the minimal case hundreds of
     # times to annotate the rules' arguments, which the replay of adapter calls makes moot,
     # and it cost four times the search and the shrinking together.
-    extra: dict[str, Any] = {
-        "stateful_step_count": steps,
-        "report_multiple_bugs": False,
-        "phases": [p for p in base.phases if p is not Phase.explain],
-    }
-    if max_examples is not None:
-        extra["max_examples"] = max_examples
-    run_settings = settings(base, **extra)
+    run_settings = settings(
+        base,
+        stateful_step_count=steps,
+        report_multiple_bugs=False,
+        phases=[p for p in base.phases if p is not Phase.explain],
+        max_examples=base.max_examples if max_examples is None else max_examples,
+    )
     if db is not None:
         run_settings = campaign_settings(run_settings, db)
     fired: Counter[str] = Counter()
@@ -366,17 +328,17 @@ def run_conformance(
             machine = hypothesis_seed(seed)(machine)
         first: list[float] = []
 
-        def listen(exc: CheckFailed, first: list[float] = first, past: Any = looked_past) -> None:
+        def listen(
+            exc: CheckFailed, first: list[float] = first, past: tuple[str, ...] = looked_past
+        ) -> None:
             if not first and not is_ignored(exc.check, past, exc.fingerprint):
                 first.append(time.perf_counter())
 
         failure_listeners.append(listen)
         began = time.perf_counter()
         try:
-            with _shrink_cap(max_shrink_s):
-                run_state_machine_as_test(  # type: ignore[no-untyped-call, unused-ignore]
-                    machine, settings=run_settings
-                )
+            with shrink_time_limit(max_shrink_s):
+                run_state_machine_as_test(machine, settings=run_settings)
         except CheckFailed as exc:
             ended = time.perf_counter()
             seen = first[0] if first else ended

@@ -29,8 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import (
+    Callable,
+    Collection,
+    Container,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import Generic, TypeVar, cast
 
 import attrs
 
@@ -43,6 +52,7 @@ from prefixkv.spec import (
     DuplicateSequence,
     InvalidOperation,
     InvalidRequest,
+    KVEvent,
     Match,
     OutOfBlocks,
     PrefixCacheError,
@@ -76,6 +86,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_U = TypeVar("_U")
+_K = TypeVar("_K")
 _V = TypeVar("_V")
 _R = TypeVar("_R")  # an engine's request
 
@@ -105,7 +117,7 @@ def check_request(value: object) -> Request:
     return value
 
 
-def check_new(value: object, table: Mapping[Any, Any], num_new_tokens: object = None) -> Request:
+def check_new(value: object, table: Container[object], num_new_tokens: object = None) -> Request:
     """The arguments of ``can_admit`` and ``admit``, in the spec's order: a
     :class:`~prefixkv.spec.Request` and a token budget that is ``None`` or an ``int >= 1``
     (else ``InvalidRequest``), for a sequence not live in ``table`` (else
@@ -178,17 +190,18 @@ def check_flag(value: object, what: str = "preserve_cache") -> bool:
     return value
 
 
-def live(table: Mapping[Any, _V], seq_id: object) -> _V:
+def live(table: Mapping[_K, _V], seq_id: object) -> _V:
     """``table[seq_id]`` for a live sequence: ``InvalidRequest`` for a malformed id,
     ``UnknownSequence`` for one that is not live."""
     key = check_seq_id(seq_id)
     try:
-        return table[key]
+        # the table's keys are the engine's ids; an id of another type is simply not there
+        return table[cast(_K, key)]
     except KeyError:
         raise UnknownSequence(f"sequence {seq_id!r} is not live") from None
 
 
-def check_free_batch(seq_ids: object, table: Mapping[Any, Any]) -> list[SeqId]:
+def check_free_batch(seq_ids: object, table: Mapping[_K, object]) -> list[SeqId]:
     """The ids of a batched ``free``, all checked before anything is released: an iterable
     (not one id), no id twice (``DuplicateSequence``), every id live (``UnknownSequence``)."""
     if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):
@@ -229,7 +242,7 @@ class AdapterBase(Generic[_R]):
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.counters = Counters()
-        self.reqs: dict[Any, _R] = {}
+        self.reqs: dict[SeqId, _R] = {}
 
     def snapshot(self) -> CacheState:
         raise NotImplementedError("render the engine's state with build_snapshot")
@@ -238,23 +251,23 @@ class AdapterBase(Generic[_R]):
         """Statistics derived from the snapshot (see :func:`stats_from`)."""
         return self.snapshot().stats
 
-    def take_events(self) -> list[Any]:
+    def take_events(self) -> list[KVEvent]:
         """No KV events: the engine publishes none."""
         return []
 
-    def seq_ids(self) -> tuple[Any, ...]:
+    def seq_ids(self) -> tuple[SeqId, ...]:
         """The live sequences, in the order of ``reqs``."""
         return tuple(self.reqs)
 
-    def can_append(self, seq_id: Any, num_tokens: int) -> bool:
+    def can_append(self, seq_id: SeqId, num_tokens: int) -> bool:
         raise NotImplementedError("ask the engine whether num_tokens more slots fit")
 
-    def extend(self, seq_id: Any, num_tokens: int) -> list[int]:
+    def extend(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         """Hook: give the live ``seq_id`` ``num_tokens`` more slots (they fit); return the
         ids of the blocks it added."""
         raise NotImplementedError("call the engine's allocation for more slots")
 
-    def append(self, seq_id: Any, num_tokens: int) -> list[int]:
+    def append(self, seq_id: SeqId, num_tokens: int) -> list[int]:
         """``can_append`` checks the arguments and the room; only then is the engine
         called, so ``OutOfBlocks`` leaves everything as it was. Without
         ``append_asks_can_append`` the arguments are checked and ``extend`` is called."""
@@ -265,11 +278,11 @@ class AdapterBase(Generic[_R]):
             raise OutOfBlocks(f"no room for {num_tokens} more tokens of {seq_id!r}")
         return self.extend(seq_id, num_tokens)
 
-    def release(self, seq_id: Any) -> None:
+    def release(self, seq_id: SeqId) -> None:
         """Hook: release the live ``seq_id`` and its blocks."""
         raise NotImplementedError("call the engine's free")
 
-    def free(self, seq_ids: Any) -> None:
+    def free(self, seq_ids: Iterable[SeqId]) -> None:
         """Every id is checked (:func:`check_free_batch`) before any is released."""
         for s in check_free_batch(seq_ids, self.reqs):
             self.release(s)
@@ -645,7 +658,7 @@ def match_of(req: Request, hit_block_ids: Sequence[int], block_size: int) -> Mat
 # -- dry runs -------------------------------------------------------------------------------
 
 
-def dry_run(manager: _T, operation: Callable[[_T], Any]) -> Any:
+def dry_run(manager: _T, operation: Callable[[_T], _U]) -> _U:
     """Run ``operation`` on a deep copy of ``manager`` first; only if it succeeds, run it on
     ``manager`` and return its result. A failure raises from the copy and leaves
     ``manager`` untouched, which makes a non-transactional engine call transactional.
@@ -662,8 +675,8 @@ def dry_run(manager: _T, operation: Callable[[_T], Any]) -> Any:
     return operation(manager)
 
 
-def _fields(obj: object) -> dict[str, Any]:
-    out: dict[str, Any] = dict(getattr(obj, "__dict__", {}))
+def _fields(obj: object) -> dict[str, object]:
+    out: dict[str, object] = dict(getattr(obj, "__dict__", {}))
     for cls in type(obj).__mro__:
         for name in getattr(cls, "__slots__", ()):
             if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
@@ -715,7 +728,8 @@ def check_deepcopy(manager: object) -> list[str]:
                 walk(a[k], b[k], f"{path}[{k!r}]")
             return
         if isinstance(a, (list, tuple)) or type(a).__name__ == "deque":
-            la, lb = list(a), list(b)  # type: ignore[call-overload]
+            # a list, a tuple or a deque, and b of the same type
+            la, lb = list(cast(Iterable[object], a)), list(cast(Iterable[object], b))
             if len(la) != len(lb):
                 problems.append(f"{path}: length {len(la)} became {len(lb)}")
                 return

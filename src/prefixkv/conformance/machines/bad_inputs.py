@@ -129,7 +129,8 @@ class BadInputRules(ProtocolSteps):
             return
         type(self).coverage.variants[f"bad_sequence_op:{kind}"] += 1
         ghost = self._ghost()
-        ops: dict[str, Callable[[Any], Any]] = {
+        # bad inputs on purpose: the cache is untyped here, so that a wrong type can be passed
+        ops: dict[str, Callable[[Any], object]] = {
             "unknown:append": lambda c: c.append(ghost, 1),
             "unknown:can_append": lambda c: c.can_append(ghost, 1),
             "unknown:commit": lambda c: c.commit(ghost, 0, (1,)),
@@ -174,7 +175,7 @@ class BadInputRules(ProtocolSteps):
         over = Request(
             self._new_id(), (1, 2, 3) * (self.cfg.num_blocks * self.cfg.block_size), self._ns(1)
         )
-        ops: dict[str, Callable[[Any], Any]] = {
+        ops: dict[str, Callable[[Any], object]] = {  # bad inputs, as above
             "append": lambda x: x.append(seq, count),
             "can_append": lambda x: x.can_append(seq, count),
             "commit": lambda x: x.commit(seq, count),

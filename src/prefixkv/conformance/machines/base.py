@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar, Protocol, cast
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
-from prefixkv.spec import MultimodalSpan, Namespace, Request, SeqId, SeqView
+from prefixkv.spec import (
+    EngineSteps,
+    HybridPrefixCache,
+    Inspectable,
+    MultimodalSpan,
+    Namespace,
+    Request,
+    SeqId,
+    SeqView,
+)
 
+from .._compat import prune_bundle
+from ..adapters import BlockManagerAdapter
 from ..capabilities import Capabilities
 from ..failures import CheckFailed
 from ..lockstep import Lockstep, Outcome
@@ -27,7 +38,18 @@ from .coverage import RuleCoverage
 from .factories import PoolConfig
 from .strategies import NAMESPACES, seq_id_of
 
-__all__ = ["MachineBase"]
+__all__ = ["DrivenCache", "MachineBase"]
+
+
+class DrivenCache(HybridPrefixCache, EngineSteps, Inspectable, Protocol):
+    """Every operation a machine may call on a cache: the
+    :class:`~prefixkv.spec.PrefixCache` ones, the hybrid ones (only under ``checkpoints``)
+    and the engine-shaped steps (only in the step-call machines).
+
+    NOTE: a candidate offers only what its capabilities declare, and the rules call nothing
+    else (their preconditions read the capabilities; the runner checks the candidate has
+    each operation they call for): so the pair a factory builds is driven as this type.
+    """
 
 
 class MachineBase(RuleBasedStateMachine):
@@ -58,7 +80,7 @@ class MachineBase(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
-        self.oracle = Lockstep(
+        self.oracle: Lockstep[DrivenCache] = Lockstep(
             caps=cls.caps, compared_fields=cls.compared_fields, ignore=cls.ignored_checks
         )
         self.oracle.ops = cls.coverage.ops
@@ -75,16 +97,16 @@ class MachineBase(RuleBasedStateMachine):
     # -- plumbing --------------------------------------------------------------------------
 
     @staticmethod
-    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+    def make_pair(cfg: PoolConfig) -> tuple[BlockManagerAdapter | None, BlockManagerAdapter]:
         raise NotImplementedError("build the machine with build_machine(make_pair=...)")
 
     @property
-    def ref(self) -> Any:
+    def ref(self) -> DrivenCache | None:
         """The reference cache (``None`` in the safety mode)."""
         return self.oracle.ref
 
     @property
-    def cand(self) -> Any:
+    def cand(self) -> DrivenCache | None:
         """The candidate cache (unrecorded: rules go through ``self.oracle.op``)."""
         return self.oracle.cand
 
@@ -117,7 +139,11 @@ class MachineBase(RuleBasedStateMachine):
         cls.last_calls = calls
         cls.last_steps = 0
         self.oracle.log = calls
-        self.oracle.bind(ref, cand, record_events=cfg.record_events)
+        self.oracle.bind(
+            cast(DrivenCache | None, ref),
+            cast(DrivenCache, cand),
+            record_events=cfg.record_events,
+        )
         cls.coverage.variants[f"block_size={cfg.block_size}"] += 1
         if ref is None:  # candidate alone: the pool it was asked for, then safety only
             for attr in ("num_blocks", "block_size"):
@@ -141,7 +167,7 @@ class MachineBase(RuleBasedStateMachine):
     def _op(
         self,
         name: str,
-        fn: Callable[[Any], Any],
+        fn: Callable[[DrivenCache], object],
         *,
         pure: bool = False,
         must_raise: type[Exception] | None = None,
@@ -176,11 +202,7 @@ class MachineBase(RuleBasedStateMachine):
 
     def _prune_seqs(self) -> None:
         """Drop ids that are no longer live from the bundle (freed in a batch or a reset)."""
-        bundle = self.bundle("seqs")  # type: ignore[no-untyped-call, unused-ignore]
-        values = getattr(self, "names_to_values", None)
-        if values is None:  # pragma: no cover - other Hypothesis internals
-            return
-        bundle[:] = [ref for ref in bundle if values[ref.name] in self.oracle.views]
+        prune_bundle(self, "seqs", lambda seq_id: seq_id in self.oracle.views)
 
     def _remember(self, seq_ids: list[SeqId]) -> None:
         """Keep the histories of sequences about to be freed, for multi-turn re-admission."""

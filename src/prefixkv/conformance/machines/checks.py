@@ -8,21 +8,29 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
 
-from hypothesis.stateful import multiple
+from hypothesis.stateful import MultipleResults, multiple
+
+from prefixkv.spec import SeqId
 
 from ..failures import CheckFailed, failure_listeners, is_ignored
 
 if TYPE_CHECKING:
     from .base import MachineBase
 
-__all__ = ["CheckFailed", "bad_inputs_due", "counted", "failure_listeners"]
+__all__ = ["CheckFailed", "Targets", "bad_inputs_due", "counted", "failure_listeners"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+#: What a rule with a target bundle returns: the new sequence, or several (``multiple()``:
+#: none).
+Targets: TypeAlias = "SeqId | MultipleResults[SeqId]"
+
+_M = TypeVar("_M", bound="MachineBase")
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
 
 
-def counted(fn: _F) -> _F:
+def counted(fn: Callable[Concatenate[_M, _P], _R]) -> Callable[Concatenate[_M, _P], _R]:
     """Count the rule's firings (and firings in which an operation raised).
 
     A rule ends with a step boundary (``oracle.end_step``); rules that model several
@@ -32,15 +40,15 @@ def counted(fn: _F) -> _F:
     """
     name = fn.__name__
     # A rule with a target bundle returns its new entries (``multiple()`` for none); any
-    # other rule must return None. Target rules are annotated ``-> Any``.
-    targeted = fn.__annotations__.get("return") in ("Any", Any)
+    # other rule must return None. Target rules are annotated ``-> Targets``.
+    targeted = fn.__annotations__.get("return") in ("Targets", Targets)
 
     @functools.wraps(fn)
-    def wrapper(self: MachineBase, **kwargs: Any) -> Any:
+    def wrapper(self: _M, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         self.oracle.raised_in_rule = self.oracle.refused_in_rule = False
         self._since_bad += 1
         try:
-            out = fn(self, **kwargs)
+            out = fn(self, *args, **kwargs)
             self.oracle.end_step()  # a rule is one engine step, or ends with one
             return out
         except CheckFailed as exc:
@@ -49,7 +57,8 @@ def counted(fn: _F) -> _F:
             if exc.fingerprint not in self.oracle.suppressed:
                 self.oracle.suppressed.append(exc.fingerprint)
             self.oracle.resync()
-            return multiple() if targeted else None
+            # a target rule's _R is Targets, any other rule's None
+            return cast(_R, multiple() if targeted else None)
         finally:
             cls = type(self)
             cls.last_steps += 1
@@ -60,7 +69,7 @@ def counted(fn: _F) -> _F:
             if self.oracle.refused_in_rule:
                 cov.refused_rules[name] += 1
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def bad_inputs_due(machine: MachineBase) -> bool:

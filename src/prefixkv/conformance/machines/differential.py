@@ -24,6 +24,7 @@ rules can drive any pair of caches with the :class:`~prefixkv.spec.PrefixCache` 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
@@ -32,11 +33,10 @@ from ..capabilities import Capabilities
 from ..lockstep import Outcome
 from .bad_inputs import BAD_ARGUMENT_KINDS, BAD_REQUEST_KINDS, BAD_SEQUENCE_KINDS, BadInputRules
 from .checks import CheckFailed, counted, failure_listeners
-from .coverage import RuleCoverage
+from .description import MachineDescription, machine_class, rule_names, without_rules
 from .factories import PairFactory, PoolConfig
 from .features import FeatureRules
 from .lifecycle import LifecycleRules
-from .strategies import NAMESPACES
 
 __all__ = [
     "BAD_ARGUMENT_KINDS",
@@ -57,6 +57,9 @@ class DifferentialMachine(LifecycleRules, BadInputRules, FeatureRules):
     Do not run this class directly: :func:`build_machine` makes a runnable subclass with a
     pair factory, the pool shapes to draw and its own coverage counters.
     """
+
+
+M = TypeVar("M", bound=DifferentialMachine)
 
 
 def build_machine(
@@ -84,49 +87,36 @@ def build_machine(
     """
     sizes = st.sampled_from(block_size_choices) if block_size_choices else st.integers(*block_sizes)
 
-    class Machine(DifferentialMachine):
-        coverage = RuleCoverage()
-        namespaces = NAMESPACES
+    @initialize(
+        num_blocks=st.integers(*num_blocks),
+        block_size=sizes,
+        record_events=st.sampled_from(record_events if caps is None or caps.events else (False,)),
+    )
+    @counted
+    def init(
+        self: DifferentialMachine, num_blocks: int, block_size: int, record_events: bool
+    ) -> None:
+        """Build the pair on a freshly drawn pool."""
+        self._start(PoolConfig(num_blocks, block_size, record_events))
 
-        @initialize(
-            num_blocks=st.integers(*num_blocks),
-            block_size=sizes,
-            record_events=st.sampled_from(
-                record_events if caps is None or caps.events else (False,)
-            ),
-        )
-        @counted
-        def init(self, num_blocks: int, block_size: int, record_events: bool) -> None:
-            """Build the pair on a freshly drawn pool."""
-            self._start(PoolConfig(num_blocks, block_size, record_events))
-
-    Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
-    Machine.compared_fields = compared_fields
-    Machine.caps = Capabilities() if caps is None else caps
-    Machine.ignored_checks = frozenset(ignored_checks)
-    Machine.__name__ = Machine.__qualname__ = name
-    skip(Machine, skip_rules)
-    return Machine
+    description = MachineDescription(
+        name,
+        make_pair,
+        init,
+        caps=Capabilities() if caps is None else caps,
+        compared_fields=compared_fields,
+        ignored_checks=frozenset(ignored_checks),
+        skip_rules=frozenset(skip_rules),
+    )
+    return machine_class(DifferentialMachine, description)
 
 
-def skip(machine: type[DifferentialMachine], rules: Collection[str]) -> None:
-    """Make ``rules`` of ``machine`` never fire (a team looking past a known issue)."""
-    known = set(all_rule_names(machine)) - {"init"}
-    unknown = sorted(set(rules) - known)
-    if unknown:
-        raise ValueError(
-            f"no rule named {', '.join(unknown)}; the rules are {', '.join(sorted(known))}"
-        )
-    for rule_name in rules:
-        # A plain attribute shadows the inherited rule, so Hypothesis no longer sees it.
-        setattr(machine, rule_name, None)
-    # Hypothesis caches each class's rules on first use; forget the list read above.
-    cache = getattr(machine, "_setup_state_per_class", None)
-    if isinstance(cache, dict):
-        cache.pop(machine, None)
+def skip(machine: type[M], rules: Collection[str]) -> type[M]:
+    """A subclass of ``machine`` whose ``rules`` never fire (a team looking past a known
+    issue); see :func:`~.description.without_rules`."""
+    return without_rules(machine, rules)
 
 
 def all_rule_names(machine: type[DifferentialMachine]) -> list[str]:
     """Every rule and initialize rule of ``machine``, by function name."""
-    state = machine.setup_state()  # type: ignore[no-untyped-call, unused-ignore]
-    return sorted(r.function.__name__ for r in (*state.rules, *state.initializers))
+    return rule_names(machine)

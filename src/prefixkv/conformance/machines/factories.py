@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import attrs
 
 from prefixkv.spec import HASHERS, BlockHasher, SpecCache, fast_hash
+
+if TYPE_CHECKING:
+    from prefixkv.impl import PrefixCacheManager
+
+    from ..adapters import BlockManagerAdapter
 
 __all__ = [
     "PairFactory",
@@ -35,11 +40,14 @@ class PoolConfig:
     record_events: bool = True
 
 
-#: ``make_pair(config) -> (reference, candidate)``.
-PairFactory = Callable[[PoolConfig], tuple[Any, Any]]
+#: ``make_pair(config) -> (reference, candidate)``; no reference: the candidate runs alone
+#: (the safety mode). A candidate may lack the operations its capabilities declare missing.
+PairFactory: TypeAlias = (
+    "Callable[[PoolConfig], tuple[BlockManagerAdapter | None, BlockManagerAdapter]]"
+)
 
 
-def candidate_class() -> type[Any]:
+def candidate_class() -> type[PrefixCacheManager] | type[SpecCache]:
     """``prefixkv.impl.PrefixCacheManager``, or ``SpecCache`` while the impl cannot import.
 
     Resolved on every call (not at import) so that a harness can install a patched
@@ -47,7 +55,7 @@ def candidate_class() -> type[Any]:
     """
     try:
         module = importlib.import_module("prefixkv.impl")
-        cls: type[Any] = module.PrefixCacheManager
+        cls: type[PrefixCacheManager] = module.PrefixCacheManager
     except (ImportError, AttributeError):
         return SpecCache
     return cls
@@ -70,13 +78,16 @@ def spec_vs_impl(
     """
     h = _hasher(hasher)
 
-    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+    def make_pair(cfg: PoolConfig) -> tuple[BlockManagerAdapter, BlockManagerAdapter]:
         cls = candidate_class()
-        kwargs: dict[str, Any] = {"hasher": h, "record_events": cfg.record_events}
-        ref = SpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
+        n, bs, events = cfg.num_blocks, cfg.block_size, cfg.record_events
+        ref = SpecCache(n, bs, hasher=h, record_events=events)
+        cand: PrefixCacheManager | SpecCache
         if heap_slack is not None and cls is not SpecCache:
-            kwargs["heap_slack"] = heap_slack
-        cand = cls(cfg.num_blocks, cfg.block_size, **kwargs)
+            impl = cast("type[PrefixCacheManager]", cls)  # the spec has no eviction heap
+            cand = impl(n, bs, hasher=h, record_events=events, heap_slack=heap_slack)
+        else:
+            cand = cls(n, bs, hasher=h, record_events=events)
         return ref, cand
 
     make_pair.__name__ = f"spec_vs_impl_{getattr(h, '__name__', 'hash')}"
@@ -87,7 +98,7 @@ def spec_pair(hasher: BlockHasher | str = fast_hash) -> PairFactory:
     """Two SpecCaches: the machine checking itself (every step must agree trivially)."""
     h = _hasher(hasher)
 
-    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+    def make_pair(cfg: PoolConfig) -> tuple[BlockManagerAdapter, BlockManagerAdapter]:
         def one() -> SpecCache:
             return SpecCache(
                 cfg.num_blocks, cfg.block_size, hasher=h, record_events=cfg.record_events

@@ -18,15 +18,17 @@ modality so that every pair differs in exactly one of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, multiple, precondition, rule
 
-from prefixkv.spec import InvalidRequest, MultimodalSpan, Request, SeqId
+from prefixkv.spec import InvalidRequest, Match, MultimodalSpan, Namespace, Request, SeqId
 
-from .checks import bad_inputs_due, counted
+from .base import DrivenCache
+from .checks import Targets, bad_inputs_due, counted
 from .steps import ProtocolSteps
 from .strategies import (
     BAD_SPAN_ARGS,
@@ -74,7 +76,7 @@ BAD_SPANS: tuple[dict[str, object], ...] = (
 def build_request(
     seq_id: SeqId,
     tokens: tuple[int, ...],
-    namespace: Any,
+    namespace: Namespace,
     placed: list[tuple[int, int, int]],
     window: int,
     limit: int | None,
@@ -155,7 +157,7 @@ class FeatureRules(ProtocolSteps):
     @counted
     def admit_rich(
         self, rich: RichArgs, budget: int | None, chunks: int, sampled: tuple[int, ...]
-    ) -> Any:
+    ) -> Targets:
         """Admit a request with items, a recompute window and a chunk limit, then run up to
         ``chunks`` prefill steps (commit a chunk, reserve the next)."""
         req = self._rich_request(rich)
@@ -257,7 +259,7 @@ class FeatureRules(ProtocolSteps):
         budget: int | None,
         admit: bool,
         sampled: tuple[int, ...],
-    ) -> Any:
+    ) -> Targets:
         """Send a recent multimodal prompt again: the same, with other item contents or
         modalities, as plain text, or cut in half. Match it (INV-MATCH, LOST) and maybe
         admit it and run its first prefill step."""
@@ -358,6 +360,6 @@ def _variant(req: Request, variant: str, seq_id: SeqId, window: int) -> Request:
     return attrs.evolve(req, seq_id=seq_id, token_ids=tokens, spans=spans, recompute_blocks=window)
 
 
-def _matching(req: Request) -> Any:
+def _matching(req: Request) -> Callable[[DrivenCache], Match]:
     """``cache.match(req)`` as an operation for the oracle."""
     return lambda cache: cache.match(req)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Collection
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 from hypothesis import strategies as st
@@ -38,21 +38,29 @@ from prefixkv.spec import (
     Admission,
     BlockHasher,
     CacheState,
+    CheckpointView,
     HybridSpecCache,
     InvalidOperation,
     InvalidRequest,
     Request,
     SeqId,
+    SeqView,
+    StateRef,
     UnknownSequence,
     fast_hash,
 )
 
+from ..adapters import BlockManagerAdapter, HybridAdapter
 from ..capabilities import Capabilities
-from .checks import bad_inputs_due, counted
+from .checks import Targets, bad_inputs_due, counted
 from .coverage import RuleCoverage
-from .differential import DifferentialMachine, skip
+from .description import MachineDescription, machine_class
+from .differential import DifferentialMachine
 from .factories import PairFactory, PoolConfig
-from .strategies import NAMESPACES, budgets, namespace_ids, prompts, sampled_tokens
+from .strategies import budgets, namespace_ids, prompts, sampled_tokens
+
+if TYPE_CHECKING:
+    from prefixkv.impl import HybridPrefixCacheManager
 
 __all__ = [
     "BAD_HYBRID_KINDS",
@@ -92,10 +100,11 @@ class HybridPoolConfig(PoolConfig):
     decode_state_interval: int = 0
 
 
-def hybrid_candidate_class() -> type[Any]:
+def hybrid_candidate_class() -> type[HybridPrefixCacheManager]:
     """``prefixkv.impl.HybridPrefixCacheManager``, resolved on every call (so that the
     mutation harness can install a patched ``prefixkv.impl`` first)."""
-    cls: type[Any] = importlib.import_module("prefixkv.impl").HybridPrefixCacheManager
+    module = importlib.import_module("prefixkv.impl")
+    cls: type[HybridPrefixCacheManager] = module.HybridPrefixCacheManager
     return cls
 
 
@@ -103,24 +112,29 @@ def hybrid_spec_vs_impl(hasher: BlockHasher | str = fast_hash) -> PairFactory:
     """HybridSpecCache (reference) against the impl's hybrid manager (candidate)."""
     h = HASHERS[hasher] if isinstance(hasher, str) else hasher
 
-    def make_pair(cfg: PoolConfig) -> tuple[Any, Any]:
+    def make_pair(cfg: PoolConfig) -> tuple[BlockManagerAdapter, BlockManagerAdapter]:
         assert isinstance(cfg, HybridPoolConfig)
-        kwargs: dict[str, Any] = {
-            "max_num_seqs": cfg.max_num_seqs,
-            "state_budget": cfg.state_budget,
-            "decode_state_interval": cfg.decode_state_interval,
-            "hasher": h,
-            "record_events": cfg.record_events,
-        }
-        ref = HybridSpecCache(cfg.num_blocks, cfg.block_size, **kwargs)
-        cand = hybrid_candidate_class()(cfg.num_blocks, cfg.block_size, **kwargs)
-        return ref, cand
+        slots = (cfg.max_num_seqs, cfg.state_budget, cfg.decode_state_interval)
+
+        def one(cls: type[HybridSpecCache] | type[HybridPrefixCacheManager]) -> HybridAdapter:
+            n, budget, interval = slots
+            return cls(
+                cfg.num_blocks,
+                cfg.block_size,
+                max_num_seqs=n,
+                state_budget=budget,
+                decode_state_interval=interval,
+                hasher=h,
+                record_events=cfg.record_events,
+            )
+
+        return one(HybridSpecCache), one(hybrid_candidate_class())
 
     make_pair.__name__ = f"hybrid_spec_vs_impl_{getattr(h, '__name__', 'hash')}"
     return make_pair
 
 
-def _statuses(snap: CacheState | None) -> dict[int, Any]:
+def _statuses(snap: CacheState | None) -> dict[int, CheckpointView]:
     if snap is None or snap.state_slots is None:
         return {}
     return {ck.slot: ck for ck in snap.state_slots.checkpoints}
@@ -150,7 +164,7 @@ class HybridMachine(DifferentialMachine):
     def _count_transitions(self, name: str, before: CacheState, after: CacheState) -> None:
         variants = type(self).coverage.variants
         old, new = _statuses(before), _statuses(after)
-        seqs = {v.seq_id: v for v in before.sequences}
+        seqs: dict[SeqId | None, SeqView] = {v.seq_id: v for v in before.sequences}
         for slot in old.keys() | new.keys():
             a = old[slot].status if slot in old else "free"
             b = new[slot].status if slot in new else "free"
@@ -238,7 +252,7 @@ class HybridMachine(DifferentialMachine):
             self.oracle.fail("HYBRID-SNAPSHOT", "the snapshot of a hybrid cache has no state_slots")
         return snap
 
-    def _check_ref(self, name: str, seq_id: SeqId, value: Any) -> None:
+    def _check_ref(self, name: str, seq_id: SeqId, value: StateRef | None) -> None:
         """HYBRID-REF: what a hybrid query answers is what the snapshot holds. The pending
         restore is the checkpoint pinned by the sequence (INV-CKPT: at the position where its
         hit ends); the reservation is the one it owns; the runtime state is its runtime slot, at the
@@ -357,7 +371,7 @@ class HybridMachine(DifferentialMachine):
         budget: int | None,
         issue: bool,
         decode: int,
-    ) -> Any:
+    ) -> Targets:
         """Multi-turn on a hybrid model: a remembered history plus new tokens (a hit
         restores a checkpoint), with a recompute window; issue the restore or not, prefill
         by chunks, then decode a few tokens (saving every interval)."""
@@ -539,58 +553,57 @@ def build_hybrid_machine(
     hybrid_caps = Capabilities(checkpoints=True, routed_experts=True) if caps is None else caps
     sizes = st.sampled_from(block_size_choices) if block_size_choices else st.integers(*block_sizes)
 
-    class Machine(HybridMachine):
-        coverage = RuleCoverage()
-        namespaces = NAMESPACES
-
-        @initialize(
-            num_blocks=st.integers(*num_blocks),
-            block_size=sizes,
-            record_events=st.booleans() if hybrid_caps.events else st.just(False),
-            seqs_max=st.integers(*max_num_seqs),
-            # a budget of 0 (checkpoints only in borrowed runtime slots) twice as often
-            budget=st.integers(state_budgets[0] - 1, state_budgets[1]).map(
-                lambda b: max(b, state_budgets[0])
-            ),
-            interval=st.integers(0, 3),
-            experts=st.booleans() if hybrid_caps.routed_experts else st.just(False),
-            keeps=st.booleans(),
+    @initialize(
+        num_blocks=st.integers(*num_blocks),
+        block_size=sizes,
+        record_events=st.booleans() if hybrid_caps.events else st.just(False),
+        seqs_max=st.integers(*max_num_seqs),
+        # a budget of 0 (checkpoints only in borrowed runtime slots) twice as often
+        budget=st.integers(state_budgets[0] - 1, state_budgets[1]).map(
+            lambda b: max(b, state_budgets[0])
+        ),
+        interval=st.integers(0, 3),
+        experts=st.booleans() if hybrid_caps.routed_experts else st.just(False),
+        keeps=st.booleans(),
+    )
+    @counted
+    def init(
+        self: HybridMachine,
+        num_blocks: int,
+        block_size: int,
+        record_events: bool,
+        seqs_max: int,
+        budget: int,
+        interval: int,
+        experts: bool,
+        keeps: bool,
+    ) -> None:
+        """Build the pair on a freshly drawn pool and state-slot pool."""
+        cfg = HybridPoolConfig(
+            num_blocks, block_size, record_events, seqs_max, budget, interval * block_size
         )
-        @counted
-        def init(
-            self,
-            num_blocks: int,
-            block_size: int,
-            record_events: bool,
-            seqs_max: int,
-            budget: int,
-            interval: int,
-            experts: bool,
-            keeps: bool,
-        ) -> None:
-            """Build the pair on a freshly drawn pool and state-slot pool."""
-            cfg = HybridPoolConfig(
-                num_blocks, block_size, record_events, seqs_max, budget, interval * block_size
-            )
-            self._experts_on, self._keeps_states = experts, keeps
-            self._start(cfg)
-            type(self).last_calls[1] = (
-                f"cache = make(num_blocks={num_blocks}, block_size={block_size}, "
-                f"record_events={record_events}, max_num_seqs={seqs_max}, "
-                f"state_budget={budget}, decode_state_interval={interval * block_size})"
-            )
-            variants = type(self).coverage.variants
-            variants[f"state_budget={budget}"] += 1
-            variants[f"decode_state_interval={'on' if interval else 'off'}"] += 1
+        self._experts_on, self._keeps_states = experts, keeps
+        self._start(cfg)
+        type(self).last_calls[1] = (
+            f"cache = make(num_blocks={num_blocks}, block_size={block_size}, "
+            f"record_events={record_events}, max_num_seqs={seqs_max}, "
+            f"state_budget={budget}, decode_state_interval={interval * block_size})"
+        )
+        variants = type(self).coverage.variants
+        variants[f"state_budget={budget}"] += 1
+        variants[f"decode_state_interval={'on' if interval else 'off'}"] += 1
 
-    Machine.make_pair = staticmethod(make_pair)  # type: ignore[method-assign,assignment]
-    Machine.caps = hybrid_caps
-    Machine.ignored_checks = frozenset(ignored_checks)
-    Machine.__name__ = Machine.__qualname__ = name
-    skip(Machine, skip_rules)
-    return Machine
+    description = MachineDescription(
+        name,
+        make_pair,
+        init,
+        caps=hybrid_caps,
+        ignored_checks=frozenset(ignored_checks),
+        skip_rules=frozenset(skip_rules),
+    )
+    return machine_class(HybridMachine, description)
 
 
-def _calling(name: str, *args: Any) -> Callable[[Any], Any]:
+def _calling(name: str, *args: object) -> Callable[[object], object]:
     """``cache.<name>(*args)`` as an operation for the oracle."""
     return lambda cache: getattr(cache, name)(*args)

@@ -8,15 +8,13 @@ queries. Rules that need an operation the candidate lacks never fire.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, consumes, multiple, precondition, rule
 
 from prefixkv.spec import Admission, Request, SeqId
 
-from .checks import counted
+from .checks import Targets, counted
 from .steps import ProtocolSteps
 from .strategies import budgets, namespace_ids, prompts, sampled_tokens
 
@@ -32,7 +30,7 @@ class LifecycleRules(ProtocolSteps):
 
     @rule(target=seqs, ns=namespace_ids(), tokens=prompts(), budget=budgets())
     @counted
-    def admit(self, ns: int, tokens: tuple[int, ...], budget: int | None) -> Any:
+    def admit(self, ns: int, tokens: tuple[int, ...], budget: int | None) -> Targets:
         """match, can_admit and admit a fresh sequence (admit even when it cannot fit)."""
         req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
         adm = self._admit(req, budget, only_if_possible=False)
@@ -56,7 +54,7 @@ class LifecycleRules(ProtocolSteps):
         steps: int,
         sampled: tuple[int, ...],
         finish: str,
-    ) -> Any:
+    ) -> Targets:
         """Parallel sampling: one prompt admitted ``n`` times in one step (same-step duplicate
         prompts), prefilled together, then each sample decodes its own tokens. ``finish``:
         the first sample finishes early, or the whole group finishes in one batched free
@@ -102,7 +100,7 @@ class LifecycleRules(ProtocolSteps):
         steps: list[tuple[int, int]],
         sampled: tuple[int, ...],
         finish: bool,
-    ) -> Any:
+    ) -> Targets:
         """A request's life in an engine: admit, prefill (chunked), speculative decode
         steps, and (if ``finish``) completion."""
         req = Request(self._new_id(), self._prompt(tokens), self._ns(ns))
@@ -120,7 +118,7 @@ class LifecycleRules(ProtocolSteps):
 
     @rule(target=seqs, seq=seqs, slack=st.integers(-1, 1), filler=st.integers(1, 4))
     @counted
-    def admit_at_the_edge(self, seq: SeqId, slack: int, filler: int) -> Any:
+    def admit_at_the_edge(self, seq: SeqId, slack: int, filler: int) -> Targets:
         """Share a live sequence's computed blocks in a prompt sized to the pool's edge.
 
         The new blocks it needs are the free and evictable blocks, ``slack`` more or less.
@@ -138,7 +136,9 @@ class LifecycleRules(ProtocolSteps):
         filler=st.integers(1, 4),
     )
     @counted
-    def fits_thanks_to_hits(self, ns: int, tokens: tuple[int, ...], slack: int, filler: int) -> Any:
+    def fits_thanks_to_hits(
+        self, ns: int, tokens: tuple[int, ...], slack: int, filler: int
+    ) -> Targets:
         """Pool pressure with a shared prefix: a prompt is admitted and prefilled (its full
         blocks are published and stay held), and in the next step a prompt that shares them
         is sized so that it fits only because they are hits (:meth:`admit_at_the_edge` on a
@@ -182,7 +182,7 @@ class LifecycleRules(ProtocolSteps):
 
     @rule(target=seqs, seq=consumes(seqs), budget=budgets(), sampled=sampled_tokens())
     @counted
-    def preempt(self, seq: SeqId, budget: int | None, sampled: tuple[int, ...]) -> Any:
+    def preempt(self, seq: SeqId, budget: int | None, sampled: tuple[int, ...]) -> Targets:
         """Preemption: free a sequence, then re-admit it under the same id to recompute."""
         view = self.oracle.view(seq)
         if view is None:
@@ -203,7 +203,7 @@ class LifecycleRules(ProtocolSteps):
 
     @rule(target=seqs, pick=st.integers(0, 15), extra=sampled_tokens(), budget=budgets())
     @counted
-    def next_turn(self, pick: int, extra: tuple[int, ...], budget: int | None) -> Any:
+    def next_turn(self, pick: int, extra: tuple[int, ...], budget: int | None) -> Targets:
         """Multi-turn: re-admit a finished sequence's history plus new user tokens."""
         if not self._history:
             self._history.append((0, (7, 7, 7), ()))

@@ -16,6 +16,7 @@ Build a machine with :func:`build_step_machine` (same arguments as ``build_machi
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
@@ -104,7 +105,7 @@ def decode_step(view: SeqView, k: int, a: int, sampled: tuple[int, ...]) -> Deco
     return DecodeStep(view.seq_id, pending + accepted, tokens, drafts - accepted, k + 1)
 
 
-def _summary(outcome: BatchOutcome) -> tuple[Any, ...]:
+def _summary(outcome: BatchOutcome) -> tuple[object, ...]:
     """What two caches' outcomes must agree on (an exception object compares by id)."""
     return (
         outcome.new_blocks,
@@ -253,7 +254,7 @@ class StepCallRules(_Base):
         commit = max(0, min(n, r - c, known - c))  # a valid commit, undone by the failure
         ghost = self._ghost()
         pool = self.cfg.num_blocks * self.cfg.block_size
-        ops: dict[str, Any] = {
+        ops: dict[str, Callable[[Any], object]] = {  # bad inputs on purpose: an untyped cache
             "advance:unknown": lambda x: x.advance(ghost, 0),
             "advance:negative_rejected": lambda x: x.advance(seq, commit, num_rejected=-1),
             "advance:bool_reserve": lambda x: x.advance(seq, commit, num_reserve=True),
@@ -314,6 +315,6 @@ def build_step_machine(
 ) -> type[DifferentialMachine]:
     """``build_machine`` with the engine-shaped call rules mixed in."""
     base = build_machine(name, make_pair, **kwargs)
-    machine: type[DifferentialMachine] = type(name, (StepCallRules, base), {})
-    machine.__qualname__ = name
+    namespace = {"__module__": base.__module__, "__qualname__": name}
+    machine: type[DifferentialMachine] = type(name, (StepCallRules, base), namespace)
     return machine

@@ -11,9 +11,7 @@ reuse must add up (``LOST``). Steps honour the declared capabilities: without
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefixkv.spec import Admission, Match, Request, SeqId
+from prefixkv.spec import Admission, LostReuse, Match, Request, SeqId
 
 from .base import MachineBase
 
@@ -217,7 +215,7 @@ class ProtocolSteps(MachineBase):
             "finish)",
         )
 
-    def _check_lost(self, req: Request, what: str, lost: Any, cached: int) -> None:
+    def _check_lost(self, req: Request, what: str, lost: LostReuse, cached: int) -> None:
         if not self.caps.lost_reuse:
             return
         if (
@@ -271,7 +269,7 @@ class ProtocolSteps(MachineBase):
         return self._continue(seq_id, budget) is not None
 
 
-def admission_checks(machine: Any, req: Request, match: Any, adm: Admission) -> None:
+def admission_checks(machine: ProtocolSteps, req: Request, match: Match, adm: Admission) -> None:
     """Checks every admission gets: its lost reuse and window are the match's."""
     machine._check_lost(req, "match before admit", match.lost, match.num_cached_tokens)
     if (adm.lost, adm.num_window_blocks) != (match.lost, match.num_window_blocks):
