@@ -16,7 +16,10 @@ from prefixkv.spec import Admission, Request, SeqId
 
 from .checks import Targets, counted
 from .steps import ProtocolSteps
-from .strategies import budgets, namespace_ids, prompts, sampled_tokens
+from .strategies import ALPHABET, budgets, namespace_ids, prompts, runs_of, sampled_tokens
+
+#: ``(drafts, accepted)`` of one speculative decode step of ``engine_step``.
+DECODE_STEPS = tuple((k, a) for k in range(4) for a in range(4))
 
 __all__ = ["LifecycleRules"]
 
@@ -87,7 +90,7 @@ class LifecycleRules(ProtocolSteps):
         ns=namespace_ids(),
         tokens=prompts(),
         budget=budgets(),
-        steps=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=3),
+        steps=runs_of(DECODE_STEPS, 3),
         sampled=sampled_tokens(),
         finish=st.booleans(),
     )
@@ -97,7 +100,7 @@ class LifecycleRules(ProtocolSteps):
         ns: int,
         tokens: tuple[int, ...],
         budget: int | None,
-        steps: list[tuple[int, int]],
+        steps: tuple[tuple[int, int], ...],
         sampled: tuple[int, ...],
         finish: bool,
     ) -> Targets:
@@ -235,9 +238,9 @@ class LifecycleRules(ProtocolSteps):
         at a time without ``speculative``."""
         self._append(seq, n if self.caps.speculative else 1, only_if_possible=False)
 
-    @rule(seq=seqs, n=st.integers(0, 7), accepted=st.lists(st.integers(1, 4), max_size=3))
+    @rule(seq=seqs, n=st.integers(0, 7), accepted=runs_of(ALPHABET, 3))
     @counted
-    def commit(self, seq: SeqId, n: int, accepted: list[int]) -> None:
+    def commit(self, seq: SeqId, n: int, accepted: tuple[int, ...]) -> None:
         """Commit ``n`` slots with some accepted tokens; ``n`` is clamped to what is valid,
         except that ``n == 7`` commits one slot past the reservation (an engine error)."""
         view = self.oracle.view(seq)
@@ -247,14 +250,14 @@ class LifecycleRules(ProtocolSteps):
         if n == 7:
             # an engine error the candidate must refuse: not a refusal of the workload
             refused = self.oracle.refused_in_rule
-            self._commit(seq, unwritten + 1, tuple(accepted[:1]) or (1,))
+            self._commit(seq, unwritten + 1, accepted[:1] or (1,))
             self.oracle.refused_in_rule = refused
             return
         if not self.caps.speculative:
             accepted = accepted[:1]  # one token a step: nothing to accept beyond it
         known = len(view.token_ids) + len(accepted)
         n = max(0, min(n, unwritten, known - view.num_computed))
-        self._commit(seq, n, tuple(accepted))
+        self._commit(seq, n, accepted)
 
     @precondition(lambda self: self.caps.rolls_back)
     @rule(seq=seqs, n=st.integers(1, 6))
