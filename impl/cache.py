@@ -114,6 +114,10 @@ class Matched(NamedTuple):
     num_unanchored: int
     window: int
     lost: LostReuse
+    #: The index keys of the prompt's full blocks (every one, matched or not), computed by
+    #: the walk: the admission hands them to the sequence, so that publishing its prompt
+    #: blocks hashes nothing again.
+    keys: list[int]
 
 
 class AdmitPlan(NamedTuple):
@@ -126,6 +130,8 @@ class AdmitPlan(NamedTuple):
     need: int
     window: int
     lost: LostReuse
+    #: The prompt's index keys (:attr:`Matched.keys`).
+    keys: list[int]
 
 
 def _host_memory() -> int | None:
@@ -191,10 +197,6 @@ class _ManagerCore(PrefixCache):
         self._leaves = self._pool.leaves
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
-        #: The last request looked up and the index keys of its prompt's full blocks: an
-        #: admission looks the prompt up, then hands the keys to the sequence, so that
-        #: publishing its prompt blocks hashes nothing again.
-        self._prompt_keys_memo: tuple[Request, list[int]] | None = None
         self._clock = 0
         self._counters = Counters()
         # Called with each evicted block id; None unless a subclass hangs data off nodes.
@@ -234,7 +236,6 @@ class _ManagerCore(PrefixCache):
     def _match(self, req: Request) -> Matched:
         """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec)."""
         blocks, hashes, first_unanchored, capped, keys = self._walk.lookup(req)
-        self._prompt_keys_memo = (req, keys)
         bs, n, spans = self._block_size, req.num_tokens, req.spans
         m = len(blocks)
         k1 = clamp_out_of_spans(m, spans, bs) if spans else m
@@ -257,10 +258,10 @@ class _ManagerCore(PrefixCache):
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
-        return Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        return Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost, keys)
 
     def match(self, req: Request) -> Match:
-        blocks, _, _, window, lost = self._match(req)
+        blocks, _, _, window, lost, _ = self._match(req)
         return Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
 
     def block_table(self, seq_id: SeqId) -> tuple[int, ...]:
@@ -353,7 +354,7 @@ class _ManagerCore(PrefixCache):
 
     def _plan(self, req: Request, num_new_tokens: int | None) -> AdmitPlan:
         """Validate and size an admission; raises what ``admit`` would raise."""
-        blocks, hashes, unanchored, window, lost = self._match(req)
+        blocks, hashes, unanchored, window, lost, keys = self._match(req)
         if num_new_tokens is not None:
             check_count(num_new_tokens, "num_new_tokens", minimum=1)
         if req.seq_id in self._seqs:
@@ -368,7 +369,7 @@ class _ManagerCore(PrefixCache):
         supply = self._pool.supply - unanchored
         if need > supply:
             raise self._out_of_blocks(need, supply)
-        return AdmitPlan(blocks, hashes, end, need, window, lost)
+        return AdmitPlan(blocks, hashes, end, need, window, lost, keys)
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
         try:
@@ -378,7 +379,7 @@ class _ManagerCore(PrefixCache):
         return True
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
-        blocks, hashes, end, need, window, lost = self._plan(req, num_new_tokens)
+        blocks, hashes, end, need, window, lost, keys = self._plan(req, num_new_tokens)
         self._pool.pin(blocks)  # pin the hit, root first, before evicting anything
         cached = len(blocks) * self._block_size
         new, evicted = self._allocate(need)
@@ -388,8 +389,6 @@ class _ManagerCore(PrefixCache):
         token_array.frombytes(req.token_bytes)
         ns, nsd, seed = self._keys.namespace_key(req.namespace)
         pool = self._pool
-        memo = self._prompt_keys_memo
-        self._prompt_keys_memo = None
         seq = self._seqs[req.seq_id] = SeqState(
             seq_id=req.seq_id,
             namespace=ns,
@@ -407,8 +406,7 @@ class _ManagerCore(PrefixCache):
             kv_token_limit=req.kv_token_limit,
             spans=req.spans,
         )
-        if memo is not None and memo[0] is req:
-            seq.prompt_keys = memo[1]
+        seq.prompt_keys = keys
         n = req.num_tokens
         c = self._counters
         c.admissions += 1

@@ -210,7 +210,7 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
 
     def _match(self, req: Request) -> Matched:
         """The KV match cut back to the deepest boundary with a Ready checkpoint."""
-        blocks, hashes, unanchored, window, lost = super()._match(req)
+        blocks, hashes, unanchored, window, lost, keys = super()._match(req)
         bs, spans = self._block_size, req.spans
         kv = c = len(blocks)
         node_ckpt = self._node_ckpt
@@ -233,7 +233,7 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
             del hashes[c:]
             unanchored = max(0, unanchored - (kv - c))
             lost = attrs.evolve(lost, checkpoint=(kv - c) * bs)
-        return Matched(blocks, hashes, unanchored, window, lost)
+        return Matched(blocks, hashes, unanchored, window, lost, keys)
 
     def match(self, req: Request) -> Match:
         m = super().match(req)
