@@ -257,9 +257,7 @@ class FusedSteps(_ManagerCore):
             type(num_reserve) is not int or num_reserve < 0
         ):
             check_step_counts(num_rejected, num_reserve)
-        seq = self._seqs.get(seq_id) if type(seq_id) is str or type(seq_id) is int else None
-        if seq is None:
-            seq = self._seq(seq_id)
+        seq = self._seq(seq_id)
         accepted, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
         bs = self._block_size
         reserved = seq.num_reserved
