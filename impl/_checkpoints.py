@@ -221,7 +221,12 @@ class CheckpointStore:
             unanchored = max(0, unanchored - (kv - c))
             lost = attrs.evolve(lost, checkpoint=(kv - c) * bs)
         return Matched(
-            blocks=blocks, hashes=m.hashes, num_unanchored=unanchored, window=window, lost=lost
+            blocks=blocks,
+            hashes=m.hashes,
+            num_unanchored=unanchored,
+            window=window,
+            lost=lost,
+            keys=m.keys,
         )
 
     def on_match(self, m: Match) -> Match:

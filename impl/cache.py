@@ -119,6 +119,10 @@ class Matched(NamedTuple):
     num_unanchored: int
     window: int
     lost: LostReuse
+    #: The index keys of the prompt's full blocks (every one, matched or not), computed by
+    #: the walk: the admission hands them to the sequence, so that publishing its prompt
+    #: blocks hashes nothing again.
+    keys: list[int]
 
 
 class AdmitPlan(NamedTuple):
@@ -131,6 +135,8 @@ class AdmitPlan(NamedTuple):
     need: int
     window: int
     lost: LostReuse
+    #: The prompt's index keys (:attr:`Matched.keys`).
+    keys: list[int]
 
 
 def _allocate_pool(
@@ -208,10 +214,6 @@ class _ManagerCore(PrefixCache):
         self._index = HashIndex()
         self._seqs: dict[SeqId, SeqState] = {}
         self._events: list[KVEvent] = []
-        #: The last request looked up and the index keys of its prompt's full blocks: an
-        #: admission looks the prompt up, then hands the keys to the sequence, so that
-        #: publishing its prompt blocks hashes nothing again.
-        self._prompt_keys_memo: tuple[Request, list[int]] | None = None
         self._clock = 0
         self._counters = Counters()
         # Evicted identities, at most num_blocks of them: only to tell "evicted" from
@@ -253,7 +255,6 @@ class _ManagerCore(PrefixCache):
     def _match(self, req: Request) -> Matched:
         """The full match: walk, cap, span clamp, window, lost-reuse split (see the spec)."""
         blocks, hashes, first_unanchored, capped, keys = self._walk.lookup(req)
-        self._prompt_keys_memo = (req, keys)
         bs, n, spans = self._block_size, req.num_tokens, req.spans
         m = len(blocks)
         k1 = clamp_out_of_spans(m, spans, bs) if spans else m
@@ -276,13 +277,13 @@ class _ManagerCore(PrefixCache):
         if attached < m:
             del blocks[attached:]
             del hashes[attached:]
-        found = Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost)
+        found = Matched(blocks, hashes, max(0, attached - first_unanchored), window, lost, keys)
         if self._checkpoints is not None:
             return self._checkpoints.on_lookup(req, found)
         return found
 
     def match(self, req: Request) -> Match:
-        blocks, _, _, window, lost = self._match(req)
+        blocks, _, _, window, lost, _ = self._match(req)
         m = Match(req.num_tokens, len(blocks) * self._block_size, tuple(blocks), lost, window)
         return m if self._checkpoints is None else self._checkpoints.on_match(m)
 
@@ -381,7 +382,7 @@ class _ManagerCore(PrefixCache):
 
     def _plan(self, req: Request, num_new_tokens: int | None) -> AdmitPlan:
         """Validate and size an admission; raises what ``admit`` would raise."""
-        blocks, hashes, unanchored, window, lost = self._match(req)
+        blocks, hashes, unanchored, window, lost, keys = self._match(req)
         if num_new_tokens is not None:
             check_count(num_new_tokens, "num_new_tokens", minimum=1)
         if req.seq_id in self._seqs:
@@ -398,7 +399,7 @@ class _ManagerCore(PrefixCache):
             raise self._out_of_blocks(need, supply)
         if self._checkpoints is not None:
             self._checkpoints.check_supply(len(self._seqs), bool(blocks))
-        return AdmitPlan(blocks, hashes, end, need, window, lost)
+        return AdmitPlan(blocks, hashes, end, need, window, lost, keys)
 
     def can_admit(self, req: Request, num_new_tokens: int | None = None) -> bool:
         try:
@@ -408,7 +409,7 @@ class _ManagerCore(PrefixCache):
         return True
 
     def admit(self, req: Request, num_new_tokens: int | None = None) -> Admission:
-        blocks, hashes, end, need, window, lost = self._plan(req, num_new_tokens)
+        blocks, hashes, end, need, window, lost, keys = self._plan(req, num_new_tokens)
         self._pool.pin(blocks)  # pin the hit, root first, before evicting anything
         cached = len(blocks) * self._block_size
         new, evicted = self._allocate(need)
@@ -418,8 +419,6 @@ class _ManagerCore(PrefixCache):
         token_array.frombytes(req.token_bytes)
         ns, nsd, seed = self._keys.namespace_key(req.namespace)
         pool = self._pool
-        memo = self._prompt_keys_memo
-        self._prompt_keys_memo = None
         seq = self._seqs[req.seq_id] = SeqState(
             seq_id=req.seq_id,
             namespace=ns,
@@ -437,8 +436,7 @@ class _ManagerCore(PrefixCache):
             kv_token_limit=req.kv_token_limit,
             spans=req.spans,
         )
-        if memo is not None and memo[0] is req:
-            seq.prompt_keys = memo[1]
+        seq.prompt_keys = keys
         count_admission(self._counters, req.num_tokens, cached, lost)
         adm = Admission(
             seq_id=req.seq_id,

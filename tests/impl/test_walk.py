@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prefixkv.impl import PrefixCacheManager
+from prefixkv.impl._keys import ChainKeys
 from prefixkv.spec import InvalidRequest, Namespace, Request, SpecCache
 from prefixkv.spec.hashing import tokens_only_hash
 
@@ -117,6 +118,34 @@ def test_prompt_keys_are_the_keys_publication_computes() -> None:
     got = cache.match(req)
     assert got.num_cached_tokens == (len(full) // BS) * BS
     assert got.block_ids == cache.block_table(1)[: len(full) // BS]
+
+
+def test_an_admission_hands_its_prompt_keys_to_the_sequence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keys the walk computed travel in the match and plan records to the admitted
+    sequence: publishing the prompt's blocks hashes none of them again, and a lookup of
+    another prompt in between (``match``, ``can_admit``) changes nothing."""
+    rng = random.Random(11)
+    cache = PrefixCacheManager(64, BS)
+    prompt = _prompt(rng, 5)
+    req = Request(1, prompt, NS)
+    plan = cache._plan(req, None)
+    cache.match(Request(9, _prompt(rng, 3), NS))
+    cache.can_admit(Request(8, _prompt(rng, 2), NS))
+    chain_keys: list[int] = []
+    real = ChainKeys.chain_key
+
+    def counted(self: ChainKeys, *args: Any) -> int:
+        chain_keys.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(ChainKeys, "chain_key", counted)
+    cache.admit(req)
+    assert cache._seqs[1].prompt_keys == plan.keys and len(plan.keys) == 5
+    cache.commit(1, len(prompt), [1])  # publishes the five prompt blocks
+    assert chain_keys == []
+    assert cache.match(Request(2, [*prompt, 3], NS)).num_cached_tokens == 5 * BS
 
 
 @pytest.mark.parametrize(

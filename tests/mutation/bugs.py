@@ -358,9 +358,9 @@ BUGS: tuple[Bug, ...] = (
         (
             (
                 "cache.py",
-                """        blocks, hashes, unanchored, window, lost = self._match(req)
+                """        blocks, hashes, unanchored, window, lost, keys = self._match(req)
         if num_new_tokens is not None:""",
-                """        blocks, hashes, unanchored, window, lost = self._match(req)
+                """        blocks, hashes, unanchored, window, lost, keys = self._match(req)
         self._counters.queries += len(req.token_ids)
         if num_new_tokens is not None:""",
             ),
