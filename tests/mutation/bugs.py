@@ -364,7 +364,13 @@ BUGS: tuple[Bug, ...] = (
         self._counters.queries += len(req.token_ids)
         if num_new_tokens is not None:""",
             ),
-            ("cache.py", "        c.queries += n\n", ""),
+            # the query then moves from the admission to the plan
+            (
+                "cache.py",
+                "        count_admission(self._counters, req.num_tokens, cached, lost)\n",
+                "        count_admission(self._counters, req.num_tokens, cached, lost)\n"
+                "        self._counters.queries -= req.num_tokens\n",
+            ),
         ),
     ),
     Bug(
