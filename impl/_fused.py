@@ -294,8 +294,8 @@ class FusedSteps(_ManagerCore):
                     )
         # Nothing below can raise.
         if not self._fused_inline:
-            # NOTE: a subclass whose calls do more (the hybrid manager moves checkpoints)
-            # runs its own public calls, in the definition's order. Every check they make
+            # NOTE: with a checkpoint store every part must reach its hook, so the public
+            # calls run in turn, in the definition's order. Every check they make
             # passed above, on the values they will see, so none of them raises and no saved
             # copy of the state is needed: a copy would cost O(pool) per decode step.
             self.commit(seq_id, num_computed, accepted_tokens)

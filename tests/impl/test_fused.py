@@ -27,8 +27,8 @@ from prefixkv.impl.hybrid import HybridPrefixCacheManager
 
 #: The three copies: the method that holds each.
 COPIES = ("commit", "advance", "_apply_steps")
-#: A gate that is not an argument check: the subclass switch (a hybrid manager's advance
-#: runs its own calls; its commit is still commit).
+#: A gate that is not an argument check: off with a checkpoint store, whose hooks the fused
+#: paths would skip (the manager's advance then runs its public calls in turn).
 GATE = "self._fused_inline"
 #: The step's arguments that a commit does not take (both 0 for a commit).
 STEP_ONLY = frozenset({"num_rejected", "num_reserve"})
