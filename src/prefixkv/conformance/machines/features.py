@@ -18,7 +18,7 @@ modality so that every pair differs in exactly one of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -77,7 +77,7 @@ def build_request(
     seq_id: SeqId,
     tokens: tuple[int, ...],
     namespace: Namespace,
-    placed: Sequence[tuple[int, int, int]],
+    placed: list[tuple[int, int, int]],
     window: int,
     limit: int | None,
 ) -> Request:
@@ -123,7 +123,7 @@ class FeatureRules(ProtocolSteps):
             self._new_id(),
             self._prompt(tokens),
             self._ns(ns),
-            placed if caps.multimodal else (),
+            placed if caps.multimodal else [],
             window if caps.recompute_windows else 0,
             limit * self.scale if caps.chunked_prefill and limit is not None else None,
         )
@@ -281,11 +281,7 @@ class FeatureRules(ProtocolSteps):
     @rule(ns=namespace_ids(), tokens=prompts(), placed=items(), window=window_sizes())
     @counted
     def match_rich(
-        self,
-        ns: int,
-        tokens: tuple[int, ...],
-        placed: tuple[tuple[int, int, int], ...],
-        window: int,
+        self, ns: int, tokens: tuple[int, ...], placed: list[tuple[int, int, int]], window: int
     ) -> None:
         """A pure match of a request with items and a window (INV-MATCH, LOST)."""
         tokens = self._prompt(tokens)

@@ -16,10 +16,7 @@ from prefixkv.spec import Admission, Request, SeqId
 
 from .checks import Targets, counted
 from .steps import ProtocolSteps
-from .strategies import ALPHABET, budgets, namespace_ids, prompts, runs_of, sampled_tokens
-
-#: ``(drafts, accepted)`` of one speculative decode step of ``engine_step``.
-DECODE_STEPS = tuple((k, a) for k in range(4) for a in range(4))
+from .strategies import budgets, namespace_ids, prompts, sampled_tokens
 
 __all__ = ["LifecycleRules"]
 
@@ -90,7 +87,7 @@ class LifecycleRules(ProtocolSteps):
         ns=namespace_ids(),
         tokens=prompts(),
         budget=budgets(),
-        steps=runs_of(DECODE_STEPS, 3),
+        steps=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=3),
         sampled=sampled_tokens(),
         finish=st.booleans(),
     )
@@ -100,7 +97,7 @@ class LifecycleRules(ProtocolSteps):
         ns: int,
         tokens: tuple[int, ...],
         budget: int | None,
-        steps: tuple[tuple[int, int], ...],
+        steps: list[tuple[int, int]],
         sampled: tuple[int, ...],
         finish: bool,
     ) -> Targets:
@@ -238,9 +235,9 @@ class LifecycleRules(ProtocolSteps):
         at a time without ``speculative``."""
         self._append(seq, n if self.caps.speculative else 1, only_if_possible=False)
 
-    @rule(seq=seqs, n=st.integers(0, 7), accepted=runs_of(ALPHABET, 3))
+    @rule(seq=seqs, n=st.integers(0, 7), accepted=st.lists(st.integers(1, 4), max_size=3))
     @counted
-    def commit(self, seq: SeqId, n: int, accepted: tuple[int, ...]) -> None:
+    def commit(self, seq: SeqId, n: int, accepted: list[int]) -> None:
         """Commit ``n`` slots with some accepted tokens; ``n`` is clamped to what is valid,
         except that ``n == 7`` commits one slot past the reservation (an engine error)."""
         view = self.oracle.view(seq)
@@ -250,14 +247,14 @@ class LifecycleRules(ProtocolSteps):
         if n == 7:
             # an engine error the candidate must refuse: not a refusal of the workload
             refused = self.oracle.refused_in_rule
-            self._commit(seq, unwritten + 1, accepted[:1] or (1,))
+            self._commit(seq, unwritten + 1, tuple(accepted[:1]) or (1,))
             self.oracle.refused_in_rule = refused
             return
         if not self.caps.speculative:
             accepted = accepted[:1]  # one token a step: nothing to accept beyond it
         known = len(view.token_ids) + len(accepted)
         n = max(0, min(n, unwritten, known - view.num_computed))
-        self._commit(seq, n, accepted)
+        self._commit(seq, n, tuple(accepted))
 
     @precondition(lambda self: self.caps.rolls_back)
     @rule(seq=seqs, n=st.integers(1, 6))

@@ -16,16 +16,14 @@ run prints a short replay that can be pasted and run.
 
 from __future__ import annotations
 
-import functools
 from enum import IntEnum
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
 from prefixkv.spec import MultimodalSpan, Namespace, SeqId
 
 __all__ = [
-    "ALPHABET",
     "BAD_ACCEPTED",
     "BAD_COUNTS",
     "BAD_NAMESPACE_ARGS",
@@ -34,7 +32,6 @@ __all__ = [
     "BAD_SPAN_NAMES",
     "CRAFTED_NAMESPACE_PAIRS",
     "ITEM_KINDS",
-    "ITEM_PLACES",
     "NAMESPACES",
     "NOT_A_REQUEST",
     "PLACEHOLDER",
@@ -49,14 +46,10 @@ __all__ = [
     "namespace_ids",
     "prompts",
     "rich_requests",
-    "run_at",
-    "runs_of",
     "sampled_tokens",
     "seq_id_of",
     "window_sizes",
 ]
-
-_T = TypeVar("_T")
 
 #: The namespaces a run draws from: same model, differing in the adapter or the tenant salt.
 NAMESPACES: tuple[Namespace, ...] = (
@@ -75,46 +68,7 @@ SHARED_PREFIXES: tuple[tuple[int, ...], ...] = (
 )
 
 #: The alphabet of suffixes and sampled tokens: small, so continuations collide too.
-ALPHABET = (1, 2, 3, 4)
-
-
-def run_at(
-    alphabet: tuple[_T, ...], max_size: int, index: int, min_size: int = 0
-) -> tuple[_T, ...]:
-    """The run of ``min_size`` to ``max_size`` elements of ``alphabet`` that ``index`` (from 0
-    to ``(max_size - min_size + 1) * len(alphabet) ** max_size - 1``) stands for.
-
-    Each length takes an equal share of the indices, the shortest first; within a length,
-    the run is the index's last base-``len(alphabet)`` digits (``run_at((1, 2), 2, 0)`` is
-    ``()``, ``run_at((1, 2), 2, 4)`` is ``(1,)``, ``run_at((1, 2), 2, 5)`` is ``(2,)``).
-
-    NOTE: the machines draw a short run of tokens (or items, or steps) as one integer
-    decoded by this function rather than as a list (a choice for each element and one for
-    whether another follows, each in a span of its own): a rule step drew about 25 choices,
-    and every choice costs Hypothesis time when it is drawn, recorded in its tree, mutated
-    and shrunk. The order keeps the shrink's direction: a smaller index is a shorter run, or
-    one of earlier elements, which is what shrinking a list towards empty and its elements
-    towards the first did; and the lengths are drawn about as often as a list's were.
-    """
-    width = len(alphabet) ** max_size
-    size = min_size + index // width
-    index %= len(alphabet) ** size
-    digits: list[_T] = []
-    for _ in range(size):
-        index, digit = divmod(index, len(alphabet))
-        digits.append(alphabet[digit])
-    return tuple(reversed(digits))
-
-
-def runs_of(
-    alphabet: tuple[_T, ...], max_size: int, min_size: int = 0
-) -> st.SearchStrategy[tuple[_T, ...]]:
-    """A tuple of ``min_size`` to ``max_size`` elements of ``alphabet``, drawn as one
-    integer (see :func:`run_at`)."""
-    count = (max_size - min_size + 1) * len(alphabet) ** max_size
-    return st.integers(min_value=0, max_value=count - 1).map(
-        functools.partial(run_at, alphabet, max_size, min_size=min_size)
-    )
+_ALPHABET = st.integers(min_value=1, max_value=4)
 
 
 def namespace_ids(count: int = len(NAMESPACES)) -> st.SearchStrategy[int]:
@@ -122,35 +76,29 @@ def namespace_ids(count: int = len(NAMESPACES)) -> st.SearchStrategy[int]:
     return st.integers(min_value=0, max_value=count - 1)
 
 
-def _join(parts: tuple[int, int, tuple[int, ...]]) -> tuple[int, ...]:
+def _join(parts: tuple[tuple[int, ...], int, list[int]]) -> tuple[int, ...]:
     prefix, cut, suffix = parts
-    tokens = SHARED_PREFIXES[prefix][:cut] + suffix
+    tokens = prefix[:cut] + tuple(suffix)
     return tokens or (1,)
 
 
 def prompts(max_suffix: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
-    """A non-empty prompt: a cut of a shared prefix, then a few tokens of a tiny alphabet
-    (three choices: the prefix, the cut and the suffix, see :func:`run_at`)."""
+    """A non-empty prompt: a cut of a shared prefix, then a few tokens of a tiny alphabet."""
     return st.tuples(
-        st.integers(min_value=0, max_value=len(SHARED_PREFIXES) - 1),
+        st.sampled_from(SHARED_PREFIXES),
         st.integers(min_value=0, max_value=12),
-        runs_of(ALPHABET, max_suffix),
+        st.lists(_ALPHABET, max_size=max_suffix),
     ).map(_join)
 
 
 def sampled_tokens(max_size: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
-    """Tokens a step samples (accepted drafts plus the bonus token), as one choice."""
-    return runs_of(ALPHABET, max_size, min_size=1)
-
-
-def _budget(n: int) -> int | None:
-    return n or None
+    """Tokens a step samples (accepted drafts plus the bonus token)."""
+    return st.lists(_ALPHABET, min_size=1, max_size=max_size).map(tuple)
 
 
 def budgets() -> st.SearchStrategy[int | None]:
-    """A per-step token budget for admission (``None``: schedule the whole prompt), as one
-    choice (0 is ``None``, so it shrinks to the whole prompt, as before)."""
-    return st.integers(min_value=0, max_value=8).map(_budget)
+    """A per-step token budget for admission (``None``: schedule the whole prompt)."""
+    return st.none() | st.integers(min_value=1, max_value=8)
 
 
 #: Counts no operation accepts as a count (0 is rejected where the minimum is 1 only).
@@ -226,16 +174,16 @@ ITEM_KINDS: tuple[tuple[str, bytes], ...] = (
 )
 
 
-#: ``(position, length, kind index)`` of one item: every position, length and kind.
-ITEM_PLACES: tuple[tuple[int, int, int], ...] = tuple(
-    (pos, length, kind) for pos in range(15) for length in range(1, 5) for kind in range(3)
-)
-
-
-def items(max_items: int = 2) -> st.SearchStrategy[tuple[tuple[int, int, int], ...]]:
-    """Items to insert into a prompt: ``(position, length, kind index)`` of each, as one
-    choice (see :func:`run_at`)."""
-    return runs_of(ITEM_PLACES, max_items)
+def items(max_items: int = 2) -> st.SearchStrategy[list[tuple[int, int, int]]]:
+    """Items to insert into a prompt: ``(position, length, kind index)``."""
+    return st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=14),
+            st.integers(min_value=1, max_value=4),
+            st.integers(min_value=0, max_value=len(ITEM_KINDS) - 1),
+        ),
+        max_size=max_items,
+    )
 
 
 def window_sizes() -> st.SearchStrategy[int]:
@@ -244,8 +192,8 @@ def window_sizes() -> st.SearchStrategy[int]:
 
 
 def kv_token_limits() -> st.SearchStrategy[int | None]:
-    """``kv_token_limit``: unlimited (0 drawn) or a small chunk size, as one choice."""
-    return st.integers(min_value=0, max_value=8).map(_budget)
+    """``kv_token_limit``: unlimited or a small chunk size."""
+    return st.none() | st.integers(min_value=1, max_value=8)
 
 
 #: Keyword arguments of ``Request`` (with a 6-token prompt) that must raise
@@ -271,7 +219,7 @@ BAD_SPAN_ARGS: tuple[dict[str, object], ...] = (
 
 #: ``(namespace index, tokens, items, recompute_blocks, kv_token_limit)`` of a request that
 #: :func:`machines.features.build_request` builds.
-RichArgs = tuple[int, tuple[int, ...], tuple[tuple[int, int, int], ...], int, int | None]
+RichArgs = tuple[int, tuple[int, ...], list[tuple[int, int, int]], int, int | None]
 
 
 def rich_requests() -> st.SearchStrategy[RichArgs]:
