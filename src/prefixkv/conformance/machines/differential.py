@@ -82,8 +82,8 @@ def build_machine(
     lists the event-recording settings a run may draw; ``compared_fields`` restricts the
     snapshot comparison. ``skip_rules`` names rules that never fire (``ValueError`` for a
     name that is no rule) and ``ignored_checks`` checks or check families a run looks past.
-    The class owns a fresh :class:`RuleCoverage` (``cls.coverage``), and ``cls.TestCase``
-    runs it under pytest or unittest.
+    The class owns a fresh :class:`~prefixkv.conformance.machines.coverage.RuleCoverage`
+    (``cls.coverage``), and ``cls.TestCase`` runs it under pytest or unittest.
     """
     sizes = st.sampled_from(block_size_choices) if block_size_choices else st.integers(*block_sizes)
 
