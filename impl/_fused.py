@@ -159,11 +159,11 @@ class FusedSteps(_ManagerCore):
         """
         # NOTE: the predicate is written out here, in the batch loop (_apply_steps) and, at
         # num_rejected = num_reserve = 0, in commit, not called from one helper: one helper
-        # function for all three measured +3.4% instructions fused and +7.1% per call (the
-        # life-cycle replay at 65,536 blocks, 64 decoding, under callgrind: 21,124 -> 21,839
-        # and 21,517 -> 23,042 per block touched). tests/impl/test_fused.py reads the three
-        # copies off the source and proves them one predicate: the same conjuncts, modulo
-        # local names, the types checked before the values, and the same check per token.
+        # function for all three costs more than the fused steps are allowed to (measured in
+        # docs/benchmarks.md, "The fused steps in their own layer"). tests/impl/test_fused.py
+        # reads the three copies off the source and proves them one predicate: the same
+        # conjuncts, modulo local names, the types checked before the values, and the same
+        # check per token.
         seq = self._seqs.get(seq_id) if type(seq_id) is int or type(seq_id) is str else None
         if (
             seq is not None
