@@ -47,7 +47,6 @@ import attrs
 from prefixkv.spec.checkpoint import CheckpointStatus, SlotRole, StateRef
 from prefixkv.spec.checkpoint_store import CHECKPOINT, PINNED, READY, RESERVED, RUNTIME
 from prefixkv.spec.contract import (
-    check_commit,
     check_hybrid_config,
     check_keep_state,
     check_restore_pending,
@@ -396,20 +395,12 @@ class CheckpointStore:
     # -- the hybrid calls (the manager has checked the sequence is live) ----------------------
 
     def check_experts(
-        self, seq: SeqState, num_computed: object, accepted_tokens: object, experts: object
+        self, seq: SeqState, new_computed: int, experts: object
     ) -> tuple[bytes, ...] | None:
-        """Everything a commit with ``experts`` would raise, in the spec's order (the
-        commit's own checks first), before anything changes."""
-        _, new = check_commit(
-            seq.seq_id,
-            seq.num_computed,
-            seq.num_reserved,
-            len(seq.tokens),
-            num_computed,
-            accepted_tokens,
-        )
+        """What a commit of ``seq`` to ``new_computed`` tokens (its own arguments checked
+        already) raises for ``experts``: one per block it completes."""
         bs = self.block_size
-        return check_routed_experts(experts, new // bs - seq.num_computed // bs)
+        return check_routed_experts(experts, new_computed // bs - seq.num_computed // bs)
 
     def attach_experts(self, seq: SeqState, first: int, experts: Sequence[bytes]) -> None:
         """The experts of ``seq``'s blocks ``first...`` go to the published blocks with

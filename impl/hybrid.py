@@ -79,9 +79,11 @@ class HybridPrefixCacheManager(PrefixCacheManager, HybridPrefixCache):
         if routed_experts is None:
             super().commit(seq_id, num_computed, accepted_tokens)
             return
-        # Everything the commit raises is checked before anything changes.
+        # Everything the commit raises is checked before anything changes, the commit's own
+        # arguments first (the spec's order).
         seq = self._seq(seq_id)
-        experts = self._store.check_experts(seq, num_computed, accepted_tokens, routed_experts)
+        _, new_computed = self._check_commit_args(seq, num_computed, accepted_tokens)
+        experts = self._store.check_experts(seq, new_computed, routed_experts)
         # NOTE: the experts of the blocks this commit completes go to blocks ``first`` on.
         first = seq.num_computed // self.block_size
         super().commit(seq_id, num_computed, accepted_tokens)
