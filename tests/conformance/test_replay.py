@@ -14,7 +14,7 @@ from prefixkv.spec import Namespace, Request
 
 from examples.engine_style import make_double_free_in_batch, make_stale_hash_after_reuse
 from prefixkv.conformance import ConformanceFailure, run_conformance
-from prefixkv.conformance.replay import format_call, runs, tokens
+from prefixkv.conformance.replay import CallLog, Recording, format_call, runs, tokens
 
 
 def test_runs_block_by_block() -> None:
@@ -100,3 +100,47 @@ def test_the_shrink_cap_reports_the_shortest_replay_so_far() -> None:
 def test_the_shrink_cap_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_shrink_s"):
         run_conformance(make_double_free_in_batch, max_examples=1, max_shrink_s=0)
+
+
+def test_a_call_is_written_as_it_was_made_even_when_read_later() -> None:
+    """The log keeps a call's values and writes the source only when a line is read; a value
+    the engine could change afterwards (a list it was passed or returned) is written down at
+    the call, so a later change does not rewrite the replay."""
+
+    class Engine:
+        block_size = 4
+
+        def __init__(self) -> None:
+            self.kept: list[int] = [1]
+
+        def free(self, ids: list[int]) -> None:
+            ids.append(99)  # an engine that changes its argument
+
+        def table(self) -> list[int]:
+            return self.kept
+
+        def match(self, req: Request) -> tuple[int, ...]:
+            return (3, 4)
+
+        def fail(self, n: int) -> None:
+            raise ValueError(f"no {n}")
+
+    log = CallLog(["header"])
+    engine = Engine()
+    rec: Any = Recording(engine, log)
+    rec.free([1, 2])
+    rec.table()
+    engine.kept.append(2)
+    rec.match(Request(0, (7,) * 9, Namespace("m")))
+    with pytest.raises(ValueError):
+        rec.fail(5)
+    assert list(log) == [
+        "header",
+        "cache.free([1, 2])",
+        "cache.table()  # -> [1]",
+        "cache.match(Request(0, tokens(\"7×4 | 7×4 | 7\"), Namespace('m')))  # -> (3, 4)",
+        "cache.fail(5)  # raises ValueError: no 5",
+    ]
+    del log[2:]
+    log[0] = "first"
+    assert log == ["first", "cache.free([1, 2])"] and log[-1] == "cache.free([1, 2])"

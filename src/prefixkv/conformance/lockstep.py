@@ -64,7 +64,7 @@ from .capabilities import Capabilities
 from .compare import normal, normal_events, same_state
 from .events_check import EventStreams
 from .failures import CheckFailed, fingerprint, is_ignored, message_shape
-from .replay import Recording
+from .replay import CallLog, Recording
 from .safety import KVLedger, root_cause_first, safety_violations
 
 __all__ = ["CANCELS", "PLAIN_WORDS", "Lockstep", "Outcome"]
@@ -179,7 +179,7 @@ class Lockstep(Generic[A]):
         caps: Capabilities | None = None,
         compared_fields: frozenset[str] | None = None,
         ignore: Collection[str] = (),
-        log: list[str] | None = None,
+        log: CallLog | None = None,
     ) -> None:
         self.caps = Capabilities(exact=ref is not None) if caps is None else caps
         self.compared_fields = compared_fields
@@ -197,7 +197,7 @@ class Lockstep(Generic[A]):
         #: ``CacheBusy``: the candidate refused the workload, not answered about the pool's
         #: room or its live sequences (the caller resets it).
         self.refused_in_rule = False
-        self.log: list[str] = [] if log is None else log
+        self.log: CallLog = CallLog() if log is None else log
         self.ref: A | None = None
         self.cand: A | None = None
         self.snap_r: CacheState | None = None

@@ -10,11 +10,14 @@ machine class.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
+from typing import overload
 
-from prefixkv.spec import Namespace, Request
+import attrs
 
-__all__ = ["HEADER", "Recording", "format_call", "runs", "tokens"]
+from prefixkv.spec import Admission, LostReuse, Match, MultimodalSpan, Namespace, Request
+
+__all__ = ["HEADER", "CallLog", "Recording", "format_call", "runs", "tokens"]
 
 _MAX_RESULT = 72
 
@@ -130,10 +133,147 @@ def format_call(
     return f"cache.{name}({', '.join(parts)})"
 
 
+#: Values that cannot change after a call: they may be written as source later.
+_ATOMS = frozenset({int, str, bool, float, bytes, type(None)})
+#: Frozen records whose fields are all that their ``repr`` shows: settled when every field
+#: is (an adapter may build one around a list it keeps changing).
+_RECORDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(a.name for a in attrs.fields(cls)) for cls in (Match, Admission, LostReuse)
+}
+#: Validated on construction, frozen, and holding nothing mutable but a sequence id.
+_SETTLED_KINDS = (Namespace, MultimodalSpan)
+
+
+def _settled(value: object) -> bool:
+    """``value`` (and everything its ``repr`` shows) cannot change any more."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return True
+    if kind is tuple:
+        assert isinstance(value, tuple)
+        return set(map(type, value)) <= _ATOMS or all(map(_settled, value))
+    if kind is Request:
+        assert isinstance(value, Request)
+        return _settled(value.seq_id)
+    if kind in _RECORDS:
+        return all(_settled(getattr(value, name)) for name in _RECORDS[kind])
+    if isinstance(value, _SETTLED_KINDS):
+        return True
+    # an int or str subclass without a __dict__ holds nothing but its value
+    return isinstance(value, (int, str)) and not hasattr(value, "__dict__")
+
+
+class _Call:
+    """A recorded call, written as source when a replay is read (see :class:`CallLog`)."""
+
+    __slots__ = ("args", "block_size", "kwargs", "name", "raised", "result", "text")
+
+    def __init__(
+        self, name: str, args: tuple[object, ...], kwargs: dict[str, object], size: int | None
+    ) -> None:
+        self.name, self.args, self.kwargs, self.block_size = name, args, kwargs, size
+        #: The call's source, when it had to be taken at the call.
+        self.text: str | None = None
+        #: The result (a ``_Shown`` repr when it could change), or the ``raises`` note.
+        self.result: object = None
+        self.raised = False
+
+    def call_source(self) -> str:
+        if self.text is not None:
+            return self.text
+        return format_call(self.name, self.args, self.kwargs, self.block_size)
+
+    def source(self) -> str:
+        text = self.call_source()
+        if self.raised:
+            return f"{text}{self.result}"[:160]
+        if self.result is None:
+            return text
+        shown = self.result if type(self.result) is _Shown else repr(self.result)
+        assert isinstance(shown, str)
+        if len(shown) > _MAX_RESULT:
+            shown = shown[: _MAX_RESULT - 3] + "..."
+        return f"{text}  # -> {shown}"
+
+
+class _Shown(str):
+    """A result's ``repr`` taken at the call (the result itself could change later)."""
+
+
+class CallLog(MutableSequence[str]):
+    """The lines of a replay. A recorded call is kept as its name and values, and written as
+    source only when the line is read (a replay is read only when a check failed).
+
+    NOTE: reading a line later gives the text the call would have given at once: a value
+    that could change after the call (a list, an engine's object) is written down at the
+    call (:func:`_settled`); the others are immutable and their ``repr`` does not move.
+    """
+
+    def __init__(self, lines: Iterable[str] = ()) -> None:
+        self._items: list[str | _Call] = list(lines)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _line(self, i: int) -> str:
+        item = self._items[i]
+        if type(item) is _Call:
+            item = self._items[i] = item.source()
+        assert isinstance(item, str)
+        return item
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._line(j) for j in range(*i.indices(len(self._items)))]
+        return self._line(i)
+
+    @overload
+    def __setitem__(self, i: int, value: str) -> None: ...
+    @overload
+    def __setitem__(self, i: slice, value: Iterable[str]) -> None: ...
+    def __setitem__(self, i: int | slice, value: str | Iterable[str]) -> None:
+        if isinstance(i, slice):
+            assert not isinstance(value, str)
+            self._items[i] = list(value)
+        else:
+            assert isinstance(value, str)
+            self._items[i] = value
+
+    def __delitem__(self, i: int | slice) -> None:
+        del self._items[i]
+
+    def insert(self, index: int, value: str) -> None:
+        self._items.insert(index, value)
+
+    def append(self, value: str) -> None:
+        self._items.append(value)
+
+    def record(self, call: _Call) -> None:
+        """Add a recorded call, to be written as source when read."""
+        self._items.append(call)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._line(i) for i in range(len(self._items)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CallLog):
+            return list(self) == list(other)
+        return list(self) == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"CallLog({list(self)!r})"
+
+
 class Recording:
     """Forwards everything to ``target``; method calls are appended to ``log`` as source."""
 
-    def __init__(self, target: object, log: list[str]) -> None:
+    def __init__(self, target: object, log: CallLog) -> None:
         self._target = target
         self._log = log
 
@@ -150,18 +290,18 @@ class Recording:
     def _recorded(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
         def call(*args: object, **kwargs: object) -> object:
             size = getattr(self._target, "block_size", None)
-            text = format_call(name, args, kwargs, size if isinstance(size, int) else None)
+            entry = _Call(name, args, kwargs, size if isinstance(size, int) else None)
+            if not (all(map(_settled, args)) and all(map(_settled, kwargs.values()))):
+                entry.text = entry.call_source()  # the engine may change what it is passed
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:
-                self._log.append(f"{text}  # raises {type(exc).__name__}: {exc}"[:160])
+                entry.result = f"  # raises {type(exc).__name__}: {exc}"
+                entry.raised = True
+                self._log.record(entry)
                 raise
-            if result is not None:
-                shown = repr(result)
-                if len(shown) > _MAX_RESULT:
-                    shown = shown[: _MAX_RESULT - 3] + "..."
-                text += f"  # -> {shown}"
-            self._log.append(text)
+            entry.result = result if _settled(result) else _Shown(repr(result))
+            self._log.record(entry)
             return result
 
         return call

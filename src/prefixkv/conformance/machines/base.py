@@ -33,7 +33,7 @@ from ..adapters import BlockManagerAdapter
 from ..capabilities import Capabilities
 from ..failures import CheckFailed
 from ..lockstep import Lockstep, Outcome
-from ..replay import HEADER
+from ..replay import HEADER, CallLog
 from .coverage import RuleCoverage
 from .factories import PoolConfig
 from .strategies import NAMESPACES, seq_id_of
@@ -71,7 +71,7 @@ class MachineBase(RuleBasedStateMachine):
     ignored_checks: ClassVar[frozenset[str]] = frozenset()
 
     #: The candidate calls of the latest run, as source (see :mod:`..replay`).
-    last_calls: ClassVar[list[str]] = []
+    last_calls: ClassVar[CallLog] = CallLog()
     #: Rule steps of the latest run (``init`` included).
     last_steps: ClassVar[int] = 0
 
@@ -131,11 +131,13 @@ class MachineBase(RuleBasedStateMachine):
         self.cfg = cfg
         cls = type(self)
         ref, cand = cls.make_pair(cfg)
-        calls = [
-            HEADER,
-            f"cache = make(num_blocks={cfg.num_blocks}, block_size={cfg.block_size}, "
-            f"record_events={cfg.record_events})",
-        ]
+        calls = CallLog(
+            [
+                HEADER,
+                f"cache = make(num_blocks={cfg.num_blocks}, block_size={cfg.block_size}, "
+                f"record_events={cfg.record_events})",
+            ]
+        )
         cls.last_calls = calls
         cls.last_steps = 0
         self.oracle.log = calls
