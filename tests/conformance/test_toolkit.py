@@ -190,6 +190,30 @@ def test_snapshot_takes_the_first_copy_in_the_order_the_index_is_given() -> None
         assert snap.index == ((5, 1), (5, 3), (7, 0))  # held sorted
 
 
+def test_snapshot_views_of_unchanged_blocks_are_reused_and_exact() -> None:
+    """An unchanged block keeps its view object from one snapshot to the next (the oracle
+    then compares the two by identity); a changed block, or one whose parent is gone, gets
+    a view of its own; and a refcount given as ``True`` stays ``True`` (``True == 1`` must
+    not hand it the view of a refcount of 1)."""
+    ns = Namespace("m").key()
+
+    def snap(refcount: Any, parent_hash: int = 5) -> Any:
+        blocks = [
+            tk.Block(0, 0, 5, token_ids=(1, 1), namespace=ns),
+            tk.Block(1, refcount, 6, parent_hash=parent_hash, token_ids=(2, 2), namespace=ns),
+            tk.Block(2, 0),
+        ]
+        return tk.build_snapshot(blocks, [], [2], tk.Counters(), block_size=2)
+
+    one, two = snap(1), snap(1)
+    assert all(a is b for a, b in zip(one.blocks, two.blocks, strict=True))
+    held = snap(2)
+    assert held.blocks[1].refcount == 2 and held.blocks[0] is one.blocks[0]
+    orphan = snap(1, parent_hash=4)
+    assert (orphan.blocks[1].parent, one.blocks[1].parent) == (-1, 0)
+    assert snap(True).blocks[1].refcount is True
+
+
 def test_snapshot_depth_and_free_queue_options() -> None:
     ns = Namespace("m").key()
     orphan = tk.Block(0, 0, 9, parent_hash=4, token_ids=(1, 1), namespace=ns, depth=3)

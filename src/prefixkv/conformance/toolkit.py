@@ -523,6 +523,54 @@ class Block:
         return self.parent_identity if self.identity is not None else self.parent_hash
 
 
+#: ``(block, parent, depth)`` (or ``(block id, refcount)`` of an unpublished block) -> its
+#: view. An engine's blocks mostly stay as they were from one operation to the next, so most
+#: views of a snapshot are the last one's: built once, and compared by identity when the
+#: oracle compares two snapshots (a tuple compares its equal-by-identity items at once).
+_VIEWS: dict[tuple[object, ...], BlockView] = {}
+_MAX_VIEWS = 50_000
+
+
+def _exact(blk: Block) -> bool:
+    """Only plain ints for ids and counts are memoised: ``True == 1`` would hand a block whose
+    refcount is ``True`` the view of a block whose refcount is ``1``, and the checks would
+    then see another value than the adapter gave."""
+    return type(blk.block_id) is int and type(blk.refcount) is int
+
+
+def _view(blk: Block, key: tuple[object, ...]) -> BlockView:
+    """The view of ``blk`` (``key``: its parent and depth, for a published block)."""
+    if blk.block_hash is None:
+        return BlockView(blk.block_id, blk.refcount, False)
+    return BlockView(
+        blk.block_id,
+        blk.refcount,
+        True,
+        blk.namespace,
+        key[1],  # type: ignore[arg-type]
+        tuple(blk.token_ids),
+        tuple(blk.extra_keys),
+        blk.block_hash,
+        key[2],  # type: ignore[arg-type]
+        blk.last_use,
+    )
+
+
+def _memo_view(
+    memo: dict[tuple[object, ...], BlockView], blk: Block, key: tuple[object, ...]
+) -> BlockView:
+    """The memoised view of ``blk``, or a new one (see :data:`_VIEWS`)."""
+    if not _exact(blk):
+        return _view(blk, key)
+    try:
+        view = memo.get(key)
+    except TypeError:  # a list among the block's fields: not hashable, built every time
+        return _view(blk, key)
+    if view is None:
+        view = memo[key] = _view(blk, key)
+    return view
+
+
 def build_snapshot(
     blocks: Sequence[Block],
     sequences: Iterable[SeqView],
@@ -597,24 +645,15 @@ def build_snapshot(
         return depths.get(b.block_id, base)
 
     views: list[BlockView] = []
+    if len(_VIEWS) > _MAX_VIEWS:
+        _VIEWS.clear()
     for blk in sorted(blocks, key=lambda x: x.block_id):
+        key: tuple[object, ...]
         if blk.block_hash is None:
-            views.append(BlockView(blk.block_id, blk.refcount, False))
-            continue
-        views.append(
-            BlockView(
-                blk.block_id,
-                blk.refcount,
-                True,
-                blk.namespace,
-                parent_of(blk),
-                tuple(blk.token_ids),
-                tuple(blk.extra_keys),
-                blk.block_hash,
-                depth(blk),
-                blk.last_use,
-            )
-        )
+            key = (blk.block_id, blk.refcount)
+        else:
+            key = (blk, parent_of(blk), depth(blk))
+        views.append(_memo_view(_VIEWS, blk, key))
     free = tuple(
         q
         for q in free_queue
