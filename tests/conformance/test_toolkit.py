@@ -214,6 +214,26 @@ def test_snapshot_views_of_unchanged_blocks_are_reused_and_exact() -> None:
     assert snap(True).blocks[1].refcount is True
 
 
+def test_a_snapshot_of_unchanged_inputs_is_the_last_one_unless_they_could_change() -> None:
+    """Equal inputs hand back the last snapshot itself (the oracle then compares the two by
+    identity); inputs holding a list are never reused, since the engine may go on changing
+    the list in place, and an old snapshot would then pass for the current one."""
+    ns = Namespace("m")
+
+    def snap(tokens: Any, refcount: int = 0) -> Any:
+        blocks = [tk.Block(0, refcount, 5, token_ids=tokens, namespace=ns.key()), tk.Block(1, 0)]
+        return tk.build_snapshot(blocks, [], [1], tk.Counters(), block_size=2)
+
+    first = snap((1, 1))
+    assert snap((1, 1)) is first
+    assert snap((1, 1), refcount=1) is not first
+    held = [2, 2]  # an engine's own token list
+    before = snap(held)
+    held[1] = 3
+    after = snap(held)
+    assert (before.blocks[0].token_ids, after.blocks[0].token_ids) == ((2, 2), (2, 3))
+
+
 def test_snapshot_depth_and_free_queue_options() -> None:
     ns = Namespace("m").key()
     orphan = tk.Block(0, 0, 9, parent_hash=4, token_ids=(1, 1), namespace=ns, depth=3)

@@ -603,10 +603,52 @@ def build_snapshot(
     from the cache at admission): the kit tells the blocks a sequence hit from the blocks
     it writes by it.
     """
+    c = counters
+    blocks, seqs, free = tuple(blocks), tuple(sequences), tuple(free_queue)
+    entries = None if index is None else tuple(index)
+    counts = (c.queries, c.hits, c.admissions, c.evictions, c.published)
+    key = (blocks, seqs, free, entries, stats, block_size, cached_in_free_queue, counts)
+    last = _LAST_STATE[0]
+    if last is not None and last[0] == key:
+        return last[1]
+    state = _build_snapshot(
+        blocks, seqs, free, entries, counters, block_size, stats, cached_in_free_queue
+    )
+    try:
+        hash(key)
+    except TypeError:  # a list among the inputs: it could change in place, never reused
+        _LAST_STATE[0] = None
+    else:
+        _LAST_STATE[0] = (key, state)
+    return state
+
+
+#: The inputs of the last snapshot built, and the snapshot (``None``: not reusable).
+#: NOTE: an engine mostly answers reads and refusals, which leave its state as it was, so
+#: the next snapshot's inputs are the last one's: the last snapshot is handed back, and the
+#: oracle compares it to the one before by identity. Inputs are kept only when they are
+#: hashable, so nothing in them can change in place (a list the engine goes on filling
+#: would make an old snapshot look current); equal inputs give equal snapshots, which every
+#: check of the kit reads alike (they compare with ``==``).
+_LAST_STATE: list[tuple[tuple[object, ...], CacheState] | None] = [None]
+
+
+def _build_snapshot(
+    blocks: tuple[Block, ...],
+    seqs: tuple[SeqView, ...],
+    free_queue: tuple[int, ...],
+    index: tuple[tuple[int, int], ...] | None,
+    counters: Counters,
+    block_size: int,
+    stats: CacheStats | None,
+    cached_in_free_queue: bool,
+) -> CacheState:
+    """:func:`build_snapshot`, built from its inputs."""
     by_id = {b.block_id: b for b in blocks}
     if index is None:
-        index = [(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None]
-    entries = list(index)
+        entries = [(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None]
+    else:
+        entries = list(index)
     owner: dict[Hashable, int] = {}  # key -> the copy a lookup returns: the first indexed
     for _, b in entries:
         if b in by_id:  # an entry outside the pool is left for INV-INDEX to report
@@ -660,7 +702,6 @@ def build_snapshot(
         # A cached block in a lazily evicting free queue is evictable, not free.
         if not cached_in_free_queue or q not in by_id or by_id[q].block_hash is None
     )
-    seqs = tuple(sequences)
     return CacheState(
         num_blocks=len(views),
         block_size=block_size,
