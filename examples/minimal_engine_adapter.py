@@ -89,11 +89,8 @@ class MinimalEngineAdapter(tk.AdapterBase[Sequence]):  # prefixkv's calls -> the
                 if (blk := e.blocks[b]).hash != -1:
                     up = s.block_table[j - 1] if j else None
                     lin.observe(b, up, s.namespace, blk.token_ids, blk.hash)
-        blocks = [tk.Block(b.block_id, b.ref_count, None if b.hash == -1 else b.hash, None,
-                           tuple(b.token_ids), lin.namespace(b.block_id),
-                           identity=lin.identity(b.block_id),
-                           parent_identity=lin.parent_identity(b.block_id))
-                  for b in e.blocks]  # fmt: skip
+        blocks = [lin.block(b.block_id, b.ref_count, None if b.hash == -1 else b.hash,
+                            b.token_ids) for b in e.blocks]  # fmt: skip
         seqs = [tk.SeqBook(s.namespace, s.token_ids, s.num_prompt_tokens, s.num_slots,
                            s.num_computed_tokens, s.num_cached_tokens).view(i, s.block_table)
                 for i, s in e.seqs.items()]  # fmt: skip

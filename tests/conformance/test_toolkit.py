@@ -474,6 +474,25 @@ def test_lineage_observe_records_a_block_once_per_key() -> None:
     assert lin.namespace(1) == b"x" and lin.namespace(5) == b""
 
 
+def test_lineage_block_fills_the_record_and_reuses_an_unchanged_block() -> None:
+    """``Lineage.block`` is the :class:`Block` an adapter would write with the lineage's
+    namespace, identity and parent identity; the same engine block gives the same object
+    until it changes (its refcount, its hash, its tokens or its record), and a refcount of
+    ``True`` never gets the block of a refcount of 1."""
+    lin = tk.Lineage()
+    lin.observe(0, None, b"m", (1, 1), key=10)
+    lin.observe(1, 0, b"m", (2, 2), key=11)
+    one = lin.block(1, 1, 11, [2, 2])
+    assert one == tk.Block(
+        1, 1, 11, None, (2, 2), b"m", identity=lin.identity(1), parent_identity=lin.identity(0)
+    )
+    assert lin.block(1, 1, 11, (2, 2)) is one
+    assert lin.block(1, 2, 11, (2, 2)).refcount == 2 and lin.block(1, 0, None, ()) != one
+    lin.observe(1, None, b"x", (2, 2), key=12)  # published again elsewhere: a new record
+    assert lin.block(1, 1, 11, (2, 2)).parent_identity is None
+    assert lin.block(1, True, 11, (2, 2)).refcount is True  # type: ignore[arg-type]
+
+
 def test_counters_count_the_cached_blocks_an_allocation_took_as_evicted() -> None:
     c = tk.Counters()
     assert c.evicted_among({1, 2}, [0, 2, 3]) == 1

@@ -337,6 +337,10 @@ class SeqBook:
         )  # fmt: skip
 
 
+#: ``(block id, refcount, hash, tokens, identity, parent identity)`` of a :class:`Block`.
+_BlockKey = tuple[int, int, int | None, tuple[int, ...], Hashable | None, Hashable | None]
+
+
 class Lineage:
     """Parent and identity recording at publication, for an engine that keeps neither.
 
@@ -351,6 +355,7 @@ class Lineage:
         self._ident: dict[int, Hashable] = {}
         self._parent: dict[int, Hashable | None] = {}
         self._seen: dict[int, Hashable] = {}
+        self._blocks: dict[_BlockKey, Block] = {}
 
     def observe(
         self,
@@ -403,6 +408,46 @@ class Lineage:
         """The namespace ``block_id`` was published in (``b""`` if it is not recorded)."""
         ident = self._ident.get(block_id)
         return ident[1] if isinstance(ident, tuple) else b""
+
+    def block(
+        self, block_id: int, refcount: int, block_hash: int | None, token_ids: Sequence[int]
+    ) -> Block:
+        """The :class:`Block` of an engine block, with the namespace, identity and parent
+        identity recorded for it (``block_hash`` ``None``: it is not published).
+
+        NOTE: the block of an unchanged engine block is the same object from one snapshot to
+        the next, so :func:`build_snapshot` compares it by identity; plain ints only (``True
+        == 1`` must not hand a refcount of ``True`` the block of a refcount of 1).
+
+        Args:
+            block_id: the block.
+            refcount: the block tables holding it.
+            block_hash: what the engine indexes it by, or ``None``.
+            token_ids: its tokens.
+
+        Returns:
+            The block, as :func:`build_snapshot` reads it.
+        """
+        ident, up = self._ident.get(block_id), self._parent.get(block_id)
+        key: _BlockKey = (block_id, refcount, block_hash, tuple(token_ids), ident, up)
+        if type(block_id) is not int or type(refcount) is not int:
+            return self._new_block(key)
+        try:
+            blk = self._blocks.get(key)
+        except TypeError:  # an identity that does not hash: built every time
+            return self._new_block(key)
+        if blk is None:
+            if len(self._blocks) > _MAX_VIEWS:
+                self._blocks.clear()
+            blk = self._blocks[key] = self._new_block(key)
+        return blk
+
+    def _new_block(self, key: _BlockKey) -> Block:
+        block_id, refcount, block_hash, tokens, ident, up = key
+        ns = ident[1] if isinstance(ident, tuple) else b""
+        return Block(
+            block_id, refcount, block_hash, None, tokens, ns, identity=ident, parent_identity=up
+        )
 
 
 @attrs.define
