@@ -568,6 +568,19 @@ def test_invariants_name_the_broken_one(index: int) -> None:
     assert name in {v.invariant for v in info.value.violations}
 
 
+@pytest.mark.parametrize("index", range(16))
+def test_skipped_invariants_are_exactly_the_ones_left_out(index: int) -> None:
+    """``violations(s, skip=...)`` is ``violations(s)`` less the skipped invariants, in the
+    same order, for every corruption and every subset the conformance kit relaxes."""
+    _, corrupt = _corruptions(_busy_state())[index]
+    full = violations(corrupt)
+    names = sorted({v.invariant for v in full} | {"INV-PUBLISH", "INV-INDEX"})
+    for skip in ({n} for n in names):
+        assert violations(corrupt, skip=skip) == [v for v in full if v.invariant not in skip]
+    relaxed = {"INV-PUBLISH", "INV-WRITE", "INV-ANCESTOR", "INV-INDEX", "INV-CKPT"}
+    assert violations(corrupt, skip=relaxed) == [v for v in full if v.invariant not in relaxed]
+
+
 def test_every_checked_invariant_is_corrupted_once() -> None:
     """The corruption table covers every invariant check() evaluates."""
     from prefixkv.spec.invariants import INVARIANTS
