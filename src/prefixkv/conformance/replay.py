@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
+from operator import attrgetter
 from typing import overload
 
 import attrs
@@ -137,8 +138,8 @@ def format_call(
 _ATOMS = frozenset({int, str, bool, float, bytes, type(None)})
 #: Frozen records whose fields are all that their ``repr`` shows: settled when every field
 #: is (an adapter may build one around a list it keeps changing).
-_RECORDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(a.name for a in attrs.fields(cls)) for cls in (Match, Admission, LostReuse)
+_RECORDS: dict[type, Callable[[object], tuple[object, ...]]] = {
+    cls: attrgetter(*(a.name for a in attrs.fields(cls))) for cls in (Match, Admission, LostReuse)
 }
 #: Validated on construction, frozen, and holding nothing mutable but a sequence id.
 _SETTLED_KINDS = (Namespace, MultimodalSpan)
@@ -155,8 +156,9 @@ def _settled(value: object) -> bool:
     if kind is Request:
         assert isinstance(value, Request)
         return _settled(value.seq_id)
-    if kind in _RECORDS:
-        return all(_settled(getattr(value, name)) for name in _RECORDS[kind])
+    fields = _RECORDS.get(kind)
+    if fields is not None:
+        return _settled(fields(value))
     if isinstance(value, _SETTLED_KINDS):
         return True
     # an int or str subclass without a __dict__ holds nothing but its value
