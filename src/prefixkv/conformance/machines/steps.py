@@ -2,7 +2,9 @@
 
 Every step goes through the oracle and adds the checks that tie operations together:
 ``can_admit``/``can_append``/``can_continue_prefill`` must predict the operation that
-follows on the same cache (``CAN-ADMIT``, ``CAN-APPEND``, ``CAN-CONTINUE``), an admission
+follows on the same cache (``CAN-ADMIT``, ``CAN-APPEND``, ``CAN-CONTINUE``), and a yes must
+be keepable by the counts on the candidate's snapshot (:mod:`prefixkv.conformance.room`:
+checked before the operation runs, so a broken promise is named, not a crash), an admission
 must attach exactly the blocks the match just before it found (``ADMIT-MATCH``), and lost
 reuse must add up (``LOST``). Steps honour the declared capabilities: without
 ``speculative`` a decode step grows one token and rolls nothing back; without
@@ -11,8 +13,11 @@ reuse must add up (``LOST``). Steps honour the declared capabilities: without
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prefixkv.spec import Admission, LostReuse, Match, Request, SeqId
 
+from ..room import Room, admission_room, append_room, continue_room
 from .base import MachineBase
 
 __all__ = ["ProtocolSteps", "admission_checks"]
@@ -37,6 +42,16 @@ class ProtocolSteps(MachineBase):
         can = self.oracle.op("can_admit", lambda c: c.can_admit(req, budget), pure=True)
         if can.raised or (only_if_possible and not can.value):
             return None
+        if can.value:
+            room = admission_room(self.oracle.state, req, budget, m.value)
+            self._promise(
+                "CAN-ADMIT",
+                room,
+                lambda: (
+                    f"admit({req.seq_id!r}, {budget}): a prompt of {req.num_tokens} tokens, "
+                    f"{m.value.num_cached_tokens} cached in blocks {m.value.block_ids}"
+                ),
+            )
         supply = self._supply()
         out = self.oracle.op("admit", lambda c: c.admit(req, budget))
         if can.value != (not out.raised):
@@ -63,6 +78,13 @@ class ProtocolSteps(MachineBase):
         self._note_request(req)
         return adm
 
+    def _promise(self, check: str, room: Room | None, asked: Callable[[], str]) -> None:
+        """A room query said True: fail ``check`` with the counts, before the operation runs,
+        when the promise cannot be kept (:mod:`prefixkv.conformance.room`); ``asked`` renders
+        the operation's call for the message."""
+        if room is not None and room.short:
+            self.oracle.fail(check, room.broken(asked()))
+
     def _supply(self) -> str:
         """The pool's occupancy in words, for messages that show the counts involved."""
         st = self.oracle.state.stats
@@ -76,6 +98,17 @@ class ProtocolSteps(MachineBase):
         can = self.oracle.op("can_append", lambda c: c.can_append(seq_id, n), pure=True)
         if can.raised or (only_if_possible and not can.value):
             return False
+        if can.value:
+            room = append_room(self.oracle.state, seq_id, n)
+            self._promise(
+                "CAN-APPEND",
+                room,
+                lambda: (
+                    f"append({seq_id!r}, {n}): the sequence holds "
+                    f"{view.num_reserved if view else '?'} slots in blocks "
+                    f"{view.block_ids if view else '?'}"
+                ),
+            )
         supply = self._supply()
         out = self.oracle.op("append", lambda c: c.append(seq_id, n))
         if can.value != (not out.raised):
@@ -235,6 +268,10 @@ class ProtocolSteps(MachineBase):
         )
         if can.raised:
             return None
+        if can.value:
+            req = self._requests.get(seq_id)
+            room = continue_room(self.oracle.state, seq_id, budget, req.spans if req else ())
+            self._promise("CAN-CONTINUE", room, lambda: f"continue_prefill({seq_id!r}, {budget})")
         out = self.oracle.op("continue_prefill", lambda c: c.continue_prefill(seq_id, budget))
         if can.value != (not out.raised):
             self.oracle.fail(
