@@ -61,6 +61,7 @@ def test_a_first_failure_is_timed_and_named() -> None:
     assert found.bug == "minimal_engine_adapter.decode_off_by_one"
     assert found.check in {"INV-LIMIT", "INV-SEQ"}
     assert found.first_s > 0 and found.shrink_s >= 0 and found.steps >= 1
+    assert found.first_cpu_s > 0 and found.shrink_cpu_s >= 0
 
 
 def test_the_report_gives_medians_spreads_and_ratios() -> None:
@@ -76,11 +77,11 @@ def test_the_report_gives_medians_spreads_and_ratios() -> None:
             kit.Throughput("m", "baseline", timing),
             kit.Throughput("m", "this", faster),
         ),
-        bugs=(kit.FirstFailure("m.bug", "INV-REF", 0.5, 3.0, False, 2),),
+        bugs=(kit.FirstFailure("m.bug", "INV-REF", 0.5, 3.0, False, 2, 0.25, 1.5),),
     )
     assert result.throughput[0].ops_per_s == 500
     assert result.throughput[0].spread == (250, 1000)
     assert result.ratio("m") == 2 and result.ratio("other") is None
     text = kit.render_markdown(result)
     assert "| m | this tree | 1,000 | 500 - 2,000 | 2.00x |" in text
-    assert "| m.bug | INV-REF | 0.50 | 3.0 | 2 |" in text
+    assert "| m.bug | INV-REF | 0.50 | 3.0 | 1.5 | 2 |" in text
