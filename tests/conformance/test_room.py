@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kit_runs import first_failure
-from prefixkv.spec import Namespace, OutOfBlocks, Request, SpecCache
+from prefixkv.spec import Namespace, OutOfBlocks, Request, SeqId, SpecCache
 
 from examples.minimal_engine_adapter import BUG_FACTORIES
+from prefixkv.conformance import Capabilities, adapter
 from prefixkv.conformance.failures import message_shape
 from prefixkv.conformance.room import Room, admission_room, append_room, continue_room
 
@@ -134,3 +135,23 @@ def test_hits_counted_free_is_a_broken_promise_before_the_admission() -> None:
     assert failure.check == "CAN-ADMIT", str(failure)
     assert "evictable blocks it hits and pins first" in str(failure)
     assert failure.report.failures[0].operation == "can_admit"
+
+
+class _PromisesEveryChunk(SpecCache):
+    """The spec, but its chunk query sizes one token, whatever the budget (the decode check
+    of ``extend_checks_one_page``, on chunks): it promises chunks the pool cannot hold."""
+
+    def can_continue_prefill(self, seq_id: SeqId, num_new_tokens: int | None = None) -> bool:
+        return super().can_continue_prefill(seq_id, 1)
+
+
+@adapter(capabilities=Capabilities(exact=False))
+def _promising(num_blocks: int, block_size: int, *, record_events: bool) -> SpecCache:
+    return _PromisesEveryChunk(num_blocks, block_size, record_events=record_events)
+
+
+def test_a_chunk_promised_without_room_is_named_at_the_query() -> None:
+    failure = first_failure(_promising)
+    assert failure.check == "CAN-CONTINUE", str(failure)
+    assert failure.report.failures[0].operation == "can_continue_prefill", str(failure)
+    assert "can_continue_prefill said True, but continue_prefill needs" in str(failure)

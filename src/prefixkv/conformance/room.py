@@ -69,10 +69,16 @@ class Room:
         return self.need > self.supply
 
     def broken(self, asked: str) -> str:
-        """The failure message of a broken promise. ``asked`` is the operation the room
-        query answered for, as a call (``"admit(...)"``, ``"append(...)"``). The first line
-        holds the counts only (one message shape, so one failure class, per root cause);
-        the second says what was asked."""
+        """The failure message of a broken promise.
+
+        Args:
+            asked: the operation the room query answered for, as a call (``"admit(...)"``,
+                ``"append(...)"``, ``"continue_prefill(...)"``).
+
+        Returns:
+            The counts on the first line only (one message shape, so one failure class per
+            root cause, whatever the counts), and what was asked on the second.
+        """
         operation = asked.split("(", 1)[0]
         pinned = f" - {self.own_hits} evictable blocks it hits and pins first" * (
             operation == "admit"

@@ -82,6 +82,9 @@ class ProtocolSteps(MachineBase):
         """A room query said True: fail ``check`` with the counts, before the operation runs,
         when the promise cannot be kept (:mod:`prefixkv.conformance.room`); ``asked`` renders
         the operation's call for the message."""
+        # NOTE: checked before the operation, not by reading its crash afterwards: the
+        # promise is broken whatever the cache then does (crash, refuse, or evict a block a
+        # sequence reads), and the replay ends at the query that made it.
         if room is not None and room.short:
             self.oracle.fail(check, room.broken(asked()))
 
