@@ -145,6 +145,10 @@ class BadInputRules(ProtocolSteps):
             "free_not_iterable": lambda c: c.free(12345),
             "bad_seq_id_type": lambda c: c.block_table(1.5),
         }
+        if kind in ("double_free", "free_unknown_in_batch"):
+            # a free of a live sequence, refused or not: without cancel_scheduled its
+            # scheduled tokens are computed first, as before any other free
+            self._run_scheduled([seq])
         if kind == "admit_live_id":
             req = Request(seq, self._prompt(tokens), self._ns(self._seq_ns.get(seq, 0)))
             self.oracle.op("can_admit", lambda c: c.can_admit(req), pure=True)
