@@ -32,7 +32,7 @@ CAPABILITIES = Capabilities(
 class RadixStyleAdapter(tk.AdapterBase[Req]):  # prefixkv's calls and errors -> the manager's
     def __init__(self, manager: RadixKVManager) -> None:
         super().__init__(manager.pool.num_pages, manager.page_size)
-        self.m, self.reqs = manager, manager.reqs
+        self.m, self.reqs, self.blk = manager, manager.reqs, tk.BlockMemo()
 
     def match(self, req: PkvRequest) -> Match:
         pages, _ = self.m.match(tk.check_request(req).token_ids, req.namespace.key())
@@ -87,12 +87,12 @@ class RadixStyleAdapter(tk.AdapterBase[Req]):  # prefixkv's calls and errors -> 
         ps, tree, c = self.block_size, self.m.tree, self.counters
         c.evictions, c.published = tree.num_evicted_pages, tree.num_inserted_pages
         refs = Counter(p for r in self.reqs.values() for p in r.pages)  # page tables holding it
-        blocks = [tk.Block(p, refs[p]) for p in range(self.num_blocks)]
+        blocks = [self.blk(p, refs[p]) for p in range(self.num_blocks)]
         for page, node, i, ns in tree.all_pages():  # its parent: the page before it on its path
             up = node.parent  # (none for the first page under a root)
             parent = node.value[i - 1] if i else up.value[-1] if up and up.value else None
             tokens = tuple(node.key[i * ps : (i + 1) * ps])
-            blocks[page] = tk.Block(page, refs[page], page, parent, tokens, cast(bytes, ns))
+            blocks[page] = self.blk(page, refs[page], page, parent, tokens, cast(bytes, ns))
         seqs = [SeqView(r.rid, cast(bytes, r.namespace), tuple(r.fill_ids), tuple(r.pages),
                         r.kv_committed_len, r.kv_allocated_len, len(r.origin_input_ids),
                         r.num_cached_tokens) for r in self.reqs.values()]  # fmt: skip

@@ -502,3 +502,17 @@ def test_counters_count_the_cached_blocks_an_allocation_took_as_evicted() -> Non
 def test_match_of_is_the_hits_whatever_the_room() -> None:
     req = Request(0, (1, 2, 3, 4, 5), Namespace("m"))
     assert tk.match_of(req, [3, 1], 2) == Match(5, 4, (3, 1))
+
+
+def test_block_memo_hands_back_an_unchanged_block_and_builds_a_changed_one() -> None:
+    """``BlockMemo`` builds the :class:`Block` of its arguments, the same object for the same
+    values; a refcount of ``True`` never gets the block of a refcount of 1, and a field that
+    does not hash is built every time."""
+    memo = tk.BlockMemo()
+    one = memo(3, 1, 7, 5, (1, 2), b"m")
+    assert one == tk.Block(3, 1, 7, 5, (1, 2), b"m") and memo(3, 1, 7, 5, (1, 2), b"m") is one
+    assert memo(3, 2, 7, 5, (1, 2), b"m").refcount == 2 and memo(3, 1) == tk.Block(3, 1)
+    assert memo(3, 1, 7, 4, (1, 2), b"m").parent_hash == 4
+    assert memo(3, True, 7, 5, (1, 2), b"m").refcount is True  # type: ignore[arg-type]
+    listed = memo(3, 1, 7, 5, [1, 2], b"m")  # type: ignore[arg-type]
+    assert listed == tk.Block(3, 1, 7, 5, [1, 2], b"m")  # type: ignore[arg-type]

@@ -88,10 +88,16 @@ ROOT_CAUSE_ORDER = (
 )
 
 
+#: Each invariant's place in :data:`ROOT_CAUSE_ORDER`.
+_RANK: dict[str, int] = {name: i for i, name in enumerate(ROOT_CAUSE_ORDER)}
+
+
 def root_cause_first(found: Iterable[Violation]) -> list[Violation]:
     """``found`` sorted by :data:`ROOT_CAUSE_ORDER` (stable within one invariant)."""
-    rank = {name: i for i, name in enumerate(ROOT_CAUSE_ORDER)}
-    return sorted(found, key=lambda v: rank.get(v.invariant, len(rank)))
+    found = list(found)
+    if not found:
+        return found
+    return sorted(found, key=lambda v: _RANK.get(v.invariant, len(_RANK)))
 
 
 @attrs.define

@@ -65,6 +65,7 @@ from prefixkv.spec import (
 __all__ = [
     "AdapterBase",
     "Block",
+    "BlockMemo",
     "Counters",
     "Lineage",
     "SeqBook",
@@ -335,6 +336,55 @@ class SeqBook:
             seq_id, self.namespace, tuple(self.tokens), tuple(block_ids), self.computed,
             self.reserved, self.prompt, self.hit,
         )  # fmt: skip
+
+
+class BlockMemo:
+    """Builds an engine's :class:`Block` objects, and hands back the same object while the
+    engine block is unchanged, so :func:`build_snapshot` compares it by identity.
+
+    NOTE: plain ints only for the id and the refcount (``True == 1`` must not hand a
+    refcount of ``True`` the block of a refcount of 1); a field that does not hash (a list
+    the engine may change) is built every time.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[tuple[object, ...], Block] = {}
+
+    def __call__(
+        self,
+        block_id: int,
+        refcount: int,
+        block_hash: int | None = None,
+        parent_hash: int | None = None,
+        token_ids: tuple[int, ...] = (),
+        namespace: bytes = b"",
+    ) -> Block:
+        """``Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)``.
+
+        Args:
+            block_id: the block.
+            refcount: the block tables holding it.
+            block_hash: what the engine indexes it by (``None``: not published).
+            parent_hash: the chained hash of the block before it.
+            token_ids: its tokens.
+            namespace: its namespace.
+
+        Returns:
+            The block, the same object as last time for the same values.
+        """
+        key = (block_id, refcount, block_hash, parent_hash, token_ids, namespace)
+        if type(block_id) is not int or type(refcount) is not int:
+            return Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
+        try:
+            blk = self._blocks.get(key)
+        except TypeError:  # a field that does not hash: built every time
+            return Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
+        if blk is None:
+            if len(self._blocks) > _MAX_VIEWS:
+                self._blocks.clear()
+            blk = Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
+            self._blocks[key] = blk
+        return blk
 
 
 #: ``(block id, refcount, hash, tokens, identity, parent identity)`` of a :class:`Block`.
