@@ -62,6 +62,7 @@ def test_a_first_failure_is_timed_and_named() -> None:
     assert found.check in {"INV-LIMIT", "INV-SEQ"}
     assert found.first_s > 0 and found.shrink_s >= 0 and found.steps >= 1
     assert found.first_cpu_s > 0 and found.shrink_cpu_s >= 0
+    assert found.calls >= 1
 
 
 def test_the_report_gives_medians_spreads_and_ratios() -> None:
@@ -77,11 +78,11 @@ def test_the_report_gives_medians_spreads_and_ratios() -> None:
             kit.Throughput("m", "baseline", timing),
             kit.Throughput("m", "this", faster),
         ),
-        bugs=(kit.FirstFailure("m.bug", "INV-REF", 0.5, 3.0, False, 2, 0.25, 1.5),),
+        bugs=(kit.FirstFailure("m.bug", "INV-REF", 0.5, 3.0, False, 2, 0.25, 1.5, 5),),
     )
     assert result.throughput[0].ops_per_s == 500
     assert result.throughput[0].spread == (250, 1000)
     assert result.ratio("m") == 2 and result.ratio("other") is None
     text = kit.render_markdown(result)
     assert "| m | this tree | 1,000 | 500 - 2,000 | 2.00x |" in text
-    assert "| m.bug | INV-REF | 0.50 | 3.0 | 1.5 | 2 |" in text
+    assert "| m.bug | INV-REF | 0.50 | 3.0 | 1.5 | 2 | 5 |" in text

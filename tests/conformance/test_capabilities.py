@@ -236,9 +236,9 @@ def test_every_distinct_failed_check_is_reported(tmp_path: Path) -> None:
     # found without shrinking: every failure class of the stale entry would be shrunk too
     failure = _fails(make(_TwoBugs), max_failures=6, report=out, profile=FIND_ONLY)
     report = failure.report
-    # the stale entry is found first; with it set aside, the search goes on and finds more
-    assert report.checks[0] == "INV-INDEX" and len(report.fingerprints) >= 2, report.checks
-    # the other bug is found too, though the stale entry fails several ways first
+    # the stale entry is found; with each failure set aside, the search goes on and finds more
+    assert "INV-INDEX" in report.checks and len(report.fingerprints) >= 2, report.checks
+    # the other bug is found too, beside the stale entry's several failure classes
     assert any(fp.startswith("CAN-ADMIT#") for fp in report.fingerprints), report.summary()
     assert len(set(report.fingerprints)) == len(report.fingerprints)
     data = json.loads(out.read_text())

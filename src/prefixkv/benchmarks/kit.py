@@ -130,6 +130,8 @@ class FirstFailure:
     #: jobs the wall-clock seconds mostly measure them.
     first_cpu_s: float = 0.0
     shrink_cpu_s: float = 0.0
+    #: Calls of the candidate in the shrunk replay (building it not counted).
+    calls: int = 0
 
 
 @attrs.frozen
@@ -305,6 +307,7 @@ def first_failure(module_name: str, bug: str, *, max_shrink_s: float | None = No
             f.steps,
             seen - start,
             end - seen,
+            sum(1 for line in f.calls if line.startswith("cache.")),
         )
     finally:
         failure_listeners.remove(first)
@@ -402,14 +405,14 @@ def render_markdown(result: KitBenchResult) -> str:
             lines.append("")
         lines += [
             "| seeded bug | caught by | first failure (s) | shrink (s) | shrink (CPU s) "
-            "| replay steps |",
-            "|---|---|---:|---:|---:|---:|",
+            "| replay steps | replay calls |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for b in result.bugs:
             capped = " (capped)" if b.shrink_capped else ""
             lines.append(
                 f"| {b.bug} | {b.check} | {b.first_s:.2f} | {b.shrink_s:.1f}{capped} "
-                f"| {b.shrink_cpu_s:.1f} | {b.steps} |"
+                f"| {b.shrink_cpu_s:.1f} | {b.steps} | {b.calls} |"
             )
     return "\n".join(lines)
 

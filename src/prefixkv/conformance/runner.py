@@ -28,6 +28,8 @@ from .failures import CheckFailed, message_shape
 from .report import ConformanceFailure, ConformanceReport, Coverage, FailedCheck
 
 if TYPE_CHECKING:
+    from hypothesis import settings as Settings
+
     from .machines import DifferentialMachine, PairFactory
 
 __all__ = [
@@ -225,6 +227,22 @@ def _by_root_cause(found: list[FailedCheck], related_to: dict[int, int]) -> tupl
     return tuple(attrs.evolve(f, related=tuple(related.get(i, ()))) for i, f in enumerate(found))
 
 
+def _seed_of(i: int, runs: list[Settings], seed: int | None) -> int | str | None:
+    """The seed of the ``i``-th search of ``runs``: ``seed`` (``None``: the profile's) for
+    the full one and the first short one; for a later short one, its own seed derived from
+    ``seed`` when there is one or the profile is derandomized.
+
+    NOTE: the first short run draws the full search's own first runs, cut short: a bug it
+    finds is mostly the one the full search finds first, by the same check. A derandomized
+    profile seeds every run of a machine class alike, so a later short run would begin the
+    same runs again; it gets a seed of its own, fixed, so the runs stay repeatable.
+    """
+    search = runs[i]
+    if i == 0 or i == len(runs) - 1 or (seed is None and not search.derandomize):
+        return seed
+    return f"short-{search.stateful_step_count}-{seed}"
+
+
 def _names(value: str | Iterable[str]) -> tuple[str, ...]:
     """``"A,B"`` or ``["A", "B,C"]`` -> ``("A", "B", "C")``."""
     items = [value] if isinstance(value, str) else list(value)
@@ -247,6 +265,7 @@ def run_conformance(
     database: DatabaseOption | None = None,
     seed: int | None = None,
     max_shrink_s: float | None = None,
+    short_first: bool = True,
     **capabilities: object,
 ) -> ConformanceReport:
     """Run the machines against ``factory``; raise :class:`ConformanceFailure` on a failure.
@@ -272,7 +291,11 @@ def run_conformance(
       derandomized one), so that a run with a database can be repeated exactly;
     * ``max_shrink_s``: the most seconds spent shrinking one failure (default: Hypothesis'
       own cap, 300 s); past it the shortest replay found so far is reported, marked
-      ``shrink_capped`` in the report.
+      ``shrink_capped`` in the report;
+    * ``short_first``: search with short runs (at most 5, then 8 rule steps, a fifth of the
+      examples each) before the full one, so that a bug a short run finds is shrunk from a
+      short run (:func:`~prefixkv.conformance.profiles.searches`); ``False`` for the full
+      search alone. Off with a ``database``.
 
     Runs under the Hypothesis profile ``profile`` (``dev``, ``ci``, ``thorough``; default:
     the active one) without making it the active one; ``max_examples`` overrides its
@@ -283,7 +306,7 @@ def run_conformance(
     from hypothesis.stateful import run_state_machine_as_test
 
     from .failures import failure_listeners, is_ignored
-    from .profiles import register_profiles
+    from .profiles import register_profiles, searches
 
     if max_failures < 1:
         raise ValueError(f"max_failures must be at least 1, got {max_failures!r}")
@@ -308,6 +331,9 @@ def run_conformance(
     )
     if db is not None:
         run_settings = campaign_settings(run_settings, db)
+    # NOTE: a campaign's shared database gets the full search alone: its saved failures
+    # are replayed first, as they were found (see profiles.searches).
+    runs = searches(run_settings, short_first and db is None)
     fired: Counter[str] = Counter()
     refused: Counter[str] = Counter()
     ops: Counter[str] = Counter()
@@ -324,8 +350,6 @@ def run_conformance(
             factory, caps, hasher=hasher, ignore=looked_past, skip_rules=skipped
         )
         machine.coverage.reset()
-        if seed is not None:
-            machine = hypothesis_seed(seed)(machine)
         first: list[float] = []
 
         def listen(
@@ -338,7 +362,9 @@ def run_conformance(
         began = time.perf_counter()
         try:
             with shrink_time_limit(max_shrink_s):
-                run_state_machine_as_test(machine, settings=run_settings)
+                for i, search in enumerate(runs):
+                    hypothesis_seed(_seed_of(i, runs, seed))(machine)
+                    run_state_machine_as_test(machine, settings=search)
         except CheckFailed as exc:
             ended = time.perf_counter()
             seen = first[0] if first else ended
