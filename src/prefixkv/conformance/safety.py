@@ -94,9 +94,6 @@ _RANK: dict[str, int] = {name: i for i, name in enumerate(ROOT_CAUSE_ORDER)}
 
 def root_cause_first(found: Iterable[Violation]) -> list[Violation]:
     """``found`` sorted by :data:`ROOT_CAUSE_ORDER` (stable within one invariant)."""
-    found = list(found)
-    if not found:
-        return found
     return sorted(found, key=lambda v: _RANK.get(v.invariant, len(_RANK)))
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import (
     Callable,
     Collection,
@@ -373,18 +374,12 @@ class BlockMemo:
             The block, the same object as last time for the same values.
         """
         key = (block_id, refcount, block_hash, parent_hash, token_ids, namespace)
-        if type(block_id) is not int or type(refcount) is not int:
-            return Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
-        try:
-            blk = self._blocks.get(key)
-        except TypeError:  # a field that does not hash: built every time
-            return Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
-        if blk is None:
-            if len(self._blocks) > _MAX_VIEWS:
-                self._blocks.clear()
-            blk = Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace)
-            self._blocks[key] = blk
-        return blk
+        return _memoised(
+            self._blocks,
+            key,
+            type(block_id) is int and type(refcount) is int,
+            lambda: Block(block_id, refcount, block_hash, parent_hash, token_ids, namespace),
+        )
 
 
 #: ``(block id, refcount, hash, tokens, identity, parent identity)`` of a :class:`Block`.
@@ -480,17 +475,8 @@ class Lineage:
         """
         ident, up = self._ident.get(block_id), self._parent.get(block_id)
         key: _BlockKey = (block_id, refcount, block_hash, tuple(token_ids), ident, up)
-        if type(block_id) is not int or type(refcount) is not int:
-            return self._new_block(key)
-        try:
-            blk = self._blocks.get(key)
-        except TypeError:  # an identity that does not hash: built every time
-            return self._new_block(key)
-        if blk is None:
-            if len(self._blocks) > _MAX_VIEWS:
-                self._blocks.clear()
-            blk = self._blocks[key] = self._new_block(key)
-        return blk
+        exact = type(block_id) is int and type(refcount) is int
+        return _memoised(self._blocks, key, exact, lambda: self._new_block(key))
 
     def _new_block(self, key: _BlockKey) -> Block:
         block_id, refcount, block_hash, tokens, ident, up = key
@@ -626,13 +612,6 @@ _VIEWS: dict[tuple[object, ...], BlockView] = {}
 _MAX_VIEWS = 50_000
 
 
-def _exact(blk: Block) -> bool:
-    """Only plain ints for ids and counts are memoised: ``True == 1`` would hand a block whose
-    refcount is ``True`` the view of a block whose refcount is ``1``, and the checks would
-    then see another value than the adapter gave."""
-    return type(blk.block_id) is int and type(blk.refcount) is int
-
-
 def _view(blk: Block, key: tuple[object, ...]) -> BlockView:
     """The view of ``blk`` (``key``: its parent and depth, for a published block)."""
     if blk.block_hash is None:
@@ -651,19 +630,27 @@ def _view(blk: Block, key: tuple[object, ...]) -> BlockView:
     )
 
 
-def _memo_view(
-    memo: dict[tuple[object, ...], BlockView], blk: Block, key: tuple[object, ...]
-) -> BlockView:
-    """The memoised view of ``blk``, or a new one (see :data:`_VIEWS`)."""
-    if not _exact(blk):
-        return _view(blk, key)
+def _memoised(memo: dict[_K, _V], key: _K, exact: bool, build: Callable[[], _V]) -> _V:
+    """``memo[key]``, built by ``build`` the first time: the same object while the values
+    in ``key`` stay the same. At most :data:`_MAX_VIEWS` entries (past it, ``memo`` starts
+    afresh).
+
+    NOTE: only keys of plain ints for ids and counts are memoised (``exact``): ``True == 1``
+    would hand a block whose refcount is ``True`` the object built for a refcount of ``1``,
+    and the checks would then see another value than the adapter gave. A key that does not
+    hash (a list among the fields, which the engine may change) is built every time.
+    """
+    if not exact:
+        return build()
     try:
-        view = memo.get(key)
-    except TypeError:  # a list among the block's fields: not hashable, built every time
-        return _view(blk, key)
-    if view is None:
-        view = memo[key] = _view(blk, key)
-    return view
+        found = memo.get(key)
+    except TypeError:
+        return build()
+    if found is None:
+        if len(memo) > _MAX_VIEWS:
+            memo.clear()
+        found = memo[key] = build()
+    return found
 
 
 def build_snapshot(
@@ -782,15 +769,14 @@ def _build_snapshot(
         return depths.get(b.block_id, base)
 
     views: list[BlockView] = []
-    if len(_VIEWS) > _MAX_VIEWS:
-        _VIEWS.clear()
     for blk in sorted(blocks, key=lambda x: x.block_id):
         key: tuple[object, ...]
         if blk.block_hash is None:
             key = (blk.block_id, blk.refcount)
         else:
             key = (blk, parent_of(blk), depth(blk))
-        views.append(_memo_view(_VIEWS, blk, key))
+        exact = type(blk.block_id) is int and type(blk.refcount) is int
+        views.append(_memoised(_VIEWS, key, exact, functools.partial(_view, blk, key)))
     free = tuple(
         q
         for q in free_queue
